@@ -1,0 +1,43 @@
+# Third-party dependencies, all from Debian packages on the CPU machines
+# (see tools/setup-deps.sh) or from unpacked .debs on the GPU machine
+# (CMAKE_PREFIX_PATH pointing at them).
+
+find_package(Torch REQUIRED)
+find_package(nlohmann_json 3.9 REQUIRED)
+find_package(Threads REQUIRED)
+
+find_path(GLOO_INCLUDE_DIR gloo/allreduce.h REQUIRED)
+find_library(GLOO_LIBRARY gloo REQUIRED)
+find_package(TBB REQUIRED)
+find_path(URING_INCLUDE_DIR liburing.h REQUIRED)
+find_library(URING_LIBRARY uring REQUIRED)
+
+# Private link interface of libzero: nothing here leaks into its users.
+add_library(zero_deps_private INTERFACE)
+target_include_directories(zero_deps_private SYSTEM INTERFACE ${GLOO_INCLUDE_DIR} ${URING_INCLUDE_DIR})
+target_link_libraries(zero_deps_private INTERFACE
+  ${GLOO_LIBRARY} ${URING_LIBRARY} TBB::tbb nlohmann_json::nlohmann_json Threads::Threads)
+
+# Torch built with CUDA: code that uses c10::cuda (streams of the caching
+# allocator, pinned memory) is compiled only then.
+set(ZERO_TORCH_CUDA OFF)
+if(TORCH_CUDA_LIBRARIES)
+  set(ZERO_TORCH_CUDA ON)
+endif()
+
+# NCCL backend: on whenever the CUDA toolkit and NCCL are found, even with a
+# CPU-only Torch, so that it compiles and links in CI.
+set(ZERO_WITH_NCCL OFF)
+if(ZERO_WITH_CUDA)
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND)
+    find_path(NCCL_INCLUDE_DIR nccl.h HINTS ENV NCCL_ROOT ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
+    find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ENV NCCL_ROOT ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib lib64)
+    if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+      set(ZERO_WITH_NCCL ON)
+      target_include_directories(zero_deps_private SYSTEM INTERFACE ${NCCL_INCLUDE_DIR})
+      target_link_libraries(zero_deps_private INTERFACE ${NCCL_LIBRARY} CUDA::cudart)
+    endif()
+  endif()
+endif()
+message(STATUS "zero: NCCL backend ${ZERO_WITH_NCCL}, Torch CUDA ${ZERO_TORCH_CUDA}")

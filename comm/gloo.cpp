@@ -1,0 +1,221 @@
+// Host collectives over the gloo library's TCP transport.
+//
+// c10d's Gloo in LibTorch 1.13 lacks reduce-scatter, so zero drives gloo
+// directly. Reduce-scatter is an all-to-all of the input chunks followed by
+// a local reduction: each rank sends (N-1)/N of its input, as a ring
+// reduce-scatter would, and the layout is explicit (chunk r to rank r).
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <sstream>
+
+#include "comm/internal.h"
+#include "core/env.h"
+#include "zero/error.h"
+
+namespace zero::comm {
+namespace {
+
+// gloo's rendezvous speaks to c10d's store through this adapter.
+class GlooStore : public gloo::rendezvous::Store {
+ public:
+  GlooStore(StorePtr store, std::chrono::milliseconds timeout) : store_(std::move(store)), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(key, std::vector<uint8_t>(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    store_->wait({key}, timeout_);
+    auto value = store_->get(key);
+    return {value.begin(), value.end()};
+  }
+  void wait(const std::vector<std::string>& keys) override { store_->wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    store_->wait(keys, timeout);
+  }
+
+ private:
+  StorePtr store_;
+  std::chrono::milliseconds timeout_;
+};
+
+// Element-wise reductions handed to gloo's all-reduce. Half types add in
+// float, as NCCL does internally.
+template <typename T>
+using Acc = std::conditional_t<std::is_same<T, c10::Half>::value || std::is_same<T, c10::BFloat16>::value, float, T>;
+
+template <typename T>
+void sum_fn(void* c, const void* a, const void* b, size_t n) {
+  auto* out = static_cast<T*>(c);
+  auto* x = static_cast<const T*>(a);
+  auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<T>(static_cast<Acc<T>>(x[i]) + static_cast<Acc<T>>(y[i]));
+}
+
+template <typename T>
+void max_fn(void* c, const void* a, const void* b, size_t n) {
+  auto* out = static_cast<T*>(c);
+  auto* x = static_cast<const T*>(a);
+  auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    const Acc<T> xa = static_cast<Acc<T>>(x[i]);
+    const Acc<T> ya = static_cast<Acc<T>>(y[i]);
+    // NaN wins, so that an overflow seen by one rank is seen by all.
+    out[i] = (xa != xa || xa > ya) ? x[i] : y[i];
+  }
+}
+
+template <typename T>
+void run_all_reduce(gloo::AllreduceOptions& opts, at::Tensor& t, ReduceOp op) {
+  opts.setOutput<T>(t.data_ptr<T>(), static_cast<size_t>(t.numel()));
+  opts.setReduceFunction(op == ReduceOp::Max ? &max_fn<T> : &sum_fn<T>);
+  gloo::allreduce(opts);
+}
+
+std::shared_ptr<gloo::transport::Device> make_device() {
+  gloo::transport::tcp::attr attr;
+  const std::string iface = env::get("GLOO_SOCKET_IFNAME");
+  if (!iface.empty()) {
+    attr.iface = iface;
+  } else {
+    // Bind where MASTER_ADDR points for loopback jobs; else this host's name.
+    const std::string master = env::get("MASTER_ADDR", "127.0.0.1");
+    std::string host = env::gloo_hostname();
+    if (host.empty()) {
+      if (master == "localhost" || master.rfind("127.", 0) == 0) {
+        host = "127.0.0.1";
+      } else {
+        char name[256] = {0};
+        ::gethostname(name, sizeof(name) - 1);
+        host = name;
+      }
+    }
+    attr.hostname = host;
+  }
+  return gloo::transport::tcp::CreateDevice(attr);
+}
+
+class GlooBackend : public HostBackend {
+ public:
+  explicit GlooBackend(const GroupInfo& group) : group_(group) {
+    try {
+      auto device = make_device();
+      auto context = std::make_shared<gloo::rendezvous::Context>(group.rank, group.size);
+      context->setTimeout(group.timeout);
+      GlooStore store(group.store, group.timeout);
+      context->connectFullMesh(store, device);
+      context_ = context;
+    } catch (const std::exception& e) {
+      fail("connecting", e);
+    }
+  }
+
+  void all_reduce(at::Tensor& t, ReduceOp op) override {
+    guarded("all_reduce", [&] {
+      gloo::AllreduceOptions opts(context_);
+      opts.setTag(next_tag());
+      switch (t.scalar_type()) {
+        case at::kFloat: run_all_reduce<float>(opts, t, op); break;
+        case at::kDouble: run_all_reduce<double>(opts, t, op); break;
+        case at::kHalf: run_all_reduce<c10::Half>(opts, t, op); break;
+        case at::kBFloat16: run_all_reduce<c10::BFloat16>(opts, t, op); break;
+        case at::kLong: run_all_reduce<int64_t>(opts, t, op); break;
+        case at::kInt: run_all_reduce<int32_t>(opts, t, op); break;
+        case at::kByte: run_all_reduce<uint8_t>(opts, t, op); break;
+        default: throw CommError(where(group_) + ": all_reduce does not support dtype " + std::string(c10::toString(t.scalar_type())));
+      }
+      if (op == ReduceOp::Avg) divide_by_size(t);
+    });
+  }
+
+  void reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
+    guarded("reduce_scatter", [&] {
+      at::Tensor chunks = at::empty_like(input);
+      gloo::AlltoallOptions opts(context_);
+      opts.setTag(next_tag());
+      opts.setInput(static_cast<uint8_t*>(input.data_ptr()), input.nbytes());
+      opts.setOutput(static_cast<uint8_t*>(chunks.data_ptr()), chunks.nbytes());
+      gloo::alltoall(opts);
+      reduce_chunks(output, chunks.view({group_.size, output.numel()}), op);
+    });
+  }
+
+  void all_gather(at::Tensor& output, const at::Tensor& input) override {
+    guarded("all_gather", [&] {
+      gloo::AllgatherOptions opts(context_);
+      opts.setTag(next_tag());
+      opts.setInput(static_cast<uint8_t*>(input.data_ptr()), input.nbytes());
+      opts.setOutput(static_cast<uint8_t*>(output.data_ptr()), output.nbytes());
+      gloo::allgather(opts);
+    });
+  }
+
+  void broadcast(at::Tensor& t, int root) override {
+    guarded("broadcast", [&] {
+      gloo::BroadcastOptions opts(context_);
+      opts.setTag(next_tag());
+      opts.setRoot(root);
+      opts.setOutput(static_cast<uint8_t*>(t.data_ptr()), t.nbytes());
+      gloo::broadcast(opts);
+    });
+  }
+
+  void barrier() override {
+    guarded("barrier", [&] {
+      gloo::BarrierOptions opts(context_);
+      opts.setTag(next_tag());
+      gloo::barrier(opts);
+    });
+  }
+
+ private:
+  uint32_t next_tag() { return tag_++; }
+
+  void divide_by_size(at::Tensor& t) {
+    if (at::isIntegralType(t.scalar_type(), /*includeBool=*/false)) {
+      t.div_(group_.size, "floor");
+    } else {
+      t.div_(group_.size);
+    }
+  }
+
+  template <typename F>
+  void guarded(const char* op, F&& body) {
+    if (group_.health) group_.health->entering(op);
+    try {
+      body();
+    } catch (const zero::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      fail(op, e);
+    }
+  }
+
+  [[noreturn]] void fail(const char* op, const std::exception& e) {
+    std::ostringstream msg;
+    msg << where(group_) << ": " << op << " failed: " << e.what();
+    if (group_.health) msg << "\n  diagnosis: " << group_.health->diagnose(group_.global_ranks);
+    msg << "\n  (timeout " << group_.timeout.count() / 1000.0 << " s; set ZERO_COMM_TIMEOUT to change it)";
+    throw CommError(msg.str());
+  }
+
+  GroupInfo group_;
+  std::shared_ptr<gloo::Context> context_;
+  uint32_t tag_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<HostBackend> make_gloo_backend(const GroupInfo& group) {
+  return std::make_unique<GlooBackend>(group);
+}
+
+}  // namespace zero::comm

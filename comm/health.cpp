@@ -1,0 +1,147 @@
+// Heartbeats and the diagnosis of a missing rank (Note [Missing rank]).
+#include <sstream>
+
+#include "comm/internal.h"
+#include "zero/log.h"
+
+namespace zero::comm {
+namespace {
+
+constexpr auto kPeriod = std::chrono::milliseconds(250);
+const std::string kExited = "exited";
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+// Heartbeat value: "<beat counter> <collective number> <collective name>",
+// or "exited". Compared between two reads rather than by clock time, so that
+// hosts need not agree on the time.
+struct Beat {
+  bool present = false;
+  bool exited = false;
+  long counter = -1;
+  long seq = -1;
+  std::string op;
+};
+
+Beat read_beat(c10d::Store& store, const std::string& key) {
+  Beat beat;
+  if (!store.check({key})) return beat;
+  const auto raw = store.get(key);
+  const std::string text(raw.begin(), raw.end());
+  beat.present = true;
+  if (text == kExited) {
+    beat.exited = true;
+    return beat;
+  }
+  std::istringstream in(text);
+  in >> beat.counter >> beat.seq >> beat.op;
+  return beat;
+}
+
+}  // namespace
+
+HealthMonitor::HealthMonitor(StorePtr store, int global_rank, int world_size)
+    : store_(std::move(store)), rank_(global_rank), world_(world_size) {
+  thread_ = std::thread([this] { beat(); });
+}
+
+HealthMonitor::~HealthMonitor() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void HealthMonitor::entering(const char* op) {
+  op_.store(op);
+  seq_.fetch_add(1);
+}
+
+void HealthMonitor::beat() {
+  long counter = 0;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    lock.unlock();
+    try {
+      std::ostringstream value;
+      value << ++counter << " " << seq_.load() << " " << op_.load();
+      store_->set(key(rank_), bytes(value.str()));
+    } catch (const std::exception&) {
+      // The store is gone (rank 0 exited); the next collective reports it.
+    }
+    lock.lock();
+    cv_.wait_for(lock, kPeriod, [this] { return stop_; });
+  }
+}
+
+std::string HealthMonitor::diagnose(const std::vector<int>& global_ranks) {
+  std::vector<Beat> first(global_ranks.size()), second(global_ranks.size());
+  try {
+    for (size_t i = 0; i < global_ranks.size(); ++i) first[i] = read_beat(*store_, key(global_ranks[i]));
+    std::this_thread::sleep_for(kPeriod * 6);
+    for (size_t i = 0; i < global_ranks.size(); ++i) second[i] = read_beat(*store_, key(global_ranks[i]));
+  } catch (const std::exception&) {
+    return "the rendezvous store on rank 0 is unreachable: rank 0 has probably exited or died";
+  }
+  std::ostringstream out;
+  const long my_seq = seq_.load();
+  bool found = false;
+  for (size_t i = 0; i < global_ranks.size(); ++i) {
+    const int r = global_ranks[i];
+    if (r == rank_) continue;
+    const Beat& b = second[i];
+    std::string why;
+    if (!b.present) {
+      why = "never started its heartbeat";
+    } else if (b.exited) {
+      why = "has exited";
+    } else if (first[i].present && !first[i].exited && b.counter == first[i].counter) {
+      why = "stopped responding (its process died or is frozen)";
+    } else if (b.seq != my_seq || b.op != op_.load()) {
+      why = "is alive but at collective #" + std::to_string(b.seq) + " (" + b.op + ") while rank " +
+            std::to_string(rank_) + " is at #" + std::to_string(my_seq) + " (" + op_.load() +
+            "): the ranks issued different collectives";
+    }
+    if (!why.empty()) {
+      out << (found ? "; " : "") << "rank " << r << " " << why;
+      found = true;
+    }
+  }
+  if (!found) return "every rank is alive and at the same collective (#" + std::to_string(my_seq) + ")";
+  return out.str();
+}
+
+void HealthMonitor::shutdown(std::chrono::milliseconds timeout) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  try {
+    store_->set(key(rank_), bytes(kExited));
+    if (rank_ != 0) return;
+    // Rank 0 hosts the store: keep it up until every other rank has exited
+    // or stopped beating, so that no peer loses the store mid-shutdown.
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::vector<long> last(world_, -2);
+    while (std::chrono::steady_clock::now() < deadline) {
+      bool waiting = false;
+      for (int r = 1; r < world_; ++r) {
+        const Beat b = read_beat(*store_, key(r));
+        if (!b.present || b.exited) continue;
+        if (b.present && b.counter == last[r]) continue;  // stalled since last look: dead
+        last[r] = b.counter;
+        waiting = true;
+      }
+      if (!waiting) return;
+      std::this_thread::sleep_for(kPeriod * 3);
+    }
+  } catch (const std::exception& e) {
+    log::debug("comm", std::string("shutdown: ") + e.what());
+  }
+}
+
+}  // namespace zero::comm

@@ -1,0 +1,211 @@
+// ProcessGroup: routes each collective to the host backend (CPU tensors,
+// and CUDA tensors staged through host memory) or the NCCL backend.
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "comm/internal.h"
+#include "core/env.h"
+#include "zero/error.h"
+#include "zero/log.h"
+
+namespace zero::comm {
+namespace {
+
+// What the whole job shares: the store and the heartbeats. Its destructor
+// is the clean goodbye of Note [Missing rank].
+struct World {
+  LaunchInfo launch;
+  StorePtr store;
+  std::shared_ptr<HealthMonitor> health;
+  std::chrono::milliseconds timeout;
+  ~World() {
+    if (health) health->shutdown(timeout);
+  }
+};
+
+class HostWork : public Work {
+ public:
+  HostWork(std::future<void> done, std::function<void()> finish)
+      : done_(done.share()), finish_(std::move(finish)) {}
+  void wait() override {
+    if (waited_) return;
+    done_.get();  // rethrows the collective's CommError
+    if (finish_) finish_();
+    waited_ = true;
+  }
+  bool is_completed() override {
+    return done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
+
+ private:
+  std::shared_future<void> done_;
+  std::function<void()> finish_;
+  bool waited_ = false;
+};
+
+// Host copy of a CUDA tensor for the gloo path; pinned when CUDA is usable.
+at::Tensor host_buffer(const at::Tensor& t, bool copy) {
+  auto options = t.options().device(at::kCPU);
+  if (t.is_cuda()) options = options.pinned_memory(true);
+  at::Tensor host = at::empty(t.sizes(), options);
+  if (copy) host.copy_(t);
+  return host;
+}
+
+class Group : public ProcessGroup {
+ public:
+  Group(GroupInfo info, std::shared_ptr<World> world, CudaBackend cuda)
+      : world_(std::move(world)), info_(std::move(info)), cuda_(cuda) {
+    host_ = info_.size == 1 ? make_local_backend() : make_gloo_backend(info_);
+  }
+
+  int rank() const override { return info_.rank; }
+  int size() const override { return info_.size; }
+  int global_rank(int group_rank) const override { return info_.global_ranks.at(group_rank); }
+
+  WorkHandle all_reduce_async(at::Tensor t, ReduceOp op) override {
+    check_tensor("all_reduce", t);
+    if (auto* device = device_backend(t)) return device->all_reduce(t, op);
+    at::Tensor h = t.is_cuda() ? host_buffer(t, true) : t;
+    return host_work([this, h, op]() mutable { host_->all_reduce(h, op); }, t, h);
+  }
+
+  WorkHandle reduce_scatter_async(at::Tensor out, at::Tensor in, ReduceOp op) override {
+    check_reduce_scatter(info_, out, in);
+    if (auto* device = device_backend(out)) return device->reduce_scatter(out, in, op);
+    at::Tensor hin = in.is_cuda() ? host_buffer(in, true) : in;
+    at::Tensor hout = out.is_cuda() ? host_buffer(out, false) : out;
+    return host_work([this, hout, hin, op]() mutable { host_->reduce_scatter(hout, hin, op); }, out, hout);
+  }
+
+  WorkHandle all_gather_async(at::Tensor out, at::Tensor in) override {
+    check_all_gather(info_, out, in);
+    if (auto* device = device_backend(out)) return device->all_gather(out, in);
+    at::Tensor hin = in.is_cuda() ? host_buffer(in, true) : in;
+    at::Tensor hout = out.is_cuda() ? host_buffer(out, false) : out;
+    return host_work([this, hout, hin]() mutable { host_->all_gather(hout, hin); }, out, hout);
+  }
+
+  WorkHandle broadcast_async(at::Tensor t, int root) override {
+    check_tensor("broadcast", t);
+    if (root < 0 || root >= info_.size) {
+      throw CommError(where(info_) + ": broadcast root " + std::to_string(root) + " is not a rank of a group of " +
+                      std::to_string(info_.size));
+    }
+    if (auto* device = device_backend(t)) return device->broadcast(t, root);
+    at::Tensor h = t.is_cuda() ? host_buffer(t, true) : t;
+    return host_work([this, h, root]() mutable { host_->broadcast(h, root); }, t, h);
+  }
+
+  void barrier() override { thread_.submit([this] { host_->barrier(); }).get(); }
+
+  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) override {
+    std::vector<int> sorted = ranks;
+    std::sort(sorted.begin(), sorted.end());
+    if (sorted.empty() || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() || sorted.front() < 0 ||
+        sorted.back() >= info_.size) {
+      throw CommError(where(info_) + ": new_group needs distinct ranks in [0, " + std::to_string(info_.size) + ")");
+    }
+    // Named after the parent and a per-parent counter, identical on every rank.
+    const std::string name = info_.name + "." + std::to_string(++subgroups_);
+    auto it = std::find(ranks.begin(), ranks.end(), info_.rank);
+    if (it == ranks.end()) return nullptr;
+    GroupInfo sub;
+    sub.name = name;
+    sub.rank = static_cast<int>(it - ranks.begin());
+    sub.size = static_cast<int>(ranks.size());
+    for (int r : ranks) sub.global_ranks.push_back(info_.global_ranks[r]);
+    sub.timeout = info_.timeout;
+    sub.health = info_.health;
+    if (world_->store) {
+      sub.store = c10::make_intrusive<c10d::PrefixStore>("zero/" + name + "/", world_->store);
+      wait_for_ranks(*sub.store, "arrive/", sub.rank, sub.size, sub.global_ranks, sub.timeout);
+    }
+    return std::make_shared<Group>(std::move(sub), world_, cuda_);
+  }
+
+ private:
+  // The NCCL backend for CUDA tensors, created on first use; null means
+  // "use the host path".
+  DeviceBackend* device_backend(const at::Tensor& t) {
+    if (!t.is_cuda() || cuda_ != CudaBackend::Nccl) return nullptr;
+    std::lock_guard<std::mutex> lock(device_mu_);
+    if (!device_) {
+      device_ = make_nccl_backend(info_, t.device().index());
+      if (!device_) throw CommError("this build of zero has no NCCL backend; set ZERO_CUDA_BACKEND=gloo");
+    }
+    return device_.get();
+  }
+
+  // Runs `op` on the comm thread; for staged CUDA tensors copies the host
+  // result back into `target` on the waiting thread (its current stream).
+  WorkHandle host_work(std::function<void()> op, const at::Tensor& target, const at::Tensor& host) {
+    std::function<void()> finish;
+    if (target.is_cuda()) {
+      finish = [target, host]() mutable { target.copy_(host); };
+    }
+    return std::make_shared<HostWork>(thread_.submit(std::move(op)), std::move(finish));
+  }
+
+  // Declared first so that they are destroyed last: the comm thread stops
+  // before the backends it uses, and the world says goodbye at the very end.
+  std::shared_ptr<World> world_;
+  GroupInfo info_;
+  CudaBackend cuda_;
+  std::unique_ptr<HostBackend> host_;
+  std::mutex device_mu_;
+  std::unique_ptr<DeviceBackend> device_;
+  int subgroups_ = 0;
+  CommThread thread_;
+};
+
+CudaBackend choose_cuda_backend(const GroupOptions& options) {
+  std::string name = options.cuda_backend.empty() ? env::cuda_backend() : options.cuda_backend;
+  if (name == "gloo") return CudaBackend::Gloo;
+  if (name != "nccl") {
+    throw CommError("unknown CUDA communication backend '" + name + "' (from " +
+                    (options.cuda_backend.empty() ? "ZERO_CUDA_BACKEND" : "GroupOptions::cuda_backend") +
+                    "); use \"nccl\" or \"gloo\"");
+  }
+  if (!nccl_available()) {
+    log::debug("comm", "built without NCCL: CUDA tensors go through gloo via host memory");
+    return CudaBackend::Gloo;
+  }
+  return CudaBackend::Nccl;
+}
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> init_process_group(const GroupOptions& options) {
+  return init_process_group(LaunchInfo::from_env(), options);
+}
+
+std::shared_ptr<ProcessGroup> init_process_group(const LaunchInfo& launch, const GroupOptions& options) {
+  auto world = std::make_shared<World>();
+  world->launch = launch;
+  world->timeout = options.timeout.count() > 0 ? options.timeout : std::chrono::milliseconds(env::comm_timeout_s() * 1000);
+  log::set_rank(launch.rank);
+  const CudaBackend cuda = choose_cuda_backend(options);
+
+  GroupInfo info;
+  info.name = "world";
+  info.rank = launch.rank;
+  info.size = launch.world_size;
+  for (int r = 0; r < launch.world_size; ++r) info.global_ranks.push_back(r);
+  info.timeout = world->timeout;
+  if (launch.world_size > 1) {
+    world->store = connect_store(launch, world->timeout);
+    world->health = std::make_shared<HealthMonitor>(connect_store(launch, world->timeout, /*client_only=*/true),
+                                                    launch.rank, launch.world_size);
+    info.health = world->health;
+    info.store = c10::make_intrusive<c10d::PrefixStore>("zero/world/", world->store);
+    wait_for_ranks(*info.store, "arrive/", launch.rank, launch.world_size, info.global_ranks, world->timeout);
+  }
+  log::debug("comm", "joined: " + launch.describe());
+  return std::make_shared<Group>(std::move(info), std::move(world), cuda);
+}
+
+}  // namespace zero::comm

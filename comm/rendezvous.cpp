@@ -1,0 +1,64 @@
+// Rendezvous: the TCP store every rank meets at, and the arrival barrier
+// that names ranks which never came (Note [Missing rank] in internal.h).
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <unistd.h>
+
+#include <sstream>
+#include <thread>
+
+#include "comm/internal.h"
+#include "zero/error.h"
+
+namespace zero::comm {
+
+StorePtr connect_store(const LaunchInfo& launch, std::chrono::milliseconds timeout, bool client_only) {
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(launch.master_port);
+  opts.isServer = launch.rank == 0 && !launch.agent_store && !client_only;
+  opts.numWorkers = c10::nullopt;
+  opts.waitWorkers = false;  // arrivals are checked by wait_for_ranks, which names the missing
+  opts.timeout = timeout;
+  StorePtr store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(launch.master_addr, opts);
+  } catch (const std::exception& e) {
+    std::ostringstream msg;
+    msg << "rank " << launch.rank << " could not " << (opts.isServer ? "start" : "reach") << " the rendezvous store at "
+        << launch.master_addr << ":" << launch.master_port << " within " << timeout.count() / 1000 << " s: "
+        << e.what() << "\n  "
+        << (opts.isServer ? "Is another job using MASTER_PORT? Pick a free port."
+                          : "Is rank 0 running, and do all ranks see the same MASTER_ADDR and MASTER_PORT?");
+    throw CommError(msg.str());
+  }
+  if (launch.agent_store) {
+    return c10::make_intrusive<c10d::PrefixStore>(launch.store_prefix, store);
+  }
+  return store;
+}
+
+void wait_for_ranks(c10d::Store& store, const std::string& prefix, int rank, int size,
+                    const std::vector<int>& global_ranks, std::chrono::milliseconds timeout) {
+  const std::string host_pid = std::to_string(::getpid());
+  store.set(prefix + std::to_string(rank), std::vector<uint8_t>(host_pid.begin(), host_pid.end()));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<int> missing;
+  for (;;) {
+    missing.clear();
+    for (int r = 0; r < size; ++r) {
+      if (!store.check({prefix + std::to_string(r)})) missing.push_back(r);
+    }
+    if (missing.empty()) return;
+    if (std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::ostringstream msg;
+  msg << "rank " << global_ranks[rank] << ": rendezvous timed out after " << timeout.count() / 1000.0
+      << " s; missing rank" << (missing.size() > 1 ? "s" : "");
+  for (size_t i = 0; i < missing.size(); ++i) msg << (i ? ", " : " ") << global_ranks[missing[i]];
+  msg << " (of " << size << "). Check that every rank was started with the same WORLD_SIZE, MASTER_ADDR and "
+      << "MASTER_PORT, or raise ZERO_COMM_TIMEOUT.";
+  throw CommError(msg.str());
+}
+
+}  // namespace zero::comm

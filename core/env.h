@@ -1,0 +1,21 @@
+#pragma once
+// Every tunable zero reads from the environment, one line each, in one place.
+#include <string>
+
+namespace zero::env {
+
+std::string get(const char* name, const std::string& fallback = "");
+long get_int(const char* name, long fallback);
+bool is_set(const char* name);
+
+// Logging (core/log.cpp).
+inline std::string log_level() { return get("ZERO_LOG_LEVEL", "info"); }
+inline std::string log_ranks() { return get("ZERO_LOG_RANKS", "0"); }
+// Seconds any collective or rendezvous may wait before naming the missing rank.
+inline long comm_timeout_s() { return get_int("ZERO_COMM_TIMEOUT", 300); }
+// Backend for CUDA tensors: "nccl" (default) or "gloo" (staged through host memory).
+inline std::string cuda_backend() { return get("ZERO_CUDA_BACKEND", "nccl"); }
+// Network interface or host name gloo binds to (default: the host name of MASTER_ADDR's route).
+inline std::string gloo_hostname() { return get("ZERO_GLOO_HOSTNAME", ""); }
+
+}  // namespace zero::env

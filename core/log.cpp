@@ -1,0 +1,104 @@
+#include "zero/log.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "core/env.h"
+
+namespace zero::log {
+namespace {
+
+struct State {
+  std::mutex mu;
+  int rank = 0;
+  Level level = Level::Info;
+  bool all_ranks = false;
+  std::set<int> ranks{0};
+  std::set<std::string> warned;
+};
+
+Level parse_level(const std::string& s) {
+  if (s == "debug") return Level::Debug;
+  if (s == "warn" || s == "warning") return Level::Warn;
+  if (s == "error") return Level::Error;
+  return Level::Info;
+}
+
+State& state() {
+  static State* s = [] {
+    auto* st = new State();
+    st->level = parse_level(env::log_level());
+    const std::string ranks = env::log_ranks();
+    if (ranks == "all") {
+      st->all_ranks = true;
+    } else if (!ranks.empty()) {
+      st->ranks.clear();
+      std::stringstream ss(ranks);
+      for (std::string item; std::getline(ss, item, ',');) {
+        if (!item.empty()) st->ranks.insert(std::atoi(item.c_str()));
+      }
+    }
+    return st;
+  }();
+  return *s;
+}
+
+const char* level_name(Level l) {
+  switch (l) {
+    case Level::Debug: return "debug";
+    case Level::Info: return "info";
+    case Level::Warn: return "warning";
+    case Level::Error: return "error";
+  }
+  return "";
+}
+
+}  // namespace
+
+void set_rank(int r) {
+  std::lock_guard<std::mutex> lock(state().mu);
+  state().rank = r;
+}
+
+int rank() { return state().rank; }
+
+void set_level(Level level) {
+  std::lock_guard<std::mutex> lock(state().mu);
+  state().level = level;
+}
+
+bool enabled(Level level) {
+  State& s = state();
+  if (level < s.level) return false;
+  if (level == Level::Error) return true;
+  return s.all_ranks || s.ranks.count(s.rank) > 0;
+}
+
+void write(Level level, const std::string& subsystem, const std::string& message) {
+  if (!enabled(level)) return;
+  State& s = state();
+  std::ostringstream line;
+  if (s.rank != 0) line << "[rank " << s.rank << "] ";
+  line << "zero";
+  if (!subsystem.empty()) line << "." << subsystem;
+  if (level != Level::Info) line << " " << level_name(level);
+  line << ": " << message << "\n";
+  const std::string text = line.str();
+  std::lock_guard<std::mutex> lock(s.mu);
+  FILE* out = level >= Level::Warn ? stderr : stdout;
+  std::fwrite(text.data(), 1, text.size(), out);
+  std::fflush(out);
+}
+
+void warn_once(const std::string& key, const std::string& subsystem, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(state().mu);
+    if (!state().warned.insert(key).second) return;
+  }
+  write(Level::Warn, subsystem, message);
+}
+
+}  // namespace zero::log

@@ -1,0 +1,106 @@
+#pragma once
+// Process groups for zero: rank and world from the launch environment,
+// rendezvous over a TCP store, and collectives on flat tensors behind one
+// interface. CPU tensors go through the gloo library; CUDA tensors through
+// NCCL, or through gloo staged via (pinned) host memory when NCCL cannot be
+// used (several ranks sharing one GPU).
+//
+// Layout contract (no hidden padding): reduce_scatter's input holds
+// size() * output.numel() elements and rank r receives the reduced chunk r;
+// all_gather's output holds size() * input.numel() elements, chunk r being
+// rank r's input. Callers pad their flat buffers to a multiple of size().
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace zero::comm {
+
+enum class ReduceOp { Sum, Avg, Max };
+const char* to_string(ReduceOp op);
+
+// Where this process sits in the job, read from the environment: torchrun
+// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
+// else OpenMPI (OMPI_COMM_WORLD_*), else Slurm (SLURM_PROCID, SLURM_NTASKS,
+// SLURM_LOCALID); none of them means a single process.
+struct LaunchInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  // torchrun with TORCHELASTIC_USE_AGENT_STORE=True: its agent already runs
+  // the store, workers connect as clients under store_prefix.
+  bool agent_store = false;
+  std::string store_prefix;
+  std::string source = "single";  // "torchrun", "openmpi", "slurm" or "single"
+
+  static LaunchInfo from_env();
+  std::string describe() const;
+};
+
+// Backend used for CUDA tensors.
+enum class CudaBackend { Nccl, Gloo };
+
+struct GroupOptions {
+  // Longest any rendezvous or collective may wait before failing with an
+  // error that names the missing rank. Default: ZERO_COMM_TIMEOUT or 300 s.
+  std::chrono::milliseconds timeout{0};
+  // Default: ZERO_CUDA_BACKEND ("nccl" or "gloo"), else NCCL when built in.
+  std::string cuda_backend;
+};
+
+// A pending collective. wait() blocks until it is done (CPU) or, for CUDA
+// tensors on NCCL, orders the caller's current stream after it; it throws
+// zero::CommError if the collective failed or timed out.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+  virtual bool is_completed() = 0;
+};
+using WorkHandle = std::shared_ptr<Work>;
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Rank of this process in the world group (for messages and sub-groups).
+  virtual int global_rank(int group_rank) const = 0;
+
+  // All collectives are issued in the same order on every rank of the group.
+  // The *_async forms run on the group's communication thread (CPU) or
+  // stream (CUDA) and return at once.
+  virtual WorkHandle all_reduce_async(at::Tensor tensor, ReduceOp op = ReduceOp::Sum) = 0;
+  virtual WorkHandle reduce_scatter_async(at::Tensor output, at::Tensor input, ReduceOp op = ReduceOp::Sum) = 0;
+  virtual WorkHandle all_gather_async(at::Tensor output, at::Tensor input) = 0;
+  virtual WorkHandle broadcast_async(at::Tensor tensor, int root) = 0;
+
+  void all_reduce(at::Tensor tensor, ReduceOp op = ReduceOp::Sum) { all_reduce_async(tensor, op)->wait(); }
+  void reduce_scatter(at::Tensor output, at::Tensor input, ReduceOp op = ReduceOp::Sum) {
+    reduce_scatter_async(output, input, op)->wait();
+  }
+  void all_gather(at::Tensor output, at::Tensor input) { all_gather_async(output, input)->wait(); }
+  void broadcast(at::Tensor tensor, int root) { broadcast_async(tensor, root)->wait(); }
+  virtual void barrier() = 0;
+
+  // A group of some ranks of this one (ranks as numbered in this group).
+  // Every rank of this group must call it with the same list, in the same
+  // order relative to other new_group calls; ranks not in the list get nullptr.
+  virtual std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) = 0;
+};
+
+// Joins the job described by the environment (see LaunchInfo) and returns
+// the world group. With no launch variables this is a group of one.
+std::shared_ptr<ProcessGroup> init_process_group(const GroupOptions& options = {});
+std::shared_ptr<ProcessGroup> init_process_group(const LaunchInfo& launch, const GroupOptions& options = {});
+
+// Whether this build has the NCCL backend.
+bool nccl_available();
+
+}  // namespace zero::comm

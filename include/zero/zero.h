@@ -1,0 +1,5 @@
+#pragma once
+// The umbrella header of zero.
+#include "zero/comm.h"
+#include "zero/error.h"
+#include "zero/log.h"

@@ -1,0 +1,81 @@
+// Fault scenarios, run on 3 ranks through zero-run. The ranks that stay
+// must fail within seconds with a CommError naming the rank at fault; each
+// checks its own error and exits 0 only if it is the expected one.
+//   comm_faults early-exit | crash | rank0-crash | never-arrives | mismatch
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <iostream>
+
+#include "zero/comm.h"
+#include "zero/error.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int expect_error(const std::function<void()>& body, const std::vector<std::string>& needles, double max_seconds) {
+  const auto start = Clock::now();
+  try {
+    body();
+  } catch (const zero::CommError& e) {
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    const std::string what = e.what();
+    std::cout << "got CommError after " << seconds << " s: " << what << std::endl;
+    for (const auto& needle : needles) {
+      if (what.find(needle) == std::string::npos) {
+        std::cout << "FAIL: the error does not mention '" << needle << "'" << std::endl;
+        return 1;
+      }
+    }
+    if (seconds > max_seconds) {
+      std::cout << "FAIL: took " << seconds << " s, more than " << max_seconds << " s" << std::endl;
+      return 1;
+    }
+    return 0;
+  }
+  std::cout << "FAIL: no CommError" << std::endl;
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string scenario = argc > 1 ? argv[1] : "";
+  auto launch = zero::comm::LaunchInfo::from_env();
+
+  if (scenario == "never-arrives") {
+    // Every rank believes the world has one more rank than was started.
+    const int started = launch.world_size;
+    launch.world_size += 1;
+    return expect_error([&] { zero::comm::init_process_group(launch); },
+                        {"missing rank " + std::to_string(started), "rendezvous timed out"}, 10);
+  }
+
+  auto world = zero::comm::init_process_group(launch);
+  auto t = torch::ones({1 << 20});
+  world->all_reduce(t);  // everyone is connected and working
+
+  if (scenario == "early-exit" || scenario == "crash") {
+    if (world->rank() == 1) {
+      if (scenario == "crash") ::_exit(0);  // no goodbye: as if killed
+      world.reset();                         // a clean exit
+      return 0;
+    }
+    const std::string why = scenario == "crash" ? "rank 1 stopped responding" : "rank 1 has exited";
+    return expect_error([&] { for (int i = 0; i < 100; ++i) world->all_reduce(t); }, {why}, 10);
+  }
+  if (scenario == "rank0-crash") {
+    if (world->rank() == 0) ::_exit(0);
+    return expect_error([&] { for (int i = 0; i < 100; ++i) world->all_reduce(t); }, {"rank 0"}, 10);
+  }
+  if (scenario == "mismatch") {
+    // Rank 1 calls a barrier while the others all-reduce: gloo waits until
+    // the timeout (ZERO_COMM_TIMEOUT), then the diagnosis says why.
+    return expect_error([&] { world->rank() == 1 ? world->barrier() : world->all_reduce(t); },
+                        {"different collectives"}, 15);
+  }
+  std::cerr << "usage: comm_faults early-exit|crash|rank0-crash|never-arrives|mismatch" << std::endl;
+  return 2;
+}

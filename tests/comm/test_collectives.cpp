@@ -1,0 +1,184 @@
+// Every collective on the world group (run by ctest on 1-4 ranks through
+// zero-run), every dtype, sizes that are not multiples of the world size;
+// expectations computed from each rank's known contribution.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "zero/comm.h"
+#include "zero/error.h"
+
+namespace {
+
+std::shared_ptr<zero::comm::ProcessGroup> g_world;
+
+// Rank r contributes (r + 1) * (i % 7 + 1) at element i: small integers, so
+// sums and averages are exact in fp16 and bf16 too.
+at::Tensor contribution(int rank, int64_t n, at::ScalarType dtype, int64_t offset = 0) {
+  auto i = torch::arange(offset, offset + n, torch::kLong);
+  return ((i % 7 + 1) * (rank + 1)).to(dtype);
+}
+
+double rank_sum(int world) { return world * (world + 1) / 2.0; }
+
+const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kHalf, at::kBFloat16, at::kLong};
+const std::vector<int64_t> kSizes = {1, 7, 1000, 1 << 16 | 3};
+
+std::string name(at::ScalarType t) { return c10::toString(t); }
+
+TEST(Collectives, AllReduceSumAvgMax) {
+  const int W = g_world->size(), R = g_world->rank();
+  for (auto dtype : kDtypes) {
+    for (int64_t n : kSizes) {
+      auto base = torch::arange(n, torch::kLong) % 7 + 1;
+      auto t = contribution(R, n, dtype);
+      g_world->all_reduce(t, zero::comm::ReduceOp::Sum);
+      EXPECT_TRUE(t.to(torch::kDouble).equal(base.to(torch::kDouble) * rank_sum(W))) << name(dtype) << " n=" << n;
+
+      t = contribution(R, n, dtype);
+      g_world->all_reduce(t, zero::comm::ReduceOp::Max);
+      EXPECT_TRUE(t.to(torch::kDouble).equal(base.to(torch::kDouble) * W)) << name(dtype) << " n=" << n;
+
+      t = contribution(R, n, dtype);
+      g_world->all_reduce(t, zero::comm::ReduceOp::Avg);
+      auto expected = base.to(torch::kDouble) * rank_sum(W) / W;
+      if (dtype == at::kLong) expected = expected.floor();
+      EXPECT_TRUE(t.to(torch::kDouble).equal(expected)) << name(dtype) << " n=" << n;
+    }
+  }
+}
+
+TEST(Collectives, ReduceScatterGivesRankItsChunk) {
+  const int W = g_world->size(), R = g_world->rank();
+  for (auto dtype : kDtypes) {
+    for (int64_t n : kSizes) {  // n per rank: the flat input holds W * n
+      auto input = contribution(R, W * n, dtype);
+      auto output = torch::full({n}, -1, torch::TensorOptions().dtype(dtype));
+      g_world->reduce_scatter(output, input, zero::comm::ReduceOp::Sum);
+      auto mine = (torch::arange(R * n, (R + 1) * n, torch::kLong) % 7 + 1).to(torch::kDouble);
+      EXPECT_TRUE(output.to(torch::kDouble).equal(mine * rank_sum(W))) << name(dtype) << " n=" << n;
+
+      g_world->reduce_scatter(output, contribution(R, W * n, dtype), zero::comm::ReduceOp::Max);
+      EXPECT_TRUE(output.to(torch::kDouble).equal(mine * W)) << name(dtype) << " n=" << n;
+
+      g_world->reduce_scatter(output, contribution(R, W * n, dtype), zero::comm::ReduceOp::Avg);
+      auto avg = mine * rank_sum(W) / W;
+      if (dtype == at::kLong) avg = avg.floor();
+      EXPECT_TRUE(output.to(torch::kDouble).equal(avg)) << name(dtype) << " n=" << n;
+    }
+  }
+}
+
+TEST(Collectives, AllGatherConcatenatesInRankOrder) {
+  const int W = g_world->size(), R = g_world->rank();
+  for (auto dtype : kDtypes) {
+    for (int64_t n : kSizes) {
+      auto input = contribution(R, n, dtype);
+      auto output = torch::empty({W * n}, torch::TensorOptions().dtype(dtype));
+      g_world->all_gather(output, input);
+      for (int r = 0; r < W; ++r) {
+        EXPECT_TRUE(output.slice(0, r * n, (r + 1) * n).equal(contribution(r, n, dtype))) << name(dtype) << " r=" << r;
+      }
+    }
+  }
+}
+
+TEST(Collectives, BroadcastFromEveryRoot) {
+  const int W = g_world->size(), R = g_world->rank();
+  for (auto dtype : kDtypes) {
+    for (int root = 0; root < W; ++root) {
+      auto t = contribution(R, 1003, dtype);
+      g_world->broadcast(t, root);
+      EXPECT_TRUE(t.equal(contribution(root, 1003, dtype))) << name(dtype) << " root=" << root;
+    }
+  }
+}
+
+TEST(Collectives, AsyncWorkCompletesInIssueOrder) {
+  const int W = g_world->size(), R = g_world->rank();
+  std::vector<at::Tensor> tensors;
+  std::vector<zero::comm::WorkHandle> works;
+  for (int k = 0; k < 8; ++k) {
+    tensors.push_back(torch::full({4096}, double(R + k), torch::kFloat));
+    works.push_back(g_world->all_reduce_async(tensors.back()));
+  }
+  for (int k = 0; k < 8; ++k) {
+    works[k]->wait();
+    EXPECT_TRUE(works[k]->is_completed());
+    const double expected = rank_sum(W) - W + double(k) * W;  // sum over r of (r + k)
+    EXPECT_EQ(tensors[k][0].item<double>(), expected) << "k=" << k;
+  }
+}
+
+TEST(Collectives, SizesNotMultipleOfWorldAreRejectedWithTheNumbers) {
+  const int W = g_world->size();
+  if (W == 1) GTEST_SKIP() << "every size is a multiple of 1";
+  auto input = torch::zeros({W * 5 + 1});
+  auto output = torch::zeros({5});
+  try {
+    g_world->reduce_scatter(output, input);
+    FAIL() << "expected a CommError";
+  } catch (const zero::CommError& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(W * 5 + 1)), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("pad"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Collectives, SubGroupsOfEvenAndOddRanks) {
+  const int W = g_world->size(), R = g_world->rank();
+  std::vector<int> even, odd;
+  for (int r = 0; r < W; ++r) (r % 2 ? odd : even).push_back(r);
+  auto g_even = g_world->new_group(even);
+  auto g_odd = odd.empty() ? nullptr : g_world->new_group(odd);
+  auto mine = R % 2 ? g_odd : g_even;
+  ASSERT_NE(mine, nullptr);
+  EXPECT_EQ(R % 2 ? g_even : g_odd, nullptr);
+  const auto& members = R % 2 ? odd : even;
+  EXPECT_EQ(mine->size(), static_cast<int>(members.size()));
+  EXPECT_EQ(mine->global_rank(mine->rank()), R);
+
+  auto t = torch::full({33}, double(R + 1));
+  mine->all_reduce(t);
+  double expected = 0;
+  for (int r : members) expected += r + 1;
+  EXPECT_TRUE(t.equal(torch::full({33}, expected)));
+
+  auto gathered = torch::empty({mine->size() * 3});
+  mine->all_gather(gathered, torch::full({3}, double(R)));
+  for (size_t i = 0; i < members.size(); ++i) EXPECT_EQ(gathered[i * 3].item<double>(), members[i]);
+  g_world->barrier();
+}
+
+TEST(Collectives, CudaTensors) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine";
+  // Several ranks on one GPU need ZERO_CUDA_BACKEND=gloo (NCCL refuses
+  // two ranks on one device); one rank per GPU uses NCCL.
+  const int W = g_world->size(), R = g_world->rank();
+  for (auto dtype : kDtypes) {
+    auto t = contribution(R, 4099, dtype).to(torch::kCUDA);
+    g_world->all_reduce(t);
+    auto base = (torch::arange(4099, torch::kLong) % 7 + 1).to(torch::kDouble);
+    EXPECT_TRUE(t.cpu().to(torch::kDouble).equal(base * rank_sum(W))) << name(dtype);
+
+    auto out = torch::empty({1001}, t.options());
+    g_world->reduce_scatter(out, contribution(R, W * 1001, dtype).to(torch::kCUDA));
+    auto mine = (torch::arange(R * 1001, (R + 1) * 1001, torch::kLong) % 7 + 1).to(torch::kDouble);
+    EXPECT_TRUE(out.cpu().to(torch::kDouble).equal(mine * rank_sum(W))) << name(dtype);
+
+    auto gathered = torch::empty({W * 1001}, t.options());
+    g_world->all_gather(gathered, contribution(R, 1001, dtype).to(torch::kCUDA));
+    for (int r = 0; r < W; ++r) {
+      EXPECT_TRUE(gathered.slice(0, r * 1001, (r + 1) * 1001).cpu().equal(contribution(r, 1001, dtype))) << name(dtype);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  g_world = zero::comm::init_process_group();
+  int rc = RUN_ALL_TESTS();
+  g_world->barrier();
+  g_world.reset();
+  return rc;
+}
