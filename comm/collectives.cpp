@@ -66,6 +66,10 @@ void reduce_chunks(at::Tensor& output, const at::Tensor& chunks, ReduceOp op) {
     case ReduceOp::Avg: {
       // Half types accumulate in float, as NCCL does.
       const bool half = chunks.scalar_type() == at::kHalf || chunks.scalar_type() == at::kBFloat16;
+      if (!half && op == ReduceOp::Sum) {
+        at::sum_out(out, chunks, {0});
+        return;
+      }
       at::Tensor sum = half ? chunks.to(at::kFloat).sum(0) : chunks.sum(0, false, chunks.scalar_type());
       if (op == ReduceOp::Avg) {
         if (at::isIntegralType(sum.scalar_type(), false)) {

@@ -138,7 +138,7 @@ class GlooBackend : public HostBackend {
 
   void reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
     guarded("reduce_scatter", [&] {
-      at::Tensor chunks = at::empty_like(input);
+      at::Tensor chunks = scratch(input);
       gloo::AlltoallOptions opts(context_);
       opts.setTag(next_tag());
       opts.setInput(static_cast<uint8_t*>(input.data_ptr()), input.nbytes());
@@ -179,6 +179,14 @@ class GlooBackend : public HostBackend {
  private:
   uint32_t next_tag() { return tag_++; }
 
+  // Receive buffer for reduce-scatter, kept between calls: a fresh one per
+  // call costs page faults on every byte.
+  at::Tensor scratch(const at::Tensor& like) {
+    const size_t bytes = like.nbytes();
+    if (!scratch_.defined() || scratch_.nbytes() < bytes) scratch_ = at::empty({int64_t(bytes)}, at::kByte);
+    return scratch_.slice(0, 0, int64_t(bytes)).view(like.scalar_type()).view(like.sizes());
+  }
+
   void divide_by_size(at::Tensor& t) {
     if (at::isIntegralType(t.scalar_type(), /*includeBool=*/false)) {
       t.div_(group_.size, "floor");
@@ -210,6 +218,7 @@ class GlooBackend : public HostBackend {
   GroupInfo group_;
   std::shared_ptr<gloo::Context> context_;
   uint32_t tag_ = 0;
+  at::Tensor scratch_;
 };
 
 }  // namespace

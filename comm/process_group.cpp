@@ -121,7 +121,7 @@ class Group : public ProcessGroup {
     sub.timeout = info_.timeout;
     sub.health = info_.health;
     if (world_->store) {
-      sub.store = c10::make_intrusive<c10d::PrefixStore>("zero/" + name + "/", world_->store);
+      sub.store = c10::make_intrusive<c10d::PrefixStore>("zero/" + name, world_->store);
       wait_for_ranks(*sub.store, "arrive/", sub.rank, sub.size, sub.global_ranks, sub.timeout);
     }
     return std::make_shared<Group>(std::move(sub), world_, cuda_);
@@ -201,7 +201,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchInfo& launch, const
     world->health = std::make_shared<HealthMonitor>(connect_store(launch, world->timeout, /*client_only=*/true),
                                                     launch.rank, launch.world_size);
     info.health = world->health;
-    info.store = c10::make_intrusive<c10d::PrefixStore>("zero/world/", world->store);
+    info.store = c10::make_intrusive<c10d::PrefixStore>("zero/world", world->store);
     wait_for_ranks(*info.store, "arrive/", launch.rank, launch.world_size, info.global_ranks, world->timeout);
   }
   log::debug("comm", "joined: " + launch.describe());
