@@ -1,0 +1,605 @@
+// Tests of zero-run, run as a user runs it: a subprocess started with a
+// command line, observed through its output, exit status and the marker
+// files its ranks (launcher_probe) leave behind.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+const std::string kZeroRun = ZERO_RUN_PATH;
+const std::string kProbe = LAUNCHER_PROBE_PATH;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+std::string describe(int status) {
+  if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "signal " + std::to_string(WTERMSIG(status));
+  return "status " + std::to_string(status);
+}
+
+struct Result {
+  int status = -1;
+  std::string out, err;
+  double seconds = 0;
+
+  bool exited_with(int code) const { return WIFEXITED(status) && WEXITSTATUS(status) == code; }
+  bool killed_by(int sig) const { return WIFSIGNALED(status) && WTERMSIG(status) == sig; }
+  std::string summary() const { return describe(status) + "\n--- stdout:\n" + out + "--- stderr:\n" + err; }
+};
+
+// zero-run as a subprocess, in its own process group (as a shell job would
+// be), stdin from /dev/null, stdout and stderr captured.
+class Job {
+ public:
+  struct Env {
+    std::vector<std::pair<std::string, std::string>> set;
+    std::vector<std::string> unset;
+  };
+
+  explicit Job(const std::vector<std::string>& args, const Env& env = {}) {
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) {
+      std::string entry = *e;
+      std::string name = entry.substr(0, entry.find('='));
+      bool drop = false;
+      for (const auto& n : env.unset) drop = drop || n == name;
+      for (const auto& kv : env.set) drop = drop || kv.first == name;
+      if (!drop) env_strings.push_back(entry);
+    }
+    for (const auto& kv : env.set) env_strings.push_back(kv.first + "=" + kv.second);
+    std::vector<char*> envp;
+    for (auto& s : env_strings) envp.push_back(&s[0]);
+    envp.push_back(nullptr);
+    std::vector<std::string> argv_strings{kZeroRun};
+    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& s : argv_strings) argv.push_back(&s[0]);
+    argv.push_back(nullptr);
+
+    int out[2], err[2];
+    if (::pipe(out) != 0 || ::pipe(err) != 0) throw std::runtime_error("pipe failed");
+    start_ = Clock::now();
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::setpgid(0, 0);
+      int null_fd = ::open("/dev/null", O_RDONLY);
+      ::dup2(null_fd, 0);
+      ::dup2(out[1], 1);
+      ::dup2(err[1], 2);
+      for (int fd : {null_fd, out[0], out[1], err[0], err[1]}) ::close(fd);
+      ::execve(argv[0], argv.data(), envp.data());
+      ::_exit(250);
+    }
+    ::setpgid(pid_, pid_);
+    ::close(out[1]);
+    ::close(err[1]);
+    out_fd_ = out[0];
+    err_fd_ = err[0];
+  }
+
+  ~Job() {
+    if (pid_ > 0) {  // a test that failed half-way: leave nothing behind
+      ::kill(-pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (out_fd_ >= 0) ::close(out_fd_);
+    if (err_fd_ >= 0) ::close(err_fd_);
+  }
+
+  pid_t pid() const { return pid_; }
+
+  // Collects output until zero-run exits (SIGKILL after timeout_s).
+  Result wait(double timeout_s = 20) {
+    Result r;
+    bool timed_out = false;
+    while (out_fd_ >= 0 || err_fd_ >= 0) {
+      double left = timeout_s - seconds_since(start_);
+      if (left <= 0) {
+        timed_out = true;
+        ::kill(-pid_, SIGKILL);
+        break;
+      }
+      std::vector<pollfd> fds;
+      if (out_fd_ >= 0) fds.push_back({out_fd_, POLLIN, 0});
+      if (err_fd_ >= 0) fds.push_back({err_fd_, POLLIN, 0});
+      if (::poll(fds.data(), fds.size(), static_cast<int>(left * 1000) + 1) <= 0) continue;
+      for (const pollfd& p : fds) {
+        if (p.revents == 0) continue;
+        int& fd = p.fd == out_fd_ ? out_fd_ : err_fd_;
+        std::string& sink = p.fd == out_fd_ ? r.out : r.err;
+        char buf[65536];
+        ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n > 0) {
+          sink.append(buf, static_cast<size_t>(n));
+        } else if (n == 0 || errno != EINTR) {
+          ::close(fd);
+          fd = -1;
+        }
+      }
+    }
+    while (::waitpid(pid_, &r.status, 0) < 0 && errno == EINTR) {
+    }
+    pid_ = -1;
+    r.seconds = seconds_since(start_);
+    if (timed_out) ADD_FAILURE() << "zero-run did not finish within " << timeout_s << " s\n" << r.summary();
+    return r;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int out_fd_ = -1, err_fd_ = -1;
+  Clock::time_point start_;
+};
+
+Result run(const std::vector<std::string>& args, const Job::Env& env = {}) { return Job(args, env).wait(); }
+
+// A fresh directory for marker files, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "zero-run-test.XXXXXX").string();
+    if (::mkdtemp(&tmpl[0]) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string str() const { return path_.string(); }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Waits until prefix.0 .. prefix.(n-1) exist in dir.
+bool wait_for_files(const TempDir& dir, const std::string& prefix, int n, double timeout_s = 10) {
+  const auto start = Clock::now();
+  for (;;) {
+    int found = 0;
+    for (int r = 0; r < n; ++r) found += fs::exists(dir.file(prefix + "." + std::to_string(r))) ? 1 : 0;
+    if (found == n) return true;
+    if (seconds_since(start) > timeout_s) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// "[rank r] env NAME=value" lines -> rank -> NAME -> value ("<unset>" when unset).
+std::map<int, std::map<std::string, std::string>> parse_env(const std::string& out) {
+  std::map<int, std::map<std::string, std::string>> env;
+  static const std::regex set_re(R"(^\[rank (\d+)\] env ([A-Z_]+)=(.*)$)");
+  static const std::regex unset_re(R"(^\[rank (\d+)\] env ([A-Z_]+) unset$)");
+  for (const std::string& line : split_lines(out)) {
+    std::smatch m;
+    if (std::regex_match(line, m, set_re)) env[std::stoi(m[1])][m[2]] = m[3];
+    else if (std::regex_match(line, m, unset_re)) env[std::stoi(m[1])][m[2]] = "<unset>";
+  }
+  return env;
+}
+
+int count_occurrences(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++n;
+  return n;
+}
+
+// ---------------------------------------------------------------------------
+// Environment
+
+TEST(Env, EachRankGetsTorchrunVariables) {
+  Job::Env env;
+  env.set = {{"ZERO_TEST_INHERITED", "hello world"},
+             {"TORCHELASTIC_USE_AGENT_STORE", "True"},  // from an outer torchrun: must not leak
+             {"RANK", "99"},
+             {"MASTER_PORT", "1"}};
+  Result r = run({"--nproc", "4", kProbe, "env", "@0", "bind-master"}, env);
+  ASSERT_TRUE(r.exited_with(0)) << r.summary();
+
+  auto ranks = parse_env(r.out);
+  ASSERT_EQ(ranks.size(), 4u) << r.summary();
+  std::set<std::string> ports;
+  for (int rank = 0; rank < 4; ++rank) {
+    ASSERT_TRUE(ranks.count(rank)) << "no output from rank " << rank << "\n" << r.summary();
+    auto& v = ranks[rank];
+    const std::string s = std::to_string(rank);
+    EXPECT_EQ(v["RANK"], s);  // the "[rank r]" prefix and RANK agree
+    EXPECT_EQ(v["LOCAL_RANK"], s);
+    EXPECT_EQ(v["ROLE_RANK"], s);
+    EXPECT_EQ(v["WORLD_SIZE"], "4");
+    EXPECT_EQ(v["LOCAL_WORLD_SIZE"], "4");
+    EXPECT_EQ(v["ROLE_WORLD_SIZE"], "4");
+    EXPECT_EQ(v["GROUP_RANK"], "0");
+    EXPECT_EQ(v["GROUP_WORLD_SIZE"], "1");
+    EXPECT_EQ(v["ROLE_NAME"], "default");
+    EXPECT_EQ(v["MASTER_ADDR"], "127.0.0.1");
+    EXPECT_EQ(v["TORCHELASTIC_RESTART_COUNT"], "0");
+    EXPECT_EQ(v["TORCHELASTIC_MAX_RESTARTS"], "0");
+    EXPECT_EQ(v["TORCHELASTIC_RUN_ID"], "none");
+    EXPECT_EQ(v["TORCHELASTIC_USE_AGENT_STORE"], "<unset>");
+    EXPECT_EQ(v["ZERO_TEST_INHERITED"], "hello world");
+    ports.insert(v["MASTER_PORT"]);
+  }
+  ASSERT_EQ(ports.size(), 1u) << "ranks disagree on MASTER_PORT\n" << r.summary();
+  const int port = std::stoi(*ports.begin());
+  EXPECT_GT(port, 1);
+  EXPECT_LE(port, 65535);
+  // Rank 0 could listen on MASTER_ADDR:MASTER_PORT, as a store server must.
+  EXPECT_NE(r.out.find("[rank 0] bind ok\n"), std::string::npos) << r.summary();
+}
+
+TEST(Env, MultiNodeGlobalRanks) {
+  Result r = run({"--nproc", "2", "--nnodes", "3", "--node-rank", "1", "--master-addr", "10.1.2.3",
+                  "--master-port", "29555", kProbe, "env"});
+  ASSERT_TRUE(r.exited_with(0)) << r.summary();
+  auto ranks = parse_env(r.out);
+  ASSERT_EQ(ranks.size(), 2u) << r.summary();
+  for (int local = 0; local < 2; ++local) {
+    const int rank = 2 + local;  // node_rank * nproc + local_rank
+    ASSERT_TRUE(ranks.count(rank)) << r.summary();
+    auto& v = ranks[rank];
+    EXPECT_EQ(v["RANK"], std::to_string(rank));
+    EXPECT_EQ(v["LOCAL_RANK"], std::to_string(local));
+    EXPECT_EQ(v["WORLD_SIZE"], "6");
+    EXPECT_EQ(v["LOCAL_WORLD_SIZE"], "2");
+    EXPECT_EQ(v["GROUP_RANK"], "1");
+    EXPECT_EQ(v["GROUP_WORLD_SIZE"], "3");
+    EXPECT_EQ(v["MASTER_ADDR"], "10.1.2.3");
+    EXPECT_EQ(v["MASTER_PORT"], "29555");
+  }
+}
+
+TEST(Env, GivenMasterPortIsUsedOnOneNode) {
+  Result r = run({"--nproc=2", "--master-port=29556", "--master_addr=localhost", kProbe, "env"});
+  ASSERT_TRUE(r.exited_with(0)) << r.summary();
+  auto ranks = parse_env(r.out);
+  ASSERT_EQ(ranks.size(), 2u) << r.summary();
+  for (auto& kv : ranks) {
+    EXPECT_EQ(kv.second["MASTER_PORT"], "29556");
+    EXPECT_EQ(kv.second["MASTER_ADDR"], "localhost");
+  }
+}
+
+TEST(Env, OmpNumThreadsSetOnlyWhenUnsetAndSeveralRanks) {
+  Job::Env unset;
+  unset.unset = {"OMP_NUM_THREADS"};
+  {
+    auto ranks = parse_env(run({"--nproc", "2", kProbe, "env"}, unset).out);
+    ASSERT_EQ(ranks.size(), 2u);
+    for (auto& kv : ranks) EXPECT_GE(std::atoi(kv.second["OMP_NUM_THREADS"].c_str()), 1);
+  }
+  {
+    auto ranks = parse_env(run({"--nproc", "1", kProbe, "env"}, unset).out);
+    ASSERT_EQ(ranks.size(), 1u);
+    EXPECT_EQ(ranks[0]["OMP_NUM_THREADS"], "<unset>");
+  }
+  {
+    Job::Env set;
+    set.set = {{"OMP_NUM_THREADS", "7"}};
+    auto ranks = parse_env(run({"--nproc", "2", kProbe, "env"}, set).out);
+    ASSERT_EQ(ranks.size(), 2u);
+    for (auto& kv : ranks) EXPECT_EQ(kv.second["OMP_NUM_THREADS"], "7");
+  }
+}
+
+TEST(Env, ArgumentsAfterProgramArePassedUnchanged) {
+  Result r = run({"--nproc", "1", "--", kProbe, "args", "--nproc", "5", "--", "a b", ""});
+  ASSERT_TRUE(r.exited_with(0)) << r.summary();
+  EXPECT_EQ(r.out, "[rank 0] arg --nproc\n[rank 0] arg 5\n[rank 0] arg --\n[rank 0] arg a b\n[rank 0] arg \n");
+}
+
+TEST(Env, ProgramIsFoundThroughPath) {
+  TempDir dir;
+  const std::string link = dir.file("zero-run-test-probe");
+  ASSERT_EQ(::symlink(kProbe.c_str(), link.c_str()), 0);
+  Job::Env env;
+  const char* path = std::getenv("PATH");
+  env.set = {{"PATH", dir.str() + ":" + (path ? path : "/usr/bin:/bin")}};
+  Result r = run({"--nproc", "2", "zero-run-test-probe", "print", "found"}, env);
+  ASSERT_TRUE(r.exited_with(0)) << r.summary();
+  auto lines = split_lines(r.out);
+  std::sort(lines.begin(), lines.end());
+  EXPECT_EQ(lines, (std::vector<std::string>{"[rank 0] found", "[rank 1] found"}));
+}
+
+// ---------------------------------------------------------------------------
+// Output
+
+TEST(Output, EveryLineIsPrefixedWithItsRankOnTheRightStream) {
+  Result r = run({"--nproc", "3", kProbe, "print", "to stdout", "eprint", "to stderr"});
+  ASSERT_TRUE(r.exited_with(0)) << r.summary();
+  auto out = split_lines(r.out), err = split_lines(r.err);
+  std::sort(out.begin(), out.end());
+  std::sort(err.begin(), err.end());
+  EXPECT_EQ(out, (std::vector<std::string>{"[rank 0] to stdout", "[rank 1] to stdout", "[rank 2] to stdout"}));
+  EXPECT_EQ(err, (std::vector<std::string>{"[rank 0] to stderr", "[rank 1] to stderr", "[rank 2] to stderr"}));
+}
+
+// Many lines from 4 ranks, each line written in several pieces: every output
+// line must be exactly one whole line of one rank, and each rank's lines
+// must arrive complete and in order.
+void check_no_interleaving(const std::string& text, int nproc, int nlines) {
+  static const std::regex line_re(R"(^\[rank (\d+)\] line (\d+) (\d+) (x+)$)");
+  std::vector<int> next(static_cast<size_t>(nproc), 0);
+  int bad = 0;
+  for (const std::string& line : split_lines(text)) {
+    std::smatch m;
+    if (!std::regex_match(line, m, line_re) || m[1] != m[2]) {
+      if (++bad <= 5) ADD_FAILURE() << "malformed line: '" << line << "'";
+      continue;
+    }
+    const int rank = std::stoi(m[1]), i = std::stoi(m[3]);
+    ASSERT_LT(rank, nproc);
+    EXPECT_EQ(i, next[static_cast<size_t>(rank)]) << "rank " << rank << " out of order";
+    EXPECT_EQ(m[4].length(), static_cast<size_t>(1 + (i * 7 + rank) % 97)) << line;
+    next[static_cast<size_t>(rank)] = i + 1;
+  }
+  EXPECT_EQ(bad, 0);
+  for (int rank = 0; rank < nproc; ++rank) EXPECT_EQ(next[static_cast<size_t>(rank)], nlines) << "rank " << rank;
+}
+
+TEST(Output, LinesFromManyRanksNeverInterleave) {
+  Result r = run({"--nproc", "4", kProbe, "lines", "3000", "elines", "500"});
+  ASSERT_TRUE(r.exited_with(0)) << describe(r.status) << "\n" << r.err;
+  check_no_interleaving(r.out, 4, 3000);
+  check_no_interleaving(r.err, 4, 500);
+}
+
+TEST(Output, FinalPartialLineIsFlushedWithANewline) {
+  Result r = run({"--nproc", "2", kProbe, "print", "whole", "partial", "no newline", "epartial", "err tail"});
+  ASSERT_TRUE(r.exited_with(0)) << r.summary();
+  auto out = split_lines(r.out), err = split_lines(r.err);
+  std::sort(out.begin(), out.end());
+  EXPECT_EQ(out, (std::vector<std::string>{"[rank 0] no newline", "[rank 0] whole", "[rank 1] no newline",
+                                           "[rank 1] whole"}));
+  std::sort(err.begin(), err.end());
+  EXPECT_EQ(err, (std::vector<std::string>{"[rank 0] err tail", "[rank 1] err tail"}));
+  EXPECT_EQ(r.out.back(), '\n');
+}
+
+TEST(Output, PartialLineOfAFailingRankComesBeforeTheVerdict) {
+  Result r = run({"--nproc", "1", kProbe, "epartial", "last words", "exit", "4"});
+  EXPECT_TRUE(r.exited_with(4)) << r.summary();
+  EXPECT_EQ(r.err, "[rank 0] last words\nzero-run: rank 0 exited with code 4\n");
+}
+
+TEST(Output, LauncherDoesNotWaitForGrandchildrenHoldingThePipes) {
+  // Each rank leaves a process behind that keeps its stdout/stderr open.
+  Result r = run({"--nproc", "2", kProbe, "daemon", "4", "print", "done"});
+  EXPECT_TRUE(r.exited_with(0)) << r.summary();
+  EXPECT_LT(r.seconds, 3.0);
+  EXPECT_EQ(count_occurrences(r.out, "] done\n"), 2) << r.summary();
+}
+
+TEST(Output, RanksInheritOnlyStandardDescriptors) {
+  // A descriptor zero-run inherits without FD_CLOEXEC (here: a pipe of the
+  // test) must not reach the ranks, or they would hold it open.
+  int leaked[2];
+  ASSERT_EQ(::pipe(leaked), 0);
+  Result r = run({"--nproc", "2", kProbe, "fds"});
+  ::close(leaked[0]);
+  ::close(leaked[1]);
+  ASSERT_TRUE(r.exited_with(0)) << r.summary();
+  EXPECT_EQ(count_occurrences(r.out, "] fds none\n"), 2) << r.summary();
+}
+
+// ---------------------------------------------------------------------------
+// Exit status
+
+TEST(Exit, AllRanksSucceed) {
+  Result r = run({"--nproc", "4", kProbe, "print", "ok"});
+  EXPECT_TRUE(r.exited_with(0)) << r.summary();
+  EXPECT_EQ(r.err, "");
+}
+
+TEST(Exit, FailingRankCodeIsPropagatedAndOthersStopQuickly) {
+  Result r = run({"--nproc", "4", kProbe, "@2", "exit", "3", "sleep", "30"});
+  EXPECT_TRUE(r.exited_with(3)) << r.summary();
+  EXPECT_LT(r.seconds, 4.0) << "the other ranks were not stopped";
+  EXPECT_NE(r.err.find("zero-run: rank 2 exited with code 3; stopping the other ranks\n"), std::string::npos)
+      << r.summary();
+  EXPECT_EQ(count_occurrences(r.err, "zero-run:"), 1) << "only the first failure is reported\n" << r.summary();
+}
+
+TEST(Exit, OnlyTheFirstFailureCounts) {
+  Result r = run({"--nproc", "3", kProbe, "@1", "exit", "4", "@2", "exit", "5", "sleep", "30"});
+  ASSERT_TRUE(r.exited_with(4) || r.exited_with(5)) << r.summary();
+  const int code = WEXITSTATUS(r.status);
+  const std::string rank = code == 4 ? "1" : "2";
+  EXPECT_NE(r.err.find("zero-run: rank " + rank + " exited with code " + std::to_string(code)), std::string::npos)
+      << r.summary();
+  EXPECT_EQ(count_occurrences(r.err, "zero-run:"), 1) << r.summary();
+  EXPECT_LT(r.seconds, 4.0);
+}
+
+TEST(Exit, RankKilledBySignalGives128PlusSignal) {
+  Result r = run({"--nproc", "3", kProbe, "@1", "kill", "9", "sleep", "30"});
+  EXPECT_TRUE(r.exited_with(128 + SIGKILL)) << r.summary();
+  EXPECT_NE(r.err.find("zero-run: rank 1 was killed by SIGKILL (signal 9); stopping the other ranks"),
+            std::string::npos)
+      << r.summary();
+  EXPECT_LT(r.seconds, 4.0);
+
+  Result u = run({"--nproc", "2", kProbe, "@0", "kill", std::to_string(SIGUSR1), "sleep", "30"});
+  EXPECT_TRUE(u.exited_with(128 + SIGUSR1)) << u.summary();
+  EXPECT_NE(u.err.find("rank 0 was killed by SIGUSR1"), std::string::npos) << u.summary();
+}
+
+TEST(Exit, RankIgnoringSigtermIsKilledAfterTheGracePeriod) {
+  TempDir dir;
+  Result r = run({"--nproc", "3", "--timeout-s", "1", kProbe,             //
+                  "@1", "ignore-term", "@1", "ready", dir.str(),          // rank 1 will not stop on SIGTERM
+                  "@0", "wait-file", dir.file("ready.1"), "@0", "exit", "5",  // then rank 0 fails
+                  "sleep", "30"});
+  EXPECT_TRUE(r.exited_with(5)) << r.summary();
+  EXPECT_GE(r.seconds, 1.0) << "SIGKILL came before the grace period ended";
+  EXPECT_LT(r.seconds, 5.0) << "no SIGKILL after the grace period";
+  EXPECT_NE(r.err.find("zero-run: rank 1 still running 1 s after being told to stop; sending SIGKILL"),
+            std::string::npos)
+      << r.summary();
+}
+
+// ---------------------------------------------------------------------------
+// Signals sent to the launcher
+
+// Starts `nproc` probes that record SIGTERM/SIGINT and sleep, waits until all
+// are ready, then lets `send` deliver a signal.
+void expect_signal_reaches_every_rank(int sig, bool to_whole_group) {
+  TempDir dir;
+  const int nproc = 3;
+  Job job({"--nproc", std::to_string(nproc), kProbe, "on-signal", dir.str(), "ready", dir.str(), "sleep", "30"});
+  ASSERT_TRUE(wait_for_files(dir, "ready", nproc)) << "ranks did not start";
+  // to_whole_group: as ctrl-c in a terminal, which signals the foreground
+  // process group (here: zero-run's own group, made by Job).
+  ::kill(to_whole_group ? -job.pid() : job.pid(), sig);
+  Result r = job.wait();
+  EXPECT_TRUE(r.killed_by(sig)) << "zero-run should end by the signal it received\n" << r.summary();
+  EXPECT_LT(r.seconds, 5.0);
+  const std::string name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+  for (int rank = 0; rank < nproc; ++rank) {
+    // Exactly once: a rank must not get it both from the terminal and from zero-run.
+    EXPECT_EQ(read_file(dir.file("signal." + std::to_string(rank))), name + "\n") << "rank " << rank;
+  }
+  EXPECT_NE(r.err.find("zero-run: received " + name), std::string::npos) << r.summary();
+}
+
+TEST(Signals, SigtermReachesEveryRank) { expect_signal_reaches_every_rank(SIGTERM, false); }
+TEST(Signals, SigintReachesEveryRank) { expect_signal_reaches_every_rank(SIGINT, false); }
+TEST(Signals, CtrlCToTheWholeGroupReachesEachRankOnce) { expect_signal_reaches_every_rank(SIGINT, true); }
+
+TEST(Signals, SigtermReachesProcessesStartedByRanks) {
+  TempDir dir;
+  const int nproc = 2;
+  Job job({"--nproc", std::to_string(nproc), kProbe, "grandchild", dir.str(), "ready", dir.str(), "sleep", "30"});
+  ASSERT_TRUE(wait_for_files(dir, "ready", nproc));
+  ASSERT_TRUE(wait_for_files(dir, "gcready", nproc));
+  ::kill(job.pid(), SIGTERM);
+  Result r = job.wait();
+  EXPECT_TRUE(r.killed_by(SIGTERM)) << r.summary();
+  EXPECT_TRUE(wait_for_files(dir, "grandchild", nproc, 5)) << "a rank's child did not get SIGTERM";
+}
+
+TEST(Signals, RankIgnoringForwardedSignalIsKilledAfterTheGracePeriod) {
+  TempDir dir;
+  Job job({"--nproc", "2", "--timeout-s", "0.5", kProbe, "@0", "ignore-term", "ready", dir.str(), "sleep", "30"});
+  ASSERT_TRUE(wait_for_files(dir, "ready", 2));
+  ::kill(job.pid(), SIGTERM);
+  Result r = job.wait();
+  EXPECT_TRUE(r.killed_by(SIGTERM)) << r.summary();
+  EXPECT_GE(r.seconds, 0.5);
+  EXPECT_LT(r.seconds, 5.0);
+  EXPECT_NE(r.err.find("rank 0 still running 0.5 s after being told to stop; sending SIGKILL"), std::string::npos)
+      << r.summary();
+}
+
+// ---------------------------------------------------------------------------
+// Command line
+
+struct UsageCase {
+  std::vector<std::string> args;
+  std::string message;
+};
+
+TEST(Usage, BadCommandLinesExitWith2AndSayWhy) {
+  const std::vector<UsageCase> cases = {
+      {{}, "zero-run: missing --nproc"},
+      {{kProbe}, "zero-run: missing --nproc"},
+      {{"--nproc", "0", kProbe}, "zero-run: --nproc must be an integer in [1, "},
+      {{"--nproc", "-3", kProbe}, "zero-run: --nproc must be an integer in [1, "},
+      {{"--nproc", "two", kProbe}, "zero-run: --nproc must be an integer in [1, "},
+      {{"--nproc"}, "zero-run: option '--nproc' needs a value"},
+      {{"--nproc", "2", "--bogus", kProbe}, "zero-run: unknown option '--bogus'"},
+      {{"--nproc", "2"}, "zero-run: missing PROGRAM"},
+      {{"--nproc", "2", "--"}, "zero-run: missing PROGRAM"},
+      {{"--nproc", "2", "--nnodes", "2", kProbe}, "zero-run: --master-port is required when --nnodes > 1"},
+      {{"--nproc", "2", "--nnodes", "2", "--node-rank", "2", "--master-port", "1234", kProbe},
+       "zero-run: --node-rank must be in [0, 2), got 2"},
+      {{"--nproc", "2", "--node-rank", "1", kProbe}, "zero-run: --node-rank must be in [0, 1), got 1"},
+      {{"--nproc", "2", "--master-port", "70000", kProbe}, "zero-run: --master-port must be an integer in [1, 65535]"},
+      {{"--nproc", "2", "--timeout-s", "-1", kProbe}, "zero-run: --timeout-s must be a number of seconds >= 0"},
+  };
+  for (const UsageCase& c : cases) {
+    std::string cmd;
+    for (const auto& a : c.args) cmd += " " + a;
+    Result r = run(c.args);
+    EXPECT_TRUE(r.exited_with(2)) << "zero-run" << cmd << "\n" << r.summary();
+    EXPECT_EQ(r.err.rfind(c.message, 0), 0u) << "zero-run" << cmd << "\n" << r.summary();
+    EXPECT_NE(r.err.find("usage: zero-run --nproc N"), std::string::npos) << "zero-run" << cmd;
+    EXPECT_EQ(r.out, "") << "zero-run" << cmd;
+  }
+}
+
+TEST(Usage, HelpPrintsUsageAndExits0) {
+  Result r = run({"--help"});
+  EXPECT_TRUE(r.exited_with(0)) << r.summary();
+  EXPECT_EQ(r.out.rfind("usage: zero-run --nproc N", 0), 0u) << r.summary();
+  EXPECT_NE(r.out.find("--timeout-s"), std::string::npos);
+}
+
+TEST(Usage, TorchrunSpellingsAreAccepted) {
+  Result r = run({"--nproc_per_node", "2", "--nnodes=1", "--node_rank=0", kProbe, "env"});
+  ASSERT_TRUE(r.exited_with(0)) << r.summary();
+  EXPECT_EQ(parse_env(r.out).size(), 2u);
+}
+
+TEST(Usage, UnknownProgramExits127LikeAShell) {
+  Result r = run({"--nproc", "2", "zero-run-no-such-program"});
+  EXPECT_TRUE(r.exited_with(127)) << r.summary();
+  EXPECT_EQ(r.err, "zero-run: cannot run 'zero-run-no-such-program': No such file or directory\n");
+  EXPECT_EQ(r.out, "");
+
+  Result p = run({"--nproc", "2", "/nonexistent/dir/prog"});
+  EXPECT_TRUE(p.exited_with(127)) << p.summary();
+  EXPECT_EQ(p.err, "zero-run: cannot run '/nonexistent/dir/prog': No such file or directory\n");
+}
+
+TEST(Usage, NonExecutableProgramExits126) {
+  TempDir dir;
+  const std::string file = dir.file("not-executable");
+  std::ofstream(file) << "#!/bin/sh\necho hi\n";
+  ::chmod(file.c_str(), 0644);
+  Result r = run({"--nproc", "2", file});
+  EXPECT_TRUE(r.exited_with(126)) << r.summary();
+  EXPECT_EQ(r.err, "zero-run: cannot run '" + file + "': Permission denied\n");
+}
+
+}  // namespace

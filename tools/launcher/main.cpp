@@ -1,0 +1,152 @@
+// zero-run: the command line. See launcher.h for what the launcher does.
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "launcher.h"
+
+namespace {
+
+const char kUsage[] =
+    "usage: zero-run --nproc N [--nnodes M --node-rank R] [--master-addr A]\n"
+    "                [--master-port P] [--timeout-s T] [--] PROGRAM [ARGS...]\n";
+
+const char kHelp[] =
+    "\n"
+    "Starts N processes (ranks) of PROGRAM on this node with torchrun's\n"
+    "environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,\n"
+    "MASTER_ADDR, MASTER_PORT, ...), prefixes every line they print with\n"
+    "\"[rank r] \", and stops all of them when one fails.\n"
+    "\n"
+    "options:\n"
+    "  --nproc N          ranks on this node (also --nproc-per-node)\n"
+    "  --nnodes M         nodes in the job (default 1)\n"
+    "  --node-rank R      this node, 0..M-1 (default 0); RANK = R*N + LOCAL_RANK\n"
+    "  --master-addr A    address of the node running rank 0 (default 127.0.0.1)\n"
+    "  --master-port P    its port; default: a free port (required when M > 1)\n"
+    "  --timeout-s T      seconds the ranks get to exit after SIGTERM/SIGINT\n"
+    "                     before SIGKILL (default 5)\n"
+    "  -h, --help         this text\n"
+    "Options end at PROGRAM or at '--'; PROGRAM is looked up in PATH.\n"
+    "Options may also be written --name=value, and with '_' for '-'.\n"
+    "\n"
+    "exit status: 0 when every rank exits 0; else the first failing rank's\n"
+    "code (128+signal if it was killed); 2 for a bad command line; 126/127\n"
+    "when PROGRAM cannot be run / is not found. SIGINT, SIGTERM and SIGHUP are\n"
+    "forwarded to every rank's process group, and zero-run then ends by the\n"
+    "same signal.\n";
+
+struct UsageError {
+  std::string message;
+};
+
+int parse_int(const std::string& option, const std::string& text, long min, long max) {
+  errno = 0;
+  char* end = nullptr;
+  long value = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno == ERANGE || value < min || value > max) {
+    std::string range = max == 2147483647L ? "an integer >= " + std::to_string(min)
+                                           : "an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
+    throw UsageError{option + " must be " + range + ", got '" + text + "'"};
+  }
+  return static_cast<int>(value);
+}
+
+double parse_seconds(const std::string& option, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(value) || value < 0) {
+    throw UsageError{option + " must be a number of seconds >= 0, got '" + text + "'"};
+  }
+  return value;
+}
+
+zero_run::LaunchOptions parse(int argc, char** argv, bool* help) {
+  zero_run::LaunchOptions o;
+  bool have_nproc = false, have_port = false;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg.size() < 2 || arg[0] != '-') break;  // PROGRAM (a lone "-" included)
+    if (arg == "-h" || arg == "--help") {
+      *help = true;
+      return o;
+    }
+    // --name=value or --name value; '_' spelled as '-' (torchrun accepts both).
+    std::string name = arg, value;
+    bool inline_value = false;
+    if (auto eq = arg.find('='); eq != std::string::npos && arg.compare(0, 2, "--") == 0) {
+      name = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+      inline_value = true;
+    }
+    for (size_t k = 2; k < name.size(); ++k) {
+      if (name[k] == '_') name[k] = '-';
+    }
+    static const char* const kKnown[] = {"--nproc",       "--nproc-per-node", "--nnodes",   "--node-rank",
+                                         "--master-addr", "--master-port",    "--timeout-s"};
+    bool known = false;
+    for (const char* k : kKnown) known = known || name == k;
+    if (!known) throw UsageError{"unknown option '" + arg + "'"};
+    if (!inline_value) {
+      if (i + 1 >= argc) throw UsageError{"option '" + name + "' needs a value"};
+      value = argv[++i];
+    }
+    if (name == "--nproc" || name == "--nproc-per-node") {
+      o.nproc = parse_int(name, value, 1, 1 << 16);
+      have_nproc = true;
+    } else if (name == "--nnodes") {
+      o.nnodes = parse_int(name, value, 1, 1 << 16);
+    } else if (name == "--node-rank") {
+      o.node_rank = parse_int(name, value, 0, 2147483647L);
+    } else if (name == "--master-addr") {
+      if (value.empty()) throw UsageError{"--master-addr must not be empty"};
+      o.master_addr = value;
+    } else if (name == "--master-port") {
+      o.master_port = parse_int(name, value, 1, 65535);
+      have_port = true;
+    } else if (name == "--timeout-s") {
+      o.grace_s = parse_seconds(name, value);
+    }
+  }
+  for (; i < argc; ++i) o.command.emplace_back(argv[i]);
+
+  if (!have_nproc) throw UsageError{"missing --nproc N (the number of ranks to start on this node)"};
+  if (o.node_rank >= o.nnodes) {
+    throw UsageError{"--node-rank must be in [0, " + std::to_string(o.nnodes) + "), got " +
+                     std::to_string(o.node_rank)};
+  }
+  if (o.nnodes > 1 && !have_port) {
+    throw UsageError{"--master-port is required when --nnodes > 1 (every node must use the same port)"};
+  }
+  if (static_cast<long long>(o.nproc) * o.nnodes > 2147483647LL) throw UsageError{"--nproc * --nnodes is too large"};
+  if (o.command.empty()) throw UsageError{"missing PROGRAM to run"};
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool help = false;
+  zero_run::LaunchOptions options;
+  try {
+    options = parse(argc, argv, &help);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "zero-run: %s\n%sTry 'zero-run --help' for more information.\n", e.message.c_str(), kUsage);
+    return zero_run::kExitUsage;
+  }
+  if (help) {
+    std::fputs(kUsage, stdout);
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  std::fflush(stdout);
+  return zero_run::run_launcher(options);
+}
