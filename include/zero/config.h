@@ -25,12 +25,17 @@
 //    are allowed, as DeepSpeed reads configs with hjson; duplicate keys are an
 //    error, as in DeepSpeed.
 //  - "auto" (the Hugging Face convention) is accepted where Hugging Face
-//    writes it. The batch keys are then computed by resolve() from the others
-//    (an error names the value to pass when they are not determined). Other
-//    "auto" values mean "not given", as in DeepSpeed's own config models: the
-//    default applies and a warning names the value used. Exceptions:
-//    scheduler warmup_max_lr "auto" takes optimizer.params.lr;
-//    total_num_steps "auto" is an error (zero cannot know the run length).
+//    writes it, and nowhere else:
+//      batch keys: computed by resolve() from the others and the world size;
+//      scheduler warmup_max_lr: takes optimizer.params.lr (as parsed);
+//      scheduler total_num_steps: left unset for the program to set before
+//        resolve() (zero cannot know the run length);
+//      the rest (optimizer lr/betas/eps/weight_decay, fp16/bf16 enabled,
+//        gradient_clipping, ZeRO bucket sizes, ...): "not given", as in
+//        DeepSpeed's own config models: the default applies and a warning
+//        names the value used.
+//    resolve() names any value still missing. A program may fill values in
+//    between parsing and resolve(), as Hugging Face's Trainer does.
 #include <array>
 #include <cstdint>
 #include <optional>
@@ -167,7 +172,9 @@ struct SchedulerParams {
   double warmup_max_lr = 1e-3;
   int64_t warmup_num_steps = 1000;           // also WarmupCosineLR
   std::string warmup_type = "log";           // "log" | "linear"; also WarmupCosineLR
-  int64_t total_num_steps = 0;               // required by WarmupDecayLR, WarmupCosineLR
+  // Required by WarmupDecayLR and WarmupCosineLR. "auto" leaves it unset for
+  // the program to fill in before resolve(), which fails while it is unset.
+  std::optional<int64_t> total_num_steps;
   // WarmupCosineLR (ratios of the optimizer's lr)
   double warmup_min_ratio = 0.0;
   double cos_min_ratio = 1e-4;

@@ -1,5 +1,6 @@
 #pragma once
 // The umbrella header of zero.
 #include "zero/comm.h"
+#include "zero/config.h"
 #include "zero/error.h"
 #include "zero/log.h"
