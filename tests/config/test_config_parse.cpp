@@ -1,0 +1,288 @@
+// Reading rules: value types, unknown keys and their suggestions, "auto",
+// JSON syntax, and that nothing but zero::ConfigError ever escapes.
+#include "config_test_util.h"
+
+namespace {
+
+using zero::Config;
+using zero_test::as_json;
+using zero_test::config_error;
+using zero_test::count_containing;
+using zero_test::parse;
+
+void expect_error(const std::string& json, const std::vector<std::string>& parts) {
+  std::string message = config_error([&] { parse(json); });
+  for (const auto& part : parts) EXPECT_NE(message.find(part), std::string::npos) << message << "\nmissing: " << part;
+}
+
+// ---- value types ---------------------------------------------------------
+
+TEST(ConfigTypes, IntegralNumbersAreIntegers) {
+  Config c = parse(R"({"zero_optimization": {"stage": 3, "reduce_bucket_size": 5e8, "sub_group_size": 1e14,
+                       "stage3_max_live_parameters": 3.0e9}})");
+  EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 500000000);
+  EXPECT_EQ(c.zero_optimization.sub_group_size, 100000000000000);
+  EXPECT_EQ(c.zero_optimization.stage3_max_live_parameters, 3000000000);
+}
+
+TEST(ConfigTypes, FractionsAndHugeNumbersAreNotIntegers) {
+  expect_error(R"({"zero_optimization": {"reduce_bucket_size": 1.5}})",
+               {"zero_optimization.reduce_bucket_size must be an integer", "found 1.5"});
+  expect_error(R"({"zero_optimization": {"reduce_bucket_size": 1e30}})", {"zero_optimization.reduce_bucket_size"});
+  expect_error(R"({"steps_per_print": 18446744073709551615})", {"steps_per_print"});
+}
+
+TEST(ConfigTypes, NumbersAndBooleansMustNotBeQuoted) {
+  expect_error(R"({"zero_optimization": {"reduce_bucket_size": "5e8"}})",
+               {"zero_optimization.reduce_bucket_size", "found string \"5e8\"", "without quotes"});
+  expect_error(R"({"gradient_clipping": "1.0"})", {"gradient_clipping", "without quotes"});
+  expect_error(R"({"fp16": {"enabled": "true"}})", {"fp16.enabled must be true or false", "without quotes"});
+  expect_error(R"({"zero_optimization": {"overlap_comm": 1}})", {"zero_optimization.overlap_comm", "found 1"});
+}
+
+TEST(ConfigTypes, WrongTypesNameExpectedAndFound) {
+  expect_error(R"({"zero_optimization": {"stage": [2]}})", {"zero_optimization.stage", "an integer", "found array [2]"});
+  expect_error(R"({"zero_optimization": {"offload_optimizer": "cpu"}})",
+               {"zero_optimization.offload_optimizer must be an object", "found string \"cpu\""});
+  expect_error(R"({"zero_optimization": {"offload_optimizer": {"nvme_path": 3}}})",
+               {"zero_optimization.offload_optimizer.nvme_path must be a string", "found 3"});
+  expect_error(R"({"optimizer": {"type": 1}})", {"optimizer.type must be a string"});
+}
+
+TEST(ConfigTypes, IntegersAreFineForNumbers) {
+  Config c = parse(R"({"gradient_clipping": 1, "optimizer": {"type": "SGD", "params": {"lr": 1, "momentum": 0}}})");
+  EXPECT_EQ(c.gradient_clipping, 1.0);
+  EXPECT_EQ(c.optimizer.params.lr, 1.0);
+}
+
+TEST(ConfigTypes, NullMeansNotGiven) {
+  Config c = parse(R"({"zero_optimization": {"stage": null, "offload_param": null},
+                       "activation_checkpointing": {"number_checkpoints": null},
+                       "communication_data_type": null, "fp16": null})");
+  EXPECT_EQ(c.zero_optimization.stage, 0);
+  EXPECT_FALSE(c.activation_checkpointing.number_checkpoints.has_value());
+  EXPECT_FALSE(c.communication_data_type.has_value());
+}
+
+TEST(ConfigTypes, ChoicesAreCaseInsensitiveAndCanonical) {
+  Config c = parse(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "CPU"}},
+                       "checkpoint": {"tag_validation": "FAIL"}, "communication_data_type": "BF16",
+                       "optimizer": {"type": "adamw"}, "scheduler": {"type": "warmuplr"}})");
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, "cpu");
+  EXPECT_EQ(c.checkpoint.tag_validation, "Fail");
+  EXPECT_EQ(c.communication_data_type.value_or(""), "bf16");
+  EXPECT_EQ(c.optimizer.type, "AdamW");
+  EXPECT_EQ(c.scheduler.type, "WarmupLR");
+}
+
+TEST(ConfigTypes, RangesAreChecked) {
+  expect_error(R"({"zero_optimization": {"stage": 4}})", {"zero_optimization.stage", "[0, 3]", "found 4"});
+  expect_error(R"({"zero_optimization": {"stage": -1}})", {"zero_optimization.stage", "[0, 3]"});
+  expect_error(R"({"zero_optimization": {"allgather_bucket_size": -5}})", {"allgather_bucket_size", ">= 0"});
+  expect_error(R"({"fp16": {"hysteresis": 0}})", {"fp16.hysteresis", ">= 1", "found 0"});
+  expect_error(R"({"fp16": {"loss_scale_window": 0}})", {"fp16.loss_scale_window", ">= 1"});
+  expect_error(R"({"fp16": {"loss_scale": -1}})", {"fp16.loss_scale", ">= 0"});
+  expect_error(R"({"fp16": {"min_loss_scale": 0}})", {"fp16.min_loss_scale", "> 0"});
+  expect_error(R"({"optimizer": {"type": "Adam", "params": {"betas": [0.9, -0.1]}}})", {"optimizer.params.betas", "[0, 1)"});
+  expect_error(R"({"optimizer": {"type": "Adam", "params": {"lr": -0.1}}})", {"optimizer.params.lr", ">= 0"});
+  expect_error(R"({"aio": {"queue_depth": 0}})", {"aio.queue_depth", ">= 1"});
+  expect_error(R"({"gradient_predivide_factor": 0})", {"gradient_predivide_factor", "> 0"});
+  expect_error(R"({"zero_optimization": {"offload_optimizer": {"ratio": 1.5}}})", {"offload_optimizer.ratio", "[0, 1]"});
+}
+
+// ---- unknown keys ----------------------------------------------------------
+
+TEST(ConfigUnknownKeys, NearestKeyIsSuggested) {
+  expect_error(R"({"zero_optimization": {"reduce_bucket_sise": 1}})",
+               {"zero_optimization.reduce_bucket_sise: unknown key", "did you mean \"reduce_bucket_size\"?"});
+  expect_error(R"({"train_micro_batch_size_per_gp": 4})", {"did you mean \"train_micro_batch_size_per_gpu\"?"});
+  expect_error(R"({"optimizer": {"type": "Adam", "params": {"lrr": 1e-3}}})",
+               {"optimizer.params.lrr: unknown key for optimizer Adam", "did you mean \"lr\"?"});
+  expect_error(R"({"bf16": {"enable": true}})", {"bf16.enable", "did you mean \"enabled\"?"});
+  expect_error(R"({"zero_optimization": {"Stage": 2}})", {"zero_optimization.Stage", "did you mean \"stage\"?"});
+  expect_error(R"({"zero_optimization": {"offload_param": {"devise": "cpu"}}})",
+               {"zero_optimization.offload_param.devise", "did you mean \"device\"?"});
+  expect_error(R"({"zero": {"comm_timeout": 10}})", {"zero.comm_timeout", "did you mean \"comm_timeout_s\"?"});
+  expect_error(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max": 1}}})",
+               {"scheduler.params.warmup_max: unknown key for scheduler WarmupLR", "did you mean \"warmup_max_lr\"?"});
+}
+
+TEST(ConfigUnknownKeys, MisplacedKeyPointsToItsSection) {
+  expect_error(R"({"stage": 2})", {"stage: unknown key", "did you mean \"zero_optimization.stage\"?"});
+  expect_error(R"({"zero_optimization": {"loss_scale": 0}})", {"did you mean \"fp16.loss_scale\"?"});
+  expect_error(R"({"optimizer": {"type": "Adam", "lr": 0.1}})", {"optimizer.lr", "did you mean \"optimizer.params.lr\"?"});
+}
+
+TEST(ConfigUnknownKeys, KeyOfAnotherOptimizerListsTheKnownOnes) {
+  expect_error(R"({"optimizer": {"type": "SGD", "params": {"betas": [0.9, 0.99]}}})",
+               {"optimizer.params.betas: unknown key for optimizer SGD", "lr", "momentum", "nesterov"});
+}
+
+TEST(ConfigUnknownKeys, UnrelatedKeyIsNamed) {
+  expect_error(R"({"my_own_setting": 1})", {"my_own_setting: unknown key"});
+  expect_error(R"({"fp16": {"xyz": 1}})", {"fp16.xyz: unknown key", "known keys here:", "initial_scale_power"});
+}
+
+// ---- "auto" ----------------------------------------------------------------
+
+TEST(ConfigAuto, HuggingFaceValuesTakeDefaultsWithOneWarningEach) {
+  Config c = parse(R"({
+    "train_micro_batch_size_per_gpu": 2,
+    "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto"}},
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                          "stage3_param_persistence_threshold": "auto", "stage3_gather_16bit_weights_on_model_save": "auto"},
+    "gradient_clipping": "auto"})");
+  // DeepSpeed's defaults (FusedAdam, WarmupLR, DeepSpeedZeroConfig).
+  EXPECT_FALSE(c.fp16.enabled);
+  EXPECT_FALSE(c.bf16.enabled);
+  EXPECT_EQ(c.optimizer.params.lr, 1e-3);
+  EXPECT_EQ(c.optimizer.params.betas[0], 0.9);
+  EXPECT_EQ(c.optimizer.params.betas[1], 0.999);
+  EXPECT_EQ(c.optimizer.params.eps, 1e-8);
+  EXPECT_EQ(c.optimizer.params.weight_decay, 0.0);
+  EXPECT_EQ(c.scheduler.params.warmup_min_lr, 0.0);
+  EXPECT_EQ(c.scheduler.params.warmup_max_lr, c.optimizer.params.lr);   // peak = optimizer lr
+  EXPECT_EQ(c.scheduler.params.warmup_num_steps, 1000);
+  EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 500000000);
+  EXPECT_EQ(c.zero_optimization.stage3_prefetch_bucket_size, 50000000);
+  EXPECT_EQ(c.zero_optimization.stage3_param_persistence_threshold, 100000);
+  EXPECT_FALSE(c.zero_optimization.stage3_gather_16bit_weights_on_model_save);
+  EXPECT_EQ(c.gradient_clipping, 0.0);
+  for (const char* path : {"fp16.enabled", "bf16.enabled", "optimizer.params.lr", "optimizer.params.betas",
+                           "optimizer.params.eps", "optimizer.params.weight_decay", "scheduler.params.warmup_min_lr",
+                           "scheduler.params.warmup_num_steps", "zero_optimization.reduce_bucket_size",
+                           "zero_optimization.stage3_prefetch_bucket_size",
+                           "zero_optimization.stage3_param_persistence_threshold",
+                           "zero_optimization.stage3_gather_16bit_weights_on_model_save", "gradient_clipping"})
+    EXPECT_EQ(count_containing(c.warnings(), std::string(path) + " is \"auto\""), 1u) << path;
+  EXPECT_EQ(count_containing(c.warnings(), "warmup_max_lr"), 0u);
+  EXPECT_EQ(count_containing(c.warnings(), "hidden size"), 3u);   // the three model-derived sizes
+  EXPECT_EQ(c.warnings().size(), 13u);
+}
+
+TEST(ConfigAuto, WarmupPeakFollowsTheOptimizer) {
+  Config c = parse(R"({"optimizer": {"type": "Adam", "params": {"lr": 3e-5}},
+                       "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_max_lr": "auto", "warmup_num_steps": 10,
+                                                                         "total_num_steps": 100}}})");
+  EXPECT_EQ(c.scheduler.params.warmup_max_lr, 3e-5);
+  EXPECT_TRUE(c.warnings().empty());
+  Config alone = parse(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": "auto"}}})");
+  EXPECT_EQ(alone.scheduler.params.warmup_max_lr, 1e-3);
+  EXPECT_EQ(count_containing(alone.warnings(), "warmup_max_lr"), 1u);
+}
+
+TEST(ConfigAuto, TotalStepsMustComeFromTheProgram) {
+  Config c = parse(R"({"train_micro_batch_size_per_gpu": 1,
+                       "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": "auto"}}})");
+  EXPECT_FALSE(c.scheduler.params.total_num_steps.has_value());
+  std::string message = config_error([&] { Config(c).resolve(1); });
+  EXPECT_NE(message.find("scheduler.params.total_num_steps"), std::string::npos) << message;
+  c.scheduler.params.total_num_steps = 5000;
+  c.resolve(1);
+  EXPECT_EQ(as_json(c)["scheduler"]["params"]["total_num_steps"], 5000);
+}
+
+TEST(ConfigAuto, RefusedWhereHuggingFaceNeverWritesIt) {
+  expect_error(R"({"zero_optimization": {"stage": "auto"}})", {"zero_optimization.stage", "\"auto\" is not accepted"});
+  expect_error(R"({"fp16": {"hysteresis": "auto"}})", {"fp16.hysteresis", "\"auto\""});
+  expect_error(R"({"zero_optimization": {"offload_optimizer": {"device": "auto"}}})",
+               {"zero_optimization.offload_optimizer.device"});
+  expect_error(R"({"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": "auto", "cycle_max_lr": 1}}})",
+               {"scheduler.params.cycle_min_lr", "\"auto\""});
+}
+
+TEST(ConfigAuto, PipelineStagesAutoIsOne) {
+  Config c = parse(R"({"pipeline": {"stages": "auto"}, "tensor_parallel": {"autotp_size": 1, "tp": {"tp_size": 1}}})");
+  EXPECT_EQ(c.parallelism.pipeline_stages, 1);
+  EXPECT_TRUE(c.warnings().empty());
+  expect_error(R"({"pipeline": {"stages": 2}})", {"pipeline parallelism of size 2 is not supported yet", "pipeline.stages"});
+  expect_error(R"({"tensor_parallel": {"autotp_size": 8}})", {"tensor parallelism of size 8 is not supported yet"});
+}
+
+// ---- JSON syntax ------------------------------------------------------------
+
+TEST(ConfigSyntax, ParseErrorsGiveLineAndColumn) {
+  expect_error("{\n  \"fp16\": {\n    \"enabled\": true,\n  }\n}", {"invalid JSON", "line 4, column 3"});
+  expect_error("{\"a\": }", {"invalid JSON", "line 1"});
+  expect_error("", {"invalid JSON"});
+  expect_error("{} {}", {"invalid JSON"});
+  expect_error("\"just a string\"", {"must be a JSON object", "found string"});
+}
+
+TEST(ConfigSyntax, CommentsAreAllowedAsInHjson) {
+  Config c = parse("{\n  // ZeRO stage\n  \"zero_optimization\": {\"stage\": 2 /* gradients */}\n}");
+  EXPECT_EQ(c.zero_optimization.stage, 2);
+}
+
+TEST(ConfigSyntax, DuplicateKeysAreErrors) {
+  expect_error(R"({"fp16": {"enabled": true}, "fp16": {"enabled": false}})", {"fp16: duplicate key"});
+  expect_error(R"({"optimizer": {"type": "Adam", "params": {"lr": 1, "lr": 2}}})", {"optimizer.params.lr: duplicate key"});
+  // Same key in different objects is fine.
+  EXPECT_NO_THROW(parse(R"({"fp16": {"enabled": false}, "bf16": {"enabled": false}})"));
+}
+
+// ---- robustness ------------------------------------------------------------
+
+// Replaces every value in every corpus file by values of each JSON type:
+// parsing and resolving either succeeds or throws zero::ConfigError, nothing else.
+void mutate_all(const nlohmann::ordered_json& root, nlohmann::ordered_json& node, size_t& cases) {
+  static const nlohmann::ordered_json kValues[] = {nullptr, true, "x", "auto", -1, 0, 1.5, 1e30, 4096,
+                                                   nlohmann::ordered_json::array(), nlohmann::ordered_json::object()};
+  if (!node.is_object()) return;
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    nlohmann::ordered_json saved = it.value();
+    for (const auto& v : kValues) {
+      it.value() = v;
+      ++cases;
+      try {
+        Config c = Config::from_json(root.dump());
+        c.resolve(2);
+        (void)c.to_json();
+      } catch (const zero::ConfigError&) {
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "non-ConfigError " << e.what() << " for " << root.dump();
+      }
+    }
+    it.value() = saved;
+    mutate_all(root, it.value(), cases);
+  }
+}
+
+TEST(ConfigRobustness, OnlyConfigErrorsEscape) {
+  size_t cases = 0;
+  for (const std::string folder : {"configs", "tests/config/good", "tests/config/hf"}) {
+    for (const auto& name : zero_test::json_files(folder)) {
+      std::ifstream in(zero_test::source_path(folder + "/" + name));
+      nlohmann::ordered_json root = nlohmann::ordered_json::parse(in);
+      mutate_all(root, root, cases);
+    }
+  }
+  EXPECT_GT(cases, 1000u);
+}
+
+TEST(ConfigRobustness, ProgramChangesAreCheckedByResolve) {
+  Config c = parse(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}})");
+  c.zero_optimization.stage = 5;
+  EXPECT_NE(config_error([&] { Config(c).resolve(1); }).find("zero_optimization.stage"), std::string::npos);
+  c.zero_optimization.stage = 2;
+  c.zero_optimization.offload_param.device = "cpu";
+  EXPECT_NE(config_error([&] { Config(c).resolve(1); }).find("offload_param needs stage 3"), std::string::npos);
+  c.zero_optimization.offload_param.device = "none";
+  c.optimizer.type = "adamw";
+  c.resolve(1);
+  EXPECT_EQ(c.optimizer.type, "AdamW");
+}
+
+TEST(ConfigRobustness, DefaultConstructedConfigWorks) {
+  Config c;
+  EXPECT_NO_THROW(Config::from_json(c.to_json()));
+  EXPECT_NE(config_error([&] { c.resolve(1); }).find("no batch size"), std::string::npos);
+  c.batch.train_micro_batch_size_per_gpu = 1;
+  c.resolve(1);
+  EXPECT_EQ(*c.batch.train_batch_size, 1);
+  EXPECT_EQ(as_json(c).count("optimizer"), 0u);   // none given, none printed
+}
+
+}  // namespace
