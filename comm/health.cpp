@@ -13,7 +13,8 @@ const std::string kExited = "exited";
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
 // Heartbeat value: "<beat counter> <collective number> <collective name>",
-// or "exited". Compared between two reads rather than by clock time, so that
+// or "exited <collective number> <collective name>" after a clean exit.
+// Compared between two reads rather than by clock time, so that
 // hosts need not agree on the time.
 struct Beat {
   bool present = false;
@@ -27,13 +28,14 @@ Beat read_beat(c10d::Store& store, const std::string& key) {
   Beat beat;
   if (!store.check({key})) return beat;
   const auto raw = store.get(key);
-  const std::string text(raw.begin(), raw.end());
+  std::istringstream in(std::string(raw.begin(), raw.end()));
   beat.present = true;
-  if (text == kExited) {
+  if (in.peek() == kExited[0]) {  // "exited <collective number> <name>"
+    std::string word;
+    in >> word >> beat.seq >> beat.op;
     beat.exited = true;
     return beat;
   }
-  std::istringstream in(text);
   in >> beat.counter >> beat.seq >> beat.op;
   return beat;
 }
@@ -91,18 +93,25 @@ std::string HealthMonitor::diagnose(const std::vector<int>& global_ranks) {
   for (size_t i = 0; i < global_ranks.size(); ++i) {
     const int r = global_ranks[i];
     if (r == rank_) continue;
-    const Beat& b = second[i];
+    const Beat& last = second[i].present ? second[i] : first[i];
+    const std::string mine = "#" + std::to_string(my_seq) + " (" + op_.load() + ")";
+    const std::string theirs = "#" + std::to_string(last.seq) + " (" + last.op + ")";
     std::string why;
-    if (!b.present) {
+    if (!last.present) {
       why = "never started its heartbeat";
-    } else if (b.exited) {
+    } else if (last.exited) {
       why = "has exited";
-    } else if (first[i].present && !first[i].exited && b.counter == first[i].counter) {
+      if (last.seq == my_seq && last.op != op_.load()) {
+        why += " after entering collective " + theirs + " while rank " + std::to_string(rank_) + " is at " + mine +
+               ": the ranks issued different collectives";
+      } else if (last.seq < my_seq) {
+        why += " (its last collective was " + theirs + "; this rank is at " + mine + ")";
+      }
+    } else if (first[i].present && !first[i].exited && last.counter == first[i].counter) {
       why = "stopped responding (its process died or is frozen)";
-    } else if (b.seq != my_seq || b.op != op_.load()) {
-      why = "is alive but at collective #" + std::to_string(b.seq) + " (" + b.op + ") while rank " +
-            std::to_string(rank_) + " is at #" + std::to_string(my_seq) + " (" + op_.load() +
-            "): the ranks issued different collectives";
+    } else if (last.seq != my_seq || last.op != op_.load()) {
+      why = "is alive but at collective " + theirs + " while rank " + std::to_string(rank_) + " is at " + mine +
+            ": the ranks issued different collectives";
     }
     if (!why.empty()) {
       out << (found ? "; " : "") << "rank " << r << " " << why;
@@ -121,7 +130,7 @@ void HealthMonitor::shutdown(std::chrono::milliseconds timeout) {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   try {
-    store_->set(key(rank_), bytes(kExited));
+    store_->set(key(rank_), bytes(kExited + " " + std::to_string(seq_.load()) + " " + op_.load()));
     if (rank_ != 0) return;
     // Rank 0 hosts the store: keep it up until every other rank has exited
     // or stopped beating, so that no peer loses the store mid-shutdown.
