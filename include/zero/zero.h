@@ -2,5 +2,6 @@
 // The umbrella header of zero.
 #include "zero/comm.h"
 #include "zero/config.h"
+#include "zero/engine.h"
 #include "zero/error.h"
 #include "zero/log.h"

@@ -1,0 +1,340 @@
+// The Engine: DeepSpeed's training loop over ShardedParams (zero/).
+#include "zero/engine.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include "core/env.h"
+#include "engine/loss_scaler.h"
+#include "engine/lr_schedule.h"
+#include "engine/optimizer.h"
+#include "zero/error.h"
+#include "zero/log.h"
+#include "zero/partition.h"
+
+namespace zero {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string human_bytes(int64_t bytes) {
+  char text[32];
+  const double b = static_cast<double>(bytes);
+  if (b >= 1e9) {
+    std::snprintf(text, sizeof(text), "%.2f GB", b / 1e9);
+  } else if (b >= 1e6) {
+    std::snprintf(text, sizeof(text), "%.2f MB", b / 1e6);
+  } else {
+    std::snprintf(text, sizeof(text), "%.1f kB", b / 1e3);
+  }
+  return text;
+}
+
+at::ScalarType training_dtype(const Config& c) {
+  if (c.fp16.enabled) return at::kHalf;
+  if (c.bf16.enabled) return at::kBFloat16;
+  return at::kFloat;
+}
+
+std::shared_ptr<comm::ProcessGroup> join(const Config& config) {
+  comm::GroupOptions options;
+  if (!env::is_set("ZERO_COMM_TIMEOUT")) options.timeout = std::chrono::seconds(config.zero.comm_timeout_s);
+  if (!env::is_set("ZERO_CUDA_BACKEND")) options.cuda_backend = config.zero.cuda_comm_backend;
+  return comm::init_process_group(options);
+}
+
+}  // namespace
+
+std::string MemoryReport::describe() const {
+  std::ostringstream out;
+  out << "params " << human_bytes(params) << ", grads " << human_bytes(gradients) << ", fp32 master "
+      << human_bytes(fp32_master) << ", optimizer " << human_bytes(optimizer_states) << ", buffers "
+      << human_bytes(buffers) << " (total " << human_bytes(total()) << ")";
+  return out.str();
+}
+
+struct Engine::Impl {
+  Config config;
+  std::shared_ptr<torch::nn::Module> module;
+  std::shared_ptr<comm::ProcessGroup> pg;
+  at::ScalarType dtype = at::kFloat;
+  int64_t gas = 1;
+  std::unique_ptr<partition::ShardedParams> sharded;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<LrSchedule> schedule;
+  std::unique_ptr<LossScaler> scaler;  // fp16 only
+  int64_t frozen_bytes = 0;
+
+  int64_t micro_steps = 0, global_steps = 0, skipped_steps = 0;
+  double last_norm = 0.0;
+  double lr = 0.0;
+
+  // Progress log (steps_per_print) and wall_clock_breakdown.
+  at::Tensor loss_sum;
+  int64_t loss_count = 0;
+  Clock::time_point window_start = Clock::now(), last_step_end = Clock::now();
+  int64_t window_steps = 0;
+  double t_forward = 0, t_backward = 0, t_reduce = 0, t_step = 0, t_gather = 0;
+
+  void build_params(InitOptions& options);
+  MemoryReport memory() const;
+  void take_step();
+  void log_progress();
+};
+
+void Engine::Impl::build_params(InitOptions& options) {
+  // Every parameter once (a tied weight is registered under several names).
+  std::unordered_map<const void*, std::string> names;
+  std::vector<at::Tensor> trainable;
+  for (const auto& item : module->named_parameters(/*recurse=*/true)) {
+    const at::Tensor& p = item.value();
+    if (!names.emplace(p.unsafeGetTensorImpl(), item.key()).second) continue;
+    if (p.requires_grad()) {
+      trainable.push_back(p);
+    } else {
+      frozen_bytes += p.nbytes() / c10::elementSize(p.scalar_type()) *
+                      (at::isFloatingType(p.scalar_type()) ? c10::elementSize(dtype) : c10::elementSize(p.scalar_type()));
+    }
+  }
+  if (options.param_groups.empty()) options.param_groups.push_back(ParamGroup{trainable, std::nullopt});
+
+  std::vector<partition::ShardedParams::Group> groups;
+  std::vector<double> decays;
+  std::set<const void*> grouped;
+  for (size_t g = 0; g < options.param_groups.size(); ++g) {
+    partition::ShardedParams::Group group;
+    for (const auto& p : options.param_groups[g].params) {
+      auto it = names.find(p.unsafeGetTensorImpl());
+      if (it == names.end()) throw EngineError("parameter group " + std::to_string(g) + " holds a tensor that is not a parameter of the model");
+      if (!p.requires_grad()) continue;  // frozen: left alone
+      if (!grouped.insert(p.unsafeGetTensorImpl()).second) {
+        throw EngineError("parameter " + it->second + " appears in more than one parameter group");
+      }
+      group.names.push_back(it->second);
+      group.params.push_back(p);
+    }
+    groups.push_back(std::move(group));
+    decays.push_back(options.param_groups[g].weight_decay.value_or(config.optimizer.params.weight_decay));
+  }
+  for (const auto& p : trainable) {
+    if (!grouped.count(p.unsafeGetTensorImpl())) {
+      throw EngineError("parameter " + names[p.unsafeGetTensorImpl()] +
+                        " requires grad but is in no parameter group; add it to one or set requires_grad(false)");
+    }
+  }
+
+  // Every rank starts from rank 0's weights and buffers, as DeepSpeed does.
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : module->parameters()) pg->broadcast(p.data(), 0);
+    for (auto& b : module->buffers()) pg->broadcast(b, 0);
+  }
+
+  partition::Options popts;
+  popts.stage = config.zero_optimization.stage;
+  popts.bucket_numel = config.zero_optimization.reduce_bucket_size;
+  popts.dtype = dtype;
+  popts.overlap_comm = config.zero_optimization.overlap_comm;
+  sharded = std::make_unique<partition::ShardedParams>(std::move(groups), pg, popts);
+
+  if (dtype != at::kFloat) {  // frozen weights and buffers follow the training dtype
+    torch::NoGradGuard no_grad;
+    for (auto& p : module->parameters()) {
+      if (!p.requires_grad() && at::isFloatingType(p.scalar_type())) p.set_data(p.to(dtype));
+    }
+    for (auto& b : module->buffers()) {
+      if (at::isFloatingType(b.scalar_type())) b.set_data(b.to(dtype));
+    }
+  }
+
+  std::vector<engine::OptimizerGroup> opt_groups;
+  for (size_t g = 0; g < sharded->master().size(); ++g) opt_groups.push_back({sharded->master()[g], decays[g]});
+  optimizer = engine::make_optimizer(config.optimizer, opt_groups);
+}
+
+Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, InitOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.config = config;
+  s.module = std::move(module);
+  if (!s.module) throw EngineError("zero::initialize got no model");
+  s.pg = options.group ? options.group : join(config);
+  if (!s.config.resolved() || s.config.world_size() != s.pg->size()) s.config.resolve(s.pg->size());
+  for (const auto& w : s.config.warnings()) log::warn_once("config:" + w, "config", w);
+
+  const auto& z = s.config.zero_optimization;
+  if (z.stage == 3) throw ConfigError("zero_optimization.stage 3 is not supported by this build yet; use stage 0, 1 or 2");
+  if (z.offload_optimizer.device != "none" || z.offload_param.device != "none") {
+    throw ConfigError("zero_optimization.offload_optimizer/offload_param are not supported by this build yet; set device to \"none\"");
+  }
+  s.dtype = training_dtype(s.config);
+  s.gas = *s.config.batch.gradient_accumulation_steps;
+  s.build_params(options);
+
+  const auto& opt = s.config.optimizer;
+  s.schedule = std::make_unique<LrSchedule>(LrSchedule::from_config(s.config.scheduler, opt));
+  if (s.config.fp16.enabled) s.scaler = std::make_unique<LossScaler>(s.config.fp16);
+  s.lr = s.schedule->lr_at(0);
+
+  log::info("engine", "stage " + std::to_string(z.stage) + ", " + c10::toString(s.dtype) + ", " +
+                          std::to_string(s.pg->size()) + " rank(s), " + std::to_string(s.sharded->numel()) +
+                          " trainable parameters in " + std::to_string(s.sharded->buckets().size()) +
+                          " bucket(s); this rank holds " + memory_report().describe());
+}
+
+Engine::~Engine() = default;
+Engine::Engine(Engine&&) noexcept = default;
+Engine& Engine::operator=(Engine&&) noexcept = default;
+
+bool Engine::is_gradient_accumulation_boundary() const { return (impl_->micro_steps + 1) % impl_->gas == 0; }
+
+void Engine::backward(const at::Tensor& loss) {
+  Impl& s = *impl_;
+  if (!loss.requires_grad()) throw EngineError("engine.backward: the loss does not require grad (was it computed under no_grad or eval?)");
+  const auto start = Clock::now();
+  s.t_forward += std::chrono::duration<double>(start - s.last_step_end).count();
+  const double scale = s.scaler ? s.scaler->scale() : 1.0;
+  at::Tensor detached = loss.detach().to(at::kFloat).reshape({});
+  s.loss_sum = s.loss_sum.defined() ? s.loss_sum + detached : detached;
+  ++s.loss_count;
+
+  s.sharded->begin_backward(is_gradient_accumulation_boundary());
+  try {
+    (loss * (scale / static_cast<double>(s.gas))).backward();
+  } catch (...) {
+    s.sharded->end_backward();
+    throw;
+  }
+  const auto reduce_start = Clock::now();
+  s.sharded->end_backward();
+  s.t_backward += std::chrono::duration<double>(reduce_start - start).count();
+  s.t_reduce += seconds_since(reduce_start);
+  s.last_step_end = Clock::now();
+}
+
+void Engine::step() {
+  Impl& s = *impl_;
+  ++s.micro_steps;
+  if (s.micro_steps % s.gas != 0) return;
+  const auto start = Clock::now();
+  s.take_step();
+  s.t_step += seconds_since(start);
+  s.last_step_end = Clock::now();
+  s.log_progress();
+}
+
+void Engine::Impl::take_step() {
+  sharded->attach_master_grads();
+  const double scale = scaler ? scaler->scale() : 1.0;
+  if (scaler) {
+    // Overflow on any rank makes every rank skip the step.
+    at::Tensor overflow = torch::tensor({sharded->local_grads_finite() ? 0.0f : 1.0f});
+    pg->all_reduce(overflow, comm::ReduceOp::Max);
+    if (overflow.item<float>() > 0) {
+      scaler->update(true);  // logs the new scale; throws at min_loss_scale
+      ++skipped_steps;
+      ++global_steps;
+      sharded->detach_master_grads();
+      sharded->zero_grads();
+      return;
+    }
+  }
+  // Global L2 norm over all partitions (stage 0 holds the whole gradient).
+  at::Tensor sq = torch::tensor({sharded->local_grad_sq_norm()}, torch::kDouble);
+  if (sharded->owners() > 1) pg->all_reduce(sq, comm::ReduceOp::Sum);
+  last_norm = std::sqrt(sq.item<double>()) / scale;
+  double factor = 1.0 / scale;
+  const double clip = config.gradient_clipping;
+  if (clip > 0) {
+    const double coef = clip / (last_norm + 1e-6);  // as torch::nn::utils::clip_grad_norm_
+    if (coef < 1.0) factor *= coef;
+  }
+  if (factor != 1.0) sharded->scale_master_grads(factor);
+
+  const int64_t taken = global_steps - skipped_steps;  // optimizer steps so far
+  lr = schedule->lr_at(taken);
+  engine::set_hyperparameters(*optimizer, config.optimizer, lr, schedule->momentum_at(taken));
+  optimizer->step();
+  sharded->detach_master_grads();
+  const auto gather_start = Clock::now();
+  sharded->publish();
+  t_gather += seconds_since(gather_start);
+  sharded->zero_grads();
+  ++global_steps;
+  if (scaler) scaler->update(false);
+}
+
+void Engine::Impl::log_progress() {
+  ++window_steps;
+  const int64_t every = config.steps_per_print;
+  if (every <= 0 || global_steps % every != 0) return;
+  at::Tensor mean = (loss_sum.defined() ? loss_sum / static_cast<double>(std::max<int64_t>(loss_count, 1))
+                                        : torch::zeros({}))
+                        .reshape({1})
+                        .to(at::kCPU)
+                        .to(at::kDouble);
+  pg->all_reduce(mean, comm::ReduceOp::Avg);
+  const double elapsed = seconds_since(window_start);
+  const double samples = static_cast<double>(*config.batch.train_batch_size) * window_steps;
+  std::ostringstream line;
+  line.setf(std::ios::fixed);
+  line.precision(4);
+  line << "step " << global_steps << " loss " << mean.item<double>();
+  line.precision(3);
+  line << " lr " << std::scientific << lr << std::fixed << " loss_scale " << (scaler ? scaler->scale() : 1.0)
+       << " skipped " << skipped_steps << " grad_norm " << last_norm;
+  line.precision(1);
+  line << " samples/s " << samples / elapsed;
+  line.precision(3);
+  line << " step_time " << elapsed / window_steps << "s | " << memory().describe();
+  if (config.wall_clock_breakdown) {
+    line.precision(1);
+    const double per = 1000.0 / window_steps;
+    line << " | ms/step forward " << t_forward * per << " backward " << t_backward * per << " reduce "
+         << t_reduce * per << " step " << (t_step - t_gather) * per << " gather " << t_gather * per;
+  }
+  log::info("engine", line.str());
+  loss_sum = at::Tensor();
+  loss_count = 0;
+  window_steps = 0;
+  window_start = Clock::now();
+  t_forward = t_backward = t_reduce = t_step = t_gather = 0;
+}
+
+void Engine::train(bool on) { impl_->module->train(on); }
+double Engine::lr() const { return impl_->lr; }
+double Engine::loss_scale() const { return impl_->scaler ? impl_->scaler->scale() : 1.0; }
+int64_t Engine::global_steps() const { return impl_->global_steps; }
+int64_t Engine::skipped_steps() const { return impl_->skipped_steps; }
+int64_t Engine::micro_steps() const { return impl_->micro_steps; }
+double Engine::last_grad_norm() const { return impl_->last_norm; }
+torch::nn::Module& Engine::module() { return *impl_->module; }
+std::shared_ptr<torch::nn::Module> Engine::module_ptr() { return impl_->module; }
+comm::ProcessGroup& Engine::group() { return *impl_->pg; }
+const Config& Engine::config() const { return impl_->config; }
+
+MemoryReport Engine::Impl::memory() const {
+  MemoryReport r;
+  r.params = sharded->param_bytes() + frozen_bytes;
+  r.gradients = sharded->grad_bytes();
+  r.fp32_master = sharded->master_bytes();
+  r.optimizer_states = engine::optimizer_state_bytes(*optimizer, config.optimizer);
+  for (const auto& b : module->buffers()) r.buffers += b.nbytes();
+  return r;
+}
+
+MemoryReport Engine::memory_report() const { return impl_->memory(); }
+
+Engine initialize(const Config& config, std::shared_ptr<torch::nn::Module> model, InitOptions options) {
+  return Engine(config, std::move(model), std::move(options));
+}
+
+}  // namespace zero

@@ -1,0 +1,28 @@
+#pragma once
+// The optimizer the engine runs on each rank's fp32 master partition:
+// torch::optim's implementations, configured from ds_config's "optimizer"
+// with DeepSpeed's semantics (its "Adam" is AdamW unless adam_w_mode is false).
+#include <torch/torch.h>
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "zero/config.h"
+
+namespace zero::engine {
+
+struct OptimizerGroup {
+  std::vector<at::Tensor> tensors;
+  double weight_decay = 0.0;
+};
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& config,
+                                                        const std::vector<OptimizerGroup>& groups);
+// Sets every group's learning rate (and beta1 or momentum, when given).
+void set_hyperparameters(torch::optim::Optimizer& optimizer, const OptimizerConfig& config, double lr,
+                         std::optional<double> momentum);
+// Bytes of the optimizer's state tensors (moments, momentum buffers, sums).
+int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer, const OptimizerConfig& config);
+
+}  // namespace zero::engine

@@ -1,0 +1,93 @@
+#pragma once
+// zero::initialize and the Engine: DeepSpeed's training loop for LibTorch.
+//
+//   auto engine = zero::initialize(zero::Config::from_file("configs/zero2.json"), model);
+//   for (...) {
+//     auto loss = loss_fn(model->forward(x), y);
+//     engine.backward(loss);   // scales (fp16, accumulation), reduces gradients as they appear
+//     engine.step();           // at the accumulation boundary: unscale, clip, update, re-gather
+//   }
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zero/comm.h"
+#include "zero/config.h"
+
+namespace zero {
+
+// A group of parameters with its own weight decay (e.g. none for biases and
+// norms), as in torch.optim's parameter groups.
+struct ParamGroup {
+  std::vector<at::Tensor> params;
+  std::optional<double> weight_decay;  // default: the config's optimizer.params.weight_decay
+};
+
+struct InitOptions {
+  // Empty: one group of every trainable parameter of the model. Parameters
+  // with requires_grad false are left alone (frozen) either way.
+  std::vector<ParamGroup> param_groups;
+  // Empty: zero::comm::init_process_group() from the launch environment.
+  std::shared_ptr<comm::ProcessGroup> group;
+};
+
+// Bytes this rank holds, by kind.
+struct MemoryReport {
+  int64_t params = 0;            // the model's parameters in the training dtype (flat buffers, frozen ones too)
+  int64_t gradients = 0;         // gradient buffers: full (stages 0-1) or partition + buckets (stage 2)
+  int64_t fp32_master = 0;       // fp32 master weights of this rank's partition (mixed precision only)
+  int64_t optimizer_states = 0;  // optimizer moments of this rank's partition
+  int64_t buffers = 0;           // the module's buffers
+  int64_t total() const { return params + gradients + fp32_master + optimizer_states + buffers; }
+  std::string describe() const;  // "params 1.2 MB, grads ..., "
+};
+
+class Engine {
+ public:
+  Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, InitOptions options);
+  ~Engine();
+  Engine(Engine&&) noexcept;
+  Engine& operator=(Engine&&) noexcept;
+
+  // One micro-step's backward: the loss is scaled by the fp16 loss scale and
+  // divided by gradient_accumulation_steps, as DeepSpeed does.
+  void backward(const at::Tensor& loss);
+  // Call once per micro-step; updates the parameters at the accumulation
+  // boundary and clears the gradients, as DeepSpeed's step() does.
+  void step();
+  // True when the next step() call will update the parameters.
+  bool is_gradient_accumulation_boundary() const;
+
+  void train(bool on = true);
+  void eval() { train(false); }
+
+  double lr() const;
+  double loss_scale() const;      // 1 unless fp16
+  int64_t global_steps() const;   // optimizer steps taken, skipped ones included (DeepSpeed)
+  int64_t skipped_steps() const;  // steps skipped for an fp16 overflow
+  int64_t micro_steps() const;
+  double last_grad_norm() const;  // global L2 norm of the last step's gradients, unscaled, before clipping
+  MemoryReport memory_report() const;
+
+  torch::nn::Module& module();
+  std::shared_ptr<torch::nn::Module> module_ptr();
+  comm::ProcessGroup& group();
+  const Config& config() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+Engine initialize(const Config& config, std::shared_ptr<torch::nn::Module> model, InitOptions options = {});
+
+template <typename M>
+Engine initialize(const Config& config, torch::nn::ModuleHolder<M>& model, InitOptions options = {}) {
+  return initialize(config, std::static_pointer_cast<torch::nn::Module>(model.ptr()), std::move(options));
+}
+
+}  // namespace zero

@@ -1,0 +1,321 @@
+// ShardedParams: flat buffers, gradient buckets and their collectives for
+// ZeRO stages 0-2 (Note [Flat layout] in partition.h).
+#include <torch/csrc/autograd/variable.h>
+
+#include <sstream>
+
+#include "zero/error.h"
+#include "zero/partition.h"
+
+namespace zero::partition {
+
+// Runs after a parameter's AccumulateGrad: its gradient for this backward
+// is complete (checked on LibTorch 1.13 and 2.11, see DESIGN.md).
+struct GradReadyHook : torch::autograd::FunctionPostHook {
+  GradReadyHook(ShardedParams* owner, int index) : owner(owner), index(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    owner->on_grad_ready(index);
+    return outputs;
+  }
+  ShardedParams* owner;
+  int index;
+};
+
+namespace {
+int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+}  // namespace
+
+ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::ProcessGroup> pg, Options options)
+    : pg_(std::move(pg)), options_(options) {
+  owners_ = options_.stage == 0 ? 1 : pg_->size();
+  rank_in_owners_ = options_.stage == 0 ? 0 : pg_->rank();
+
+  // Layout: buckets per group, parameters in reverse registration order.
+  for (int g = 0; g < static_cast<int>(groups.size()); ++g) {
+    Bucket current;
+    current.group = g;
+    auto close = [&] {
+      if (current.params.empty()) return;
+      int64_t used = 0;
+      for (int i : current.params) used += params_[i].tensor.numel();
+      current.offset = flat_numel_;
+      current.numel = round_up(std::max<int64_t>(used, 1), owners_);
+      current.shard_numel = current.numel / owners_;
+      int64_t offset = current.offset;
+      for (int i : current.params) {
+        params_[i].offset = offset;
+        params_[i].bucket = static_cast<int>(buckets_.size());
+        offset += params_[i].tensor.numel();
+      }
+      flat_numel_ += current.numel;
+      buckets_.push_back(current);
+      current = Bucket();
+      current.group = g;
+    };
+    int64_t filled = 0;
+    for (int k = static_cast<int>(groups[g].params.size()) - 1; k >= 0; --k) {
+      const at::Tensor& p = groups[g].params[k];
+      if (filled > 0 && filled + p.numel() > options_.bucket_numel) {
+        close();
+        filled = 0;
+      }
+      Param param;
+      param.name = groups[g].names[k];
+      param.tensor = p;
+      current.params.push_back(static_cast<int>(params_.size()));
+      params_.push_back(param);
+      filled += p.numel();
+      numel_ += p.numel();
+    }
+    close();
+  }
+  for (const auto& b : buckets_) {
+    max_bucket_numel_ = std::max(max_bucket_numel_, b.numel);
+    partition_offset_.push_back(partition_numel_);
+    partition_numel_ += b.shard_numel;
+  }
+
+  // fp32 copy of every value first, so that mixed-precision master weights
+  // start from the model's exact fp32 values.
+  const auto device = params_.empty() ? at::Device(at::kCPU) : params_.front().tensor.device();
+  at::Tensor flat32 = torch::zeros({flat_numel_}, torch::TensorOptions().dtype(at::kFloat).device(device));
+  for (const auto& p : params_) {
+    flat32.slice(0, p.offset, p.offset + p.tensor.numel()).copy_(p.tensor.detach().reshape(-1));
+  }
+  const bool mixed = options_.dtype != at::kFloat;
+  flat_params_ = mixed ? flat32.to(options_.dtype) : flat32;
+  for (auto& p : params_) {
+    torch::NoGradGuard no_grad;
+    p.tensor.set_data(flat_params_.slice(0, p.offset, p.offset + p.tensor.numel()).view(p.tensor.sizes()));
+  }
+
+  // Master weights: this rank's shard of each bucket; at fp32 a view of the
+  // parameters themselves, in mixed precision an fp32 copy.
+  master_.assign(groups.size(), {});
+  for (const auto& b : buckets_) {
+    at::Tensor shard = my_shard(mixed ? flat32 : flat_params_, b);
+    at::Tensor m = mixed ? shard.clone() : shard;
+    master_[b.group].push_back(m);
+    master_flat_.push_back(m);
+  }
+
+  const auto grad_options = torch::TensorOptions().dtype(options_.dtype).device(device);
+  if (options_.stage <= 1) {
+    flat_grads_ = torch::zeros({flat_numel_}, grad_options);
+  } else {
+    partition_grads_ = torch::zeros({partition_numel_}, grad_options);
+  }
+
+  for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(params_[i].tensor);
+    if (!acc) throw PartitionError("parameter " + params_[i].name + " is not a leaf that requires grad");
+    acc->add_post_hook(std::make_unique<GradReadyHook>(this, i));
+    params_[i].accumulator = std::move(acc);
+  }
+}
+
+ShardedParams::~ShardedParams() {
+  for (auto& b : buckets_) {
+    try {
+      if (b.work) b.work->wait();
+    } catch (...) {
+    }
+  }
+}
+
+at::Tensor ShardedParams::my_shard(const at::Tensor& flat, const Bucket& b) const {
+  const int64_t start = b.offset + rank_in_owners_ * b.shard_numel;
+  return flat.slice(0, start, start + b.shard_numel);
+}
+
+at::Tensor ShardedParams::partition_slice(const Bucket& b) const {
+  const int64_t start = partition_offset_[&b - buckets_.data()];
+  return partition_grads_.slice(0, start, start + b.shard_numel);
+}
+
+void ShardedParams::begin_backward(bool boundary) {
+  in_backward_ = true;
+  boundary_ = boundary;
+  next_launch_ = 0;
+  for (auto& p : params_) p.fired = false;
+  for (auto& b : buckets_) {
+    b.pending = static_cast<int>(b.params.size());
+    b.launched = false;
+  }
+}
+
+void ShardedParams::on_grad_ready(int index) {
+  if (!in_backward_) {
+    throw PartitionError("gradient of " + params_[index].name +
+                         " arrived outside engine.backward(); call engine.backward(loss) instead of loss.backward()");
+  }
+  Param& p = params_[index];
+  Bucket& b = buckets_[p.bucket];
+  at::Tensor grad = p.tensor.grad();
+  if (!grad.defined()) return;
+  if (b.launched) {
+    throw PartitionError("parameter " + p.name +
+                         " received a second gradient in one backward after its bucket was reduced; "
+                         "call engine.backward() once per micro-step (or use a larger reduce_bucket_size)");
+  }
+  at::Tensor target;
+  if (options_.stage <= 1) {
+    target = flat_grads_;
+  } else {
+    if (!b.staging.defined()) acquire_staging(b);
+    target = b.staging;
+  }
+  const int64_t start = options_.stage <= 1 ? p.offset : p.offset - b.offset;
+  target.slice(0, start, start + p.tensor.numel()).add_(grad.reshape(-1));
+  p.tensor.mutable_grad() = at::Tensor();  // the bucket holds it now
+  if (!p.fired) {
+    p.fired = true;
+    --b.pending;
+  }
+  if (b.pending == 0) launch_in_order();
+}
+
+// Buckets are reduced in index order on every rank, whatever order their
+// gradients complete in, so that all ranks issue the same collectives.
+void ShardedParams::launch_in_order() {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
+    launch(buckets_[next_launch_++]);
+  }
+}
+
+void ShardedParams::launch(Bucket& b) {
+  b.launched = true;
+  if (options_.stage <= 1 && !boundary_) return;  // accumulate until the boundary
+  if (options_.stage == 0) {
+    b.work = pg_->all_reduce_async(flat_grads_.slice(0, b.offset, b.offset + b.numel), comm::ReduceOp::Avg);
+  } else if (options_.stage == 1) {
+    at::Tensor bucket = flat_grads_.slice(0, b.offset, b.offset + b.numel);
+    b.work = pg_->reduce_scatter_async(my_shard(flat_grads_, b), bucket, comm::ReduceOp::Avg);
+  } else {
+    if (!b.staging.defined()) acquire_staging(b);  // no gradient arrived: zeros
+    b.fresh_output = partition_fresh_;
+    b.reduced = b.fresh_output ? partition_slice(b) : torch::empty({b.shard_numel}, b.staging.options());
+    b.work = pg_->reduce_scatter_async(b.reduced, b.staging, comm::ReduceOp::Avg);
+  }
+  if (!options_.overlap_comm) finish(b);
+}
+
+void ShardedParams::finish(Bucket& b) {
+  if (!b.work) return;
+  b.work->wait();
+  b.work.reset();
+  if (options_.stage == 2) {
+    if (!b.fresh_output) partition_slice(b).add_(b.reduced);
+    b.reduced = at::Tensor();
+    staging_pool_.push_back(b.staging_base);
+    b.staging = b.staging_base = at::Tensor();
+  }
+}
+
+// Stage 2 keeps no full gradient: a bucket borrows a buffer from a small
+// pool while its gradients arrive and returns it once reduced.
+void ShardedParams::acquire_staging(Bucket& b) {
+  if (staging_pool_.empty()) {
+    for (auto& other : buckets_) {  // reuse the buffer of a finished reduction
+      if (other.work && other.work->is_completed()) finish(other);
+    }
+  }
+  if (staging_pool_.empty()) {
+    staging_pool_.push_back(torch::empty({max_bucket_numel_}, partition_grads_.options()));
+    staging_bytes_ += staging_pool_.back().nbytes();
+  }
+  b.staging_base = staging_pool_.back();
+  staging_pool_.pop_back();
+  b.staging = b.staging_base.slice(0, 0, b.numel);
+  b.staging.zero_();
+}
+
+void ShardedParams::end_backward() {
+  // Buckets with parameters that got no gradient (unused in this forward)
+  // are reduced too, with zeros there.
+  for (auto& b : buckets_) b.pending = 0;
+  launch_in_order();
+  for (auto& b : buckets_) finish(b);
+  for (auto& p : params_) p.tensor.mutable_grad() = at::Tensor();
+  in_backward_ = false;
+  if (options_.stage == 2) partition_fresh_ = false;
+}
+
+void ShardedParams::attach_master_grads() {
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    const Bucket& b = buckets_[k];
+    at::Tensor grad;
+    if (options_.stage == 0) {
+      grad = flat_grads_.slice(0, b.offset, b.offset + b.numel);
+    } else if (options_.stage == 1) {
+      grad = my_shard(flat_grads_, b);
+    } else {
+      grad = partition_slice(b);
+    }
+    master_flat_[k].mutable_grad() = grad.scalar_type() == at::kFloat ? grad : grad.to(at::kFloat);
+  }
+}
+
+void ShardedParams::detach_master_grads() {
+  for (auto& m : master_flat_) m.mutable_grad() = at::Tensor();
+}
+
+double ShardedParams::local_grad_sq_norm() const {
+  double sum = 0;
+  for (const auto& m : master_flat_) sum += m.grad().pow(2).sum().item<double>();
+  return sum;
+}
+
+bool ShardedParams::local_grads_finite() const {
+  for (const auto& m : master_flat_) {
+    if (!m.grad().isfinite().all().item<bool>()) return false;
+  }
+  return true;
+}
+
+void ShardedParams::scale_master_grads(double factor) {
+  for (auto& m : master_flat_) m.mutable_grad().mul_(factor);
+}
+
+void ShardedParams::publish() {
+  torch::NoGradGuard no_grad;
+  const bool mixed = options_.dtype != at::kFloat;
+  if (options_.stage == 0) {
+    if (!mixed) return;  // the master weights are the parameters
+    for (size_t k = 0; k < buckets_.size(); ++k) {
+      const Bucket& b = buckets_[k];
+      flat_params_.slice(0, b.offset, b.offset + b.numel).copy_(master_flat_[k]);
+    }
+    return;
+  }
+  std::vector<comm::WorkHandle> works;
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    const Bucket& b = buckets_[k];
+    at::Tensor mine = master_flat_[k].to(options_.dtype, /*non_blocking=*/false, /*copy=*/true);
+    works.push_back(pg_->all_gather_async(flat_params_.slice(0, b.offset, b.offset + b.numel), mine));
+  }
+  for (auto& w : works) w->wait();
+}
+
+void ShardedParams::zero_grads() {
+  if (flat_grads_.defined()) flat_grads_.zero_();
+  if (partition_grads_.defined()) partition_grads_.zero_();
+  partition_fresh_ = true;
+}
+
+int64_t ShardedParams::param_bytes() const { return flat_params_.nbytes(); }
+
+int64_t ShardedParams::grad_bytes() const {
+  if (flat_grads_.defined()) return flat_grads_.nbytes();
+  return partition_grads_.nbytes() + staging_bytes_;
+}
+
+int64_t ShardedParams::master_bytes() const {
+  if (options_.dtype == at::kFloat) return 0;
+  int64_t bytes = 0;
+  for (const auto& m : master_flat_) bytes += m.nbytes();
+  return bytes;
+}
+
+}  // namespace zero::partition
