@@ -72,6 +72,7 @@ struct Engine::Impl {
   std::unique_ptr<LrSchedule> schedule;
   std::unique_ptr<LossScaler> scaler;  // fp16 only
   int64_t frozen_bytes = 0;
+  std::vector<UnitBase*> units;  // stage 3
 
   int64_t micro_steps = 0, global_steps = 0, skipped_steps = 0;
   double last_norm = 0.0;
@@ -106,6 +107,48 @@ void Engine::Impl::build_params(InitOptions& options) {
   }
   if (options.param_groups.empty()) options.param_groups.push_back(ParamGroup{trainable, std::nullopt});
 
+  // Stage 3 units (zero::Unit): each parameter belongs to the innermost unit
+  // that holds it; one shared by units that do not nest (a tied weight)
+  // belongs to none and stays gathered, as do parameters outside every unit.
+  std::unordered_map<const void*, int> unit_of;
+  if (config.zero_optimization.stage == 3) {
+    // Registrations per tensor, in the whole model and in each unit: a
+    // tensor also registered outside its unit is used there too.
+    std::unordered_map<const void*, int> registrations;
+    for (const auto& p : module->named_parameters()) ++registrations[p.value().unsafeGetTensorImpl()];
+    std::vector<std::unordered_map<const void*, int>> held;
+    for (const auto& m : module->modules(/*include_self=*/true)) {
+      auto* unit = dynamic_cast<UnitBase*>(m.get());
+      if (!unit) continue;
+      units.push_back(unit);
+      held.emplace_back();
+      for (const auto& p : unit->named_parameters()) ++held.back()[p.value().unsafeGetTensorImpl()];
+    }
+    auto nests = [&](int a, int b) {  // unit b inside unit a
+      for (const auto& p : held[b]) {
+        if (!held[a].count(p.first)) return false;
+      }
+      return true;
+    };
+    for (const auto& item : names) {
+      int best = -1;
+      bool shared = false;
+      for (int u = 0; u < static_cast<int>(units.size()); ++u) {
+        if (!held[u].count(item.first)) continue;
+        if (best < 0 || nests(best, u)) {
+          best = u;
+        } else if (!nests(u, best)) {
+          shared = true;
+        }
+      }
+      if (best >= 0 && !shared && held[best][item.first] == registrations[item.first]) unit_of[item.first] = best;
+    }
+    if (units.empty()) {
+      log::warn("stage3", "the model has no zero::Unit: its parameters stay gathered, so stage 3 saves no "
+                          "parameter memory; wrap its blocks in zero::Unit (see include/zero/unit.h)");
+    }
+  }
+
   std::vector<partition::ShardedParams::Group> groups;
   std::vector<double> decays;
   std::set<const void*> grouped;
@@ -120,6 +163,8 @@ void Engine::Impl::build_params(InitOptions& options) {
       }
       group.names.push_back(it->second);
       group.params.push_back(p);
+      auto unit = unit_of.find(p.unsafeGetTensorImpl());
+      group.units.push_back(unit == unit_of.end() ? -1 : unit->second);
     }
     groups.push_back(std::move(group));
     decays.push_back(options.param_groups[g].weight_decay.value_or(config.optimizer.params.weight_decay));
@@ -143,7 +188,11 @@ void Engine::Impl::build_params(InitOptions& options) {
   popts.bucket_numel = config.zero_optimization.reduce_bucket_size;
   popts.dtype = dtype;
   popts.overlap_comm = config.zero_optimization.overlap_comm;
+  popts.persistence_threshold = config.zero_optimization.stage3_param_persistence_threshold;
+  popts.prefetch_numel = config.zero_optimization.stage3_prefetch_bucket_size;
+  popts.max_live_numel = config.zero_optimization.stage3_max_live_parameters;
   sharded = std::make_unique<partition::ShardedParams>(std::move(groups), pg, popts);
+  if (!units.empty()) sharded->attach_units(units);
 
   if (dtype != at::kFloat) {  // frozen weights and buffers follow the training dtype
     torch::NoGradGuard no_grad;
@@ -171,7 +220,6 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
   for (const auto& w : s.config.warnings()) log::warn_once("config:" + w, "config", w);
 
   const auto& z = s.config.zero_optimization;
-  if (z.stage == 3) throw ConfigError("zero_optimization.stage 3 is not supported by this build yet; use stage 0, 1 or 2");
   if (z.offload_optimizer.device != "none" || z.offload_param.device != "none") {
     throw ConfigError("zero_optimization.offload_optimizer/offload_param are not supported by this build yet; set device to \"none\"");
   }
@@ -332,6 +380,23 @@ MemoryReport Engine::Impl::memory() const {
 }
 
 MemoryReport Engine::memory_report() const { return impl_->memory(); }
+
+GatheredParameters Engine::gather_parameters(torch::nn::Module& module) {
+  partition::ShardedParams* sharded = impl_->sharded.get();
+  std::vector<int> buckets = sharded->gather_buckets_of(module.parameters());
+  if (buckets.empty()) return GatheredParameters();
+  return GatheredParameters([sharded, buckets] {
+    for (int b : buckets) sharded->release(sharded->buckets()[b]);
+  });
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Engine::gathered_state_dict() {
+  auto scope = gather_parameters(*impl_->module);
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& p : impl_->module->named_parameters()) out.emplace_back(p.key(), p.value().detach().clone());
+  for (const auto& b : impl_->module->named_buffers()) out.emplace_back(b.key(), b.value().detach().clone());
+  return out;
+}
 
 Engine initialize(const Config& config, std::shared_ptr<torch::nn::Module> model, InitOptions options) {
   return Engine(config, std::move(model), std::move(options));

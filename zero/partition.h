@@ -5,13 +5,23 @@
 // Note [Flat layout]: parameters of one group are laid out in reverse
 // registration order (the order backward produces their gradients) and cut
 // into buckets of at most reduce_bucket_size elements (a larger parameter
-// gets a bucket of its own); a bucket never mixes parameter groups. Each
-// bucket is padded to a multiple of the number of owners (the world size at
-// stages 1-3, 1 at stage 0) and rank r owns the r-th contiguous shard of
-// every bucket, ignoring parameter boundaries (Megatron's distributed
-// optimizer). A rank's partition is its shards of all buckets; one
-// reduce-scatter per bucket lands exactly on it, one all-gather per bucket
-// rebuilds the bucket.
+// gets a bucket of its own); a bucket never mixes parameter groups or stage-3
+// units. Each bucket is padded to a multiple of the number of owners (the
+// world size at stages 1-3, 1 at stage 0) and rank r owns the r-th
+// contiguous shard of every bucket, ignoring parameter boundaries
+// (Megatron's distributed optimizer). A rank's partition is its shards of all
+// buckets; one reduce-scatter per bucket lands exactly on it, one all-gather
+// per bucket rebuilds the bucket. Each bucket's parameters are views into
+// the bucket's own buffer (`full`).
+//
+// Note [Stage 3 storage]: at stage 3 a bucket of a unit keeps only its shard
+// between uses; `full` keeps its tensor (and the parameters their views)
+// while its storage is emptied (set_data_ptr_noswap, nbytes 0) and refilled
+// by an all-gather before the unit's forward and backward. Autograd's saved
+// tensors point at the same storage, so backward sees the refilled data.
+// Buckets of the root unit (parameters outside every unit, or shared by
+// several units) and buckets smaller than stage3_param_persistence_threshold
+// stay gathered.
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
@@ -20,6 +30,7 @@
 #include <vector>
 
 #include "zero/comm.h"
+#include "zero/unit.h"
 
 namespace zero::partition {
 
@@ -28,32 +39,44 @@ struct Options {
   int64_t bucket_numel = 500000000;
   at::ScalarType dtype = at::kFloat;  // training dtype of the parameters
   bool overlap_comm = false;          // reduce buckets while backward goes on
+  // Stage 3
+  int64_t persistence_threshold = 100000;  // buckets smaller than this stay gathered
+  int64_t prefetch_numel = 50000000;       // stage3_prefetch_bucket_size
+  int64_t max_live_numel = 1000000000;     // stage3_max_live_parameters
 };
 
 struct Bucket {
   int group = 0;
-  int64_t offset = 0;           // in the flat buffer
+  int unit = -1;                // stage 3: the unit it belongs to (-1: root)
+  int64_t offset = 0;           // in the flat index space
   int64_t numel = 0;            // padded to a multiple of the owners
   int64_t shard_numel = 0;      // numel / owners
   std::vector<int> params;      // indices into ShardedParams' parameter list
+  at::Tensor full;              // the parameters' buffer (training dtype)
+  at::Tensor shard;             // this rank's shard of it (a view at stages 0-2)
+  bool persistent = true;       // stage 3: stays gathered
+  bool gathered = true;
+  comm::WorkHandle gather_work; // stage 3: a gather in flight
   // Per backward:
   int pending = 0;              // parameters whose gradient has not arrived
   bool launched = false;
-  bool fresh_output = false;    // stage 2: reduce straight into the partition
+  bool fresh_output = false;    // stages 2-3: reduce straight into the partition
   comm::WorkHandle work;
-  at::Tensor staging;           // stage 2: the bucket's gradients until reduced (a slice of staging_base)
-  at::Tensor staging_base;      // stage 2: a pooled buffer of the largest bucket's size
-  at::Tensor reduced;           // stage 2: reduce-scatter output, added to the partition
+  at::Tensor staging;           // stages 2-3: the bucket's gradients until reduced (slice of staging_base)
+  at::Tensor staging_base;      // a pooled buffer of the largest bucket's size
+  at::Tensor reduced;           // reduce-scatter output, added to the partition
 };
 
 struct Param {
   std::string name;
-  at::Tensor tensor;            // the model's parameter (a view into the flat buffer)
+  at::Tensor tensor;            // the model's parameter (a view into its bucket's buffer)
   int bucket = 0;
-  int64_t offset = 0;           // in the flat buffer
+  int64_t offset = 0;           // in the flat index space
   bool fired = false;           // its gradient arrived in this backward
   std::shared_ptr<torch::autograd::Node> accumulator;  // keeps the hook alive
 };
+
+class UnitScheduler;
 
 // The trainable parameters of a model, flattened and sharded (Note [Flat layout]).
 class ShardedParams {
@@ -61,6 +84,7 @@ class ShardedParams {
   struct Group {
     std::vector<std::string> names;
     std::vector<at::Tensor> params;
+    std::vector<int> units;  // per parameter: its stage-3 unit, -1 for none
   };
   ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::ProcessGroup> pg, Options options);
   ~ShardedParams();
@@ -78,18 +102,31 @@ class ShardedParams {
   // Gives each master tensor its fp32 gradient (the reduced gradient of its shard).
   void attach_master_grads();
   void detach_master_grads();
-  // Over this rank's master gradients (attached): sum of squares, finiteness, scaling.
   double local_grad_sq_norm() const;
   bool local_grads_finite() const;
   void scale_master_grads(double factor);
-  // Copies the updated master weights into the parameters and all-gathers them.
+  // Copies the updated master weights into the parameters (all-gathering
+  // the buckets that stay gathered).
   void publish();
   void zero_grads();
 
+  // Stage 3 (Note [Stage 3 storage]).
+  void gather(Bucket& bucket, bool async);
+  void wait_gathered(Bucket& bucket);
+  void release(Bucket& bucket);
+  void release_all_unpersistent();
+  // Gathers the released buckets holding any of `tensors`; returns them.
+  std::vector<int> gather_buckets_of(const std::vector<at::Tensor>& tensors);
+  // Installs the unit hooks on `units` (index = unit id).
+  void attach_units(const std::vector<UnitBase*>& units);
+
   int owners() const { return owners_; }
+  int stage() const { return options_.stage; }
+  const Options& options() const { return options_; }
   int64_t numel() const { return numel_; }            // trainable elements, unpadded
   int64_t flat_numel() const { return flat_numel_; }  // padded
   int64_t partition_numel() const { return partition_numel_; }
+  std::vector<Bucket>& buckets() { return buckets_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
   int64_t param_bytes() const;
   int64_t grad_bytes() const;
@@ -102,7 +139,6 @@ class ShardedParams {
   void launch(Bucket& bucket);
   void finish(Bucket& bucket);
   void acquire_staging(Bucket& bucket);
-  at::Tensor my_shard(const at::Tensor& flat, const Bucket& bucket) const;
   at::Tensor partition_slice(const Bucket& bucket) const;
 
   std::shared_ptr<comm::ProcessGroup> pg_;
@@ -113,18 +149,45 @@ class ShardedParams {
   std::vector<Bucket> buckets_;
   std::vector<int64_t> partition_offset_;  // per bucket: where its shard sits in the partition
   int64_t numel_ = 0, flat_numel_ = 0, partition_numel_ = 0;
-  at::Tensor flat_params_;   // training dtype, all buckets
-  at::Tensor flat_grads_;    // stages 0-1: full gradient buffer (training dtype)
-  at::Tensor partition_grads_;  // stage 2: this rank's reduced gradients (training dtype)
-  std::vector<at::Tensor> staging_pool_;   // stage 2: free bucket buffers
+  at::Tensor flat_grads_;       // stages 0-1: full gradient buffer (training dtype)
+  at::Tensor partition_grads_;  // stages 2-3: this rank's reduced gradients (training dtype)
+  std::vector<at::Tensor> staging_pool_;   // free bucket buffers
   int64_t staging_bytes_ = 0;
   int64_t max_bucket_numel_ = 0;
   std::vector<std::vector<at::Tensor>> master_;
   std::vector<at::Tensor> master_flat_;    // per bucket, same tensors as master_
+  std::shared_ptr<UnitScheduler> scheduler_;  // stage 3
+  std::vector<UnitBase*> units_;
   bool in_backward_ = false;
   bool boundary_ = false;
-  bool partition_fresh_ = true;  // stage 2: nothing accumulated since zero_grads
+  bool partition_fresh_ = true;
   size_t next_launch_ = 0;
+};
+
+// Stage 3: gathers and releases units around their forward and backward,
+// with prefetch along the order recorded in the previous step (units.cpp).
+class UnitScheduler : public UnitHooks, public std::enable_shared_from_this<UnitScheduler> {
+ public:
+  UnitScheduler(ShardedParams& params, int units);
+  void pre_forward(int unit) override;
+  void post_forward(int unit, const at::Tensor& output) override;
+  void pre_backward(int unit);
+  void begin_backward();
+  void end_step();  // after backward: the recorded order becomes the prefetch plan
+
+ private:
+  void gather_unit(int unit, bool async);
+  void release_unit(int unit);
+  void prefetch_after(int position, bool backward);
+  int64_t unit_numel(int unit) const;
+
+  ShardedParams& params_;
+  std::vector<std::vector<int>> buckets_of_;  // unit -> its buckets
+  std::vector<int> plan_;       // forward order of the previous step
+  std::vector<int> trace_;      // forward order of this step
+  std::vector<bool> backward_seen_;  // per forward position: its backward has started
+  bool plan_valid_ = false;
+  bool warned_ = false;
 };
 
 }  // namespace zero::partition

@@ -2,7 +2,9 @@
 // ZeRO stages 0-2 (Note [Flat layout] in partition.h).
 #include <torch/csrc/autograd/variable.h>
 
+#include <set>
 #include <sstream>
+#include <unordered_map>
 
 #include "zero/error.h"
 #include "zero/partition.h"
@@ -31,7 +33,9 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
   owners_ = options_.stage == 0 ? 1 : pg_->size();
   rank_in_owners_ = options_.stage == 0 ? 0 : pg_->rank();
 
-  // Layout: buckets per group, parameters in reverse registration order.
+  // Layout: buckets per group (and per unit at stage 3), parameters in
+  // reverse registration order (Note [Flat layout]).
+  const bool units = options_.stage == 3;
   for (int g = 0; g < static_cast<int>(groups.size()); ++g) {
     Bucket current;
     current.group = g;
@@ -56,10 +60,12 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
     int64_t filled = 0;
     for (int k = static_cast<int>(groups[g].params.size()) - 1; k >= 0; --k) {
       const at::Tensor& p = groups[g].params[k];
-      if (filled > 0 && filled + p.numel() > options_.bucket_numel) {
+      const int unit = units && !groups[g].units.empty() ? groups[g].units[k] : -1;
+      if (filled > 0 && (filled + p.numel() > options_.bucket_numel || unit != current.unit)) {
         close();
         filled = 0;
       }
+      current.unit = unit;
       Param param;
       param.name = groups[g].names[k];
       param.tensor = p;
@@ -76,30 +82,34 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
     partition_numel_ += b.shard_numel;
   }
 
-  // fp32 copy of every value first, so that mixed-precision master weights
-  // start from the model's exact fp32 values.
-  const auto device = params_.empty() ? at::Device(at::kCPU) : params_.front().tensor.device();
-  at::Tensor flat32 = torch::zeros({flat_numel_}, torch::TensorOptions().dtype(at::kFloat).device(device));
-  for (const auto& p : params_) {
-    flat32.slice(0, p.offset, p.offset + p.tensor.numel()).copy_(p.tensor.detach().reshape(-1));
-  }
+  // Each bucket's buffer, filled from the parameters; mixed-precision master
+  // weights start from the model's exact fp32 values.
   const bool mixed = options_.dtype != at::kFloat;
-  flat_params_ = mixed ? flat32.to(options_.dtype) : flat32;
-  for (auto& p : params_) {
-    torch::NoGradGuard no_grad;
-    p.tensor.set_data(flat_params_.slice(0, p.offset, p.offset + p.tensor.numel()).view(p.tensor.sizes()));
-  }
-
-  // Master weights: this rank's shard of each bucket; at fp32 a view of the
-  // parameters themselves, in mixed precision an fp32 copy.
   master_.assign(groups.size(), {});
-  for (const auto& b : buckets_) {
-    at::Tensor shard = my_shard(mixed ? flat32 : flat_params_, b);
-    at::Tensor m = mixed ? shard.clone() : shard;
+  for (auto& b : buckets_) {
+    const auto device = params_[b.params.front()].tensor.device();
+    at::Tensor values = torch::zeros({b.numel}, torch::TensorOptions().dtype(at::kFloat).device(device));
+    for (int i : b.params) {
+      const Param& p = params_[i];
+      values.slice(0, p.offset - b.offset, p.offset - b.offset + p.tensor.numel()).copy_(p.tensor.detach().reshape(-1));
+    }
+    b.full = mixed ? values.to(options_.dtype) : values;
+    for (int i : b.params) {
+      Param& p = params_[i];
+      torch::NoGradGuard no_grad;
+      p.tensor.set_data(b.full.slice(0, p.offset - b.offset, p.offset - b.offset + p.tensor.numel()).view(p.tensor.sizes()));
+    }
+    const int64_t start = rank_in_owners_ * b.shard_numel;
+    at::Tensor mine = b.full.slice(0, start, start + b.shard_numel);
+    b.persistent = options_.stage < 3 || b.unit < 0 || b.numel < options_.persistence_threshold;
+    b.shard = b.persistent ? mine : mine.clone();  // a released bucket keeps its shard apart
+    at::Tensor m = mixed ? values.slice(0, start, start + b.shard_numel).clone() : b.shard;
     master_[b.group].push_back(m);
     master_flat_.push_back(m);
+    if (!b.persistent) release(b);
   }
 
+  const auto device = params_.empty() ? at::Device(at::kCPU) : params_.front().tensor.device();
   const auto grad_options = torch::TensorOptions().dtype(options_.dtype).device(device);
   if (options_.stage <= 1) {
     flat_grads_ = torch::zeros({flat_numel_}, grad_options);
@@ -116,17 +126,13 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
 }
 
 ShardedParams::~ShardedParams() {
+  for (auto* unit : units_) unit->detach();
   for (auto& b : buckets_) {
     try {
       if (b.work) b.work->wait();
     } catch (...) {
     }
   }
-}
-
-at::Tensor ShardedParams::my_shard(const at::Tensor& flat, const Bucket& b) const {
-  const int64_t start = b.offset + rank_in_owners_ * b.shard_numel;
-  return flat.slice(0, start, start + b.shard_numel);
 }
 
 at::Tensor ShardedParams::partition_slice(const Bucket& b) const {
@@ -136,6 +142,7 @@ at::Tensor ShardedParams::partition_slice(const Bucket& b) const {
 
 void ShardedParams::begin_backward(bool boundary) {
   in_backward_ = true;
+  if (scheduler_) scheduler_->begin_backward();
   boundary_ = boundary;
   next_launch_ = 0;
   for (auto& p : params_) p.fired = false;
@@ -173,7 +180,10 @@ void ShardedParams::on_grad_ready(int index) {
     p.fired = true;
     --b.pending;
   }
-  if (b.pending == 0) launch_in_order();
+  if (b.pending == 0) {
+    release(b);  // stage 3: its backward is done (a no-op for buckets that stay gathered)
+    launch_in_order();
+  }
 }
 
 // Buckets are reduced in index order on every rank, whatever order their
@@ -191,7 +201,8 @@ void ShardedParams::launch(Bucket& b) {
     b.work = pg_->all_reduce_async(flat_grads_.slice(0, b.offset, b.offset + b.numel), comm::ReduceOp::Avg);
   } else if (options_.stage == 1) {
     at::Tensor bucket = flat_grads_.slice(0, b.offset, b.offset + b.numel);
-    b.work = pg_->reduce_scatter_async(my_shard(flat_grads_, b), bucket, comm::ReduceOp::Avg);
+    at::Tensor mine = bucket.slice(0, rank_in_owners_ * b.shard_numel, (rank_in_owners_ + 1) * b.shard_numel);
+    b.work = pg_->reduce_scatter_async(mine, bucket, comm::ReduceOp::Avg);
   } else {
     if (!b.staging.defined()) acquire_staging(b);  // no gradient arrived: zeros
     b.fresh_output = partition_fresh_;
@@ -205,7 +216,7 @@ void ShardedParams::finish(Bucket& b) {
   if (!b.work) return;
   b.work->wait();
   b.work.reset();
-  if (options_.stage == 2) {
+  if (options_.stage >= 2) {
     if (!b.fresh_output) partition_slice(b).add_(b.reduced);
     b.reduced = at::Tensor();
     staging_pool_.push_back(b.staging_base);
@@ -239,7 +250,11 @@ void ShardedParams::end_backward() {
   for (auto& b : buckets_) finish(b);
   for (auto& p : params_) p.tensor.mutable_grad() = at::Tensor();
   in_backward_ = false;
-  if (options_.stage == 2) partition_fresh_ = false;
+  if (options_.stage >= 2) partition_fresh_ = false;
+  if (options_.stage == 3) {
+    release_all_unpersistent();  // unused units, prefetched ones
+    if (scheduler_) scheduler_->end_step();
+  }
 }
 
 void ShardedParams::attach_master_grads() {
@@ -249,7 +264,8 @@ void ShardedParams::attach_master_grads() {
     if (options_.stage == 0) {
       grad = flat_grads_.slice(0, b.offset, b.offset + b.numel);
     } else if (options_.stage == 1) {
-      grad = my_shard(flat_grads_, b);
+      const int64_t start = b.offset + rank_in_owners_ * b.shard_numel;
+      grad = flat_grads_.slice(0, start, start + b.shard_numel);
     } else {
       grad = partition_slice(b);
     }
@@ -281,21 +297,82 @@ void ShardedParams::scale_master_grads(double factor) {
 void ShardedParams::publish() {
   torch::NoGradGuard no_grad;
   const bool mixed = options_.dtype != at::kFloat;
-  if (options_.stage == 0) {
-    if (!mixed) return;  // the master weights are the parameters
-    for (size_t k = 0; k < buckets_.size(); ++k) {
-      const Bucket& b = buckets_[k];
-      flat_params_.slice(0, b.offset, b.offset + b.numel).copy_(master_flat_[k]);
-    }
-    return;
-  }
   std::vector<comm::WorkHandle> works;
   for (size_t k = 0; k < buckets_.size(); ++k) {
-    const Bucket& b = buckets_[k];
-    at::Tensor mine = master_flat_[k].to(options_.dtype, /*non_blocking=*/false, /*copy=*/true);
-    works.push_back(pg_->all_gather_async(flat_params_.slice(0, b.offset, b.offset + b.numel), mine));
+    Bucket& b = buckets_[k];
+    if (options_.stage == 0) {
+      if (mixed) b.full.copy_(master_flat_[k]);  // at fp32 the master weights are the parameters
+    } else if (b.persistent) {
+      // The shard is a view into the gathered bucket: gather from a copy.
+      at::Tensor mine = master_flat_[k].to(options_.dtype, /*non_blocking=*/false, /*copy=*/true);
+      works.push_back(pg_->all_gather_async(b.full, mine));
+    } else if (mixed) {
+      b.shard.copy_(master_flat_[k]);  // gathered again when its unit runs
+    }
   }
   for (auto& w : works) w->wait();
+}
+
+// Note [Stage 3 storage]: the bucket's tensor and the parameters' views stay;
+// only the memory behind them comes and goes.
+namespace {
+void empty_storage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  storage->set_nbytes(0);
+}
+void refill_storage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  const size_t bytes = t.numel() * t.element_size();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+}  // namespace
+
+void ShardedParams::gather(Bucket& b, bool async) {
+  if (b.gathered) return;
+  refill_storage(b.full);
+  b.gathered = true;
+  b.gather_work = pg_->all_gather_async(b.full, b.shard);
+  if (!async) wait_gathered(b);
+}
+
+void ShardedParams::wait_gathered(Bucket& b) {
+  if (!b.gather_work) return;
+  b.gather_work->wait();
+  b.gather_work.reset();
+}
+
+void ShardedParams::release(Bucket& b) {
+  if (b.persistent || !b.gathered) return;
+  wait_gathered(b);
+  empty_storage(b.full);
+  b.gathered = false;
+}
+
+std::vector<int> ShardedParams::gather_buckets_of(const std::vector<at::Tensor>& tensors) {
+  std::set<int> wanted;
+  std::unordered_map<const void*, int> bucket_of;
+  for (const auto& p : params_) bucket_of[p.tensor.unsafeGetTensorImpl()] = p.bucket;
+  for (const auto& t : tensors) {
+    auto it = bucket_of.find(t.unsafeGetTensorImpl());
+    if (it != bucket_of.end() && !buckets_[it->second].persistent && !buckets_[it->second].gathered) wanted.insert(it->second);
+  }
+  for (int b : wanted) gather(buckets_[b], /*async=*/true);
+  for (int b : wanted) wait_gathered(buckets_[b]);
+  return {wanted.begin(), wanted.end()};
+}
+
+void ShardedParams::release_all_unpersistent() {
+  for (auto& b : buckets_) {
+    if (!b.persistent && b.gathered) release(b);
+  }
+}
+
+void ShardedParams::attach_units(const std::vector<UnitBase*>& units) {
+  scheduler_ = std::make_shared<UnitScheduler>(*this, static_cast<int>(units.size()));
+  units_ = units;
+  for (size_t u = 0; u < units.size(); ++u) units[u]->attach(scheduler_, static_cast<int>(u));
 }
 
 void ShardedParams::zero_grads() {
@@ -304,7 +381,14 @@ void ShardedParams::zero_grads() {
   partition_fresh_ = true;
 }
 
-int64_t ShardedParams::param_bytes() const { return flat_params_.nbytes(); }
+int64_t ShardedParams::param_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& b : buckets_) {
+    if (!b.persistent) bytes += b.shard.nbytes();
+    if (b.gathered) bytes += b.full.numel() * b.full.element_size();
+  }
+  return bytes;
+}
 
 int64_t ShardedParams::grad_bytes() const {
   if (flat_grads_.defined()) return flat_grads_.nbytes();

@@ -11,6 +11,8 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <functional>
+#include <utility>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +48,22 @@ struct MemoryReport {
   std::string describe() const;  // "params 1.2 MB, grads ..., "
 };
 
+// Keeps a module's parameters gathered while it lives (stage 3; a no-op
+// below): for evaluation or export. Every rank creates and destroys it.
+class GatheredParameters {
+ public:
+  GatheredParameters() = default;
+  explicit GatheredParameters(std::function<void()> release) : release_(std::move(release)) {}
+  GatheredParameters(GatheredParameters&& other) noexcept : release_(std::move(other.release_)) { other.release_ = nullptr; }
+  GatheredParameters& operator=(GatheredParameters&&) = delete;
+  ~GatheredParameters() {
+    if (release_) release_();
+  }
+
+ private:
+  std::function<void()> release_;
+};
+
 class Engine {
  public:
   Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, InitOptions options);
@@ -72,6 +90,13 @@ class Engine {
   int64_t micro_steps() const;
   double last_grad_norm() const;  // global L2 norm of the last step's gradients, unscaled, before clipping
   MemoryReport memory_report() const;
+
+  // Stage 3: gathers the parameters of `module` (a part of the model, or the
+  // whole) until the returned object goes away. A collective.
+  GatheredParameters gather_parameters(torch::nn::Module& module);
+  // Full copies of the model's parameters and buffers, by name, on every
+  // rank, in the training dtype. A collective.
+  std::vector<std::pair<std::string, at::Tensor>> gathered_state_dict();
 
   torch::nn::Module& module();
   std::shared_ptr<torch::nn::Module> module_ptr();

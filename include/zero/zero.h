@@ -5,3 +5,4 @@
 #include "zero/engine.h"
 #include "zero/error.h"
 #include "zero/log.h"
+#include "zero/unit.h"

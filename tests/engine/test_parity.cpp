@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <map>
 #include <set>
 
 #include "zero/zero.h"
@@ -49,9 +50,54 @@ struct ToyImpl : torch::nn::Module {
 };
 TORCH_MODULE(Toy);
 
-Toy make_model() {
+// The same computation with stage-3 units: the middle block and the layer
+// used twice are units; the embedding, tied to the head, stays outside.
+// With `swap_order` the two units run in the other order on odd steps (a
+// change of execution order between steps).
+struct MidImpl : torch::nn::Module {
+  MidImpl() {
+    up = register_module("up", torch::nn::Linear(kDim, kHidden));
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})));
+    down = register_module("down", torch::nn::Linear(kHidden, kDim));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x + down(norm(torch::gelu(up(x)))); }
+  torch::nn::Linear up{nullptr}, down{nullptr};
+  torch::nn::LayerNorm norm{nullptr};
+};
+TORCH_MODULE(Mid);
+
+struct ToyUnitsImpl : torch::nn::Module {
+  ToyUnitsImpl() {
+    emb = register_module("emb", torch::nn::Embedding(kVocab, kDim));
+    mid = register_module("mid", zero::Unit<Mid>(Mid()));
+    mix = register_module("mix", zero::Unit<torch::nn::Linear>(torch::nn::Linear(kDim, kDim)));
+    head = register_module("head", Head(emb->weight));
+  }
+  torch::Tensor forward(const torch::Tensor& tokens) {
+    auto x = emb(tokens);
+    if (swap_order && (calls++ % 2 == 1)) {
+      x = torch::tanh(mix(x));
+      x = mid(x);
+    } else {
+      x = mid(x);
+      x = torch::tanh(mix(x));
+    }
+    x = mix(x);
+    return head(x);
+  }
+  torch::nn::Embedding emb{nullptr};
+  zero::Unit<Mid> mid{nullptr};
+  zero::Unit<torch::nn::Linear> mix{nullptr};
+  Head head{nullptr};
+  bool swap_order = false;
+  int calls = 0;
+};
+TORCH_MODULE(ToyUnits);
+
+template <typename Model = Toy>
+Model make_model() {
   torch::manual_seed(42);
-  return Toy();
+  return Model();
 }
 
 // Global batch `step`: rows [W*micro*gas, kSeq+1] of tokens, the same for any
@@ -61,7 +107,8 @@ torch::Tensor global_batch(int64_t step, int64_t rows) {
   return torch::randint(0, kVocab, {rows, kSeq + 1}, gen, torch::kLong);
 }
 
-torch::Tensor loss_of(Toy& model, const torch::Tensor& rows) {
+template <typename Model>
+torch::Tensor loss_of(Model& model, const torch::Tensor& rows) {
   auto inputs = rows.slice(1, 0, kSeq), targets = rows.slice(1, 1, kSeq + 1);
   auto logits = model->forward(inputs);
   return torch::nn::functional::cross_entropy(logits.reshape({-1, kVocab}), targets.reshape(-1));
@@ -84,12 +131,13 @@ struct Case {
   std::string name;
 };
 
-std::string config_json(const Case& c, int64_t micro, int64_t bucket) {
+std::string config_json(const Case& c, int64_t micro, int64_t bucket, int64_t persistence = 0) {
   return R"({"train_micro_batch_size_per_gpu": )" + std::to_string(micro) +
          R"(, "gradient_accumulation_steps": )" + std::to_string(c.gas) + R"(, "optimizer": )" + c.optimizer +
          R"(, "gradient_clipping": )" + std::to_string(c.clip) + R"(, "steps_per_print": 1000000,
            "zero_optimization": {"stage": )" + std::to_string(c.stage) +
-         R"(, "reduce_bucket_size": )" + std::to_string(bucket) + "}}";
+         R"(, "reduce_bucket_size": )" + std::to_string(bucket) +
+         R"(, "stage3_param_persistence_threshold": )" + std::to_string(persistence) + "}}";
 }
 
 std::unique_ptr<torch::optim::Optimizer> reference_optimizer(const std::string& type, std::vector<torch::Tensor> params) {
@@ -104,11 +152,13 @@ std::string optimizer_json(const std::string& type) {
   return R"({"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9, "nesterov": true, "weight_decay": 0.01}})";
 }
 
-void run_parity(const Case& c, int steps = 24, int64_t micro = 3, int64_t bucket = 50) {
+template <typename Model = Toy>
+void run_parity(const Case& c, int steps = 24, int64_t micro = 3, int64_t bucket = 50, bool swap_order = false) {
   const int W = g_world->size(), R = g_world->rank();
   const int64_t rows = micro * c.gas * W;
 
-  Toy reference = make_model();
+  Model reference = make_model<Model>();
+  if constexpr (std::is_same<Model, ToyUnits>::value) reference->swap_order = swap_order;
   auto ref_params = unique_params(*reference);
   auto ref_opt = reference_optimizer(c.optimizer, ref_params);
   for (int step = 0; step < steps; ++step) {
@@ -118,7 +168,8 @@ void run_parity(const Case& c, int steps = 24, int64_t micro = 3, int64_t bucket
     ref_opt->step();
   }
 
-  Toy model = make_model();
+  Model model = make_model<Model>();
+  if constexpr (std::is_same<Model, ToyUnits>::value) model->swap_order = swap_order;
   zero::InitOptions options;
   options.group = g_world;
   Case cc = c;
@@ -134,12 +185,13 @@ void run_parity(const Case& c, int steps = 24, int64_t micro = 3, int64_t bucket
   }
   EXPECT_EQ(engine.global_steps(), steps);
 
-  auto ours = model->named_parameters();
+  std::map<std::string, torch::Tensor> ours;
+  for (auto& [name, tensor] : engine.gathered_state_dict()) ours[name] = tensor;
   auto theirs = reference->named_parameters();
   for (const auto& item : theirs) {
-    const auto& a = ours[item.key()];
+    const auto& a = ours.at(item.key());
     const auto& b = item.value();
-    const double err = (a - b).abs().max().item<double>() / b.abs().max().item<double>();
+    const double err = (a - b).abs().max().template item<double>() / b.abs().max().template item<double>();
     EXPECT_LT(err, 1e-5) << c.name << ": " << item.key() << " differs by " << err << " (relative)";
   }
 }
@@ -154,6 +206,54 @@ TEST(Parity, AdamStage2Accumulation) { run_parity({2, 2, 0.0, "Adam", "Adam stag
 TEST(Parity, SgdNesterovStage1) { run_parity({1, 2, 0.0, "SGD", "SGD stage 1"}); }
 TEST(Parity, SgdNesterovStage2Clipping) { run_parity({2, 1, 1.0, "SGD", "SGD stage 2"}); }
 TEST(Parity, OneBigBucketStage2) { run_parity({2, 2, 0.5, "AdamW", "stage 2, one bucket"}, 12, 3, 1000000); }
+TEST(Parity, UnitsAtStage2AreAPassThrough) { run_parity<ToyUnits>({2, 1, 0.0, "AdamW", "units at stage 2"}); }
+TEST(Parity, AdamWStage3) { run_parity<ToyUnits>({3, 1, 0.0, "AdamW", "stage 3"}); }
+TEST(Parity, AdamWStage3AccumulationClipping) { run_parity<ToyUnits>({3, 3, 0.5, "AdamW", "stage 3, gas 3, clip"}); }
+TEST(Parity, SgdStage3OneBigBucket) { run_parity<ToyUnits>({3, 2, 0.0, "SGD", "SGD stage 3"}, 12, 3, 1000000); }
+TEST(Parity, Stage3WithoutUnits) { run_parity<Toy>({3, 1, 0.5, "AdamW", "stage 3, no units"}); }
+TEST(Parity, Stage3OrderChangesBetweenSteps) {
+  run_parity<ToyUnits>({3, 1, 0.0, "AdamW", "stage 3, order changes"}, 12, 3, 50, /*swap_order=*/true);
+}
+
+// Stage 3 keeps no unit's full parameters outside its forward and backward.
+TEST(Memory, Stage3ReleasesUnitParameters) {
+  ToyUnits model = make_model<ToyUnits>();
+  zero::InitOptions options;
+  options.group = g_world;
+  Case c{3, 1, 0.0, optimizer_json("AdamW"), ""};
+  auto engine = zero::initialize(zero::Config::from_json(config_json(c, 2, 50)), model, options);
+  auto unit_storage = [&] {
+    int64_t bytes = 0;
+    for (auto& p : model->mid->parameters()) bytes += p.storage().nbytes();
+    for (auto& p : model->mix->parameters()) bytes += p.storage().nbytes();
+    return bytes;
+  };
+  EXPECT_EQ(unit_storage(), 0) << "after initialize";
+  auto batch = global_batch(0, 2 * g_world->size());
+  auto loss = loss_of(model, batch.slice(0, 2 * g_world->rank(), 2 * g_world->rank() + 2));
+  EXPECT_EQ(unit_storage(), 0) << "after forward";
+  engine.backward(loss);
+  EXPECT_EQ(unit_storage(), 0) << "after backward";
+  engine.step();
+  EXPECT_EQ(unit_storage(), 0) << "after step";
+  EXPECT_GT(model->emb->weight.storage().nbytes(), 0) << "the tied embedding stays gathered";
+  // Held parameter bytes: every shard plus the buckets that stay gathered (the embedding).
+  const int W = g_world->size();
+  const int64_t emb = kVocab * kDim, emb_padded = (emb + W - 1) / W * W;
+  int64_t in_units = 0, unit_tensors = 0;
+  for (auto& p : model->mid->parameters()) in_units += p.numel(), ++unit_tensors;
+  for (auto& p : model->mix->parameters()) in_units += p.numel(), ++unit_tensors;
+  const int64_t held = engine.memory_report().params;
+  EXPECT_GE(held, 4 * (emb_padded + in_units / W));
+  EXPECT_LE(held, 4 * (emb_padded + (in_units + unit_tensors * (W - 1)) / W));  // padding: < W per bucket
+
+  // gather_parameters brings a unit's weights back while it lives.
+  {
+    auto scope = engine.gather_parameters(*model->mid);
+    EXPECT_GT(model->mid->parameters()[0].storage().nbytes(), 0);
+  }
+  EXPECT_EQ(unit_storage(), 0) << "after the gathered scope";
+}
 
 // Held bytes against the formulas of the ZeRO paper for fp32 Adam (params
 // 4, gradients 4, moments 8 bytes per element), padding included: with

@@ -1,0 +1,101 @@
+#pragma once
+// zero::Unit: the piece of a model that ZeRO stage 3 gathers and releases as
+// a whole (the idea of FSDP's fully_shard(block)). Wrap each block once:
+//
+//   std::vector<zero::Unit<Block>> blocks;
+//   blocks.push_back(zero::Unit<Block>(Block(options)));
+//   register_module("blocks", ...);   // see examples/gpt
+//   x = blocks[i](x);                 // call sites stay as they were
+//   y = blocks[i]->call(x, mask);     // other forward signatures
+//
+// Stage 3 gathers the unit's parameters before its forward, releases them
+// after, gathers them again when the gradient of its output arrives in
+// backward, and reduce-scatters their gradients when its backward is done.
+// At stages 0-2 (or before zero::initialize) a unit is a pass-through.
+// A unit's parameters keep the names they have without the wrapper (the
+// inner module's children are registered on the unit itself).
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+namespace zero {
+
+// What the engine does around a unit's forward (internal; set by initialize).
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void pre_forward(int unit) = 0;
+  virtual void post_forward(int unit, const at::Tensor& output) = 0;
+};
+
+class UnitBase : public torch::nn::Module {
+ public:
+  // Called by the engine at initialize (stage 3); id is the unit's number.
+  void attach(std::shared_ptr<UnitHooks> hooks, int id) {
+    hooks_ = std::move(hooks);
+    id_ = id;
+  }
+  void detach() { hooks_.reset(); }
+
+ protected:
+  // Registers `inner`'s children and direct parameters and buffers on this
+  // module, so that names do not change when a block becomes a unit.
+  void adopt(torch::nn::Module& inner) {
+    for (const auto& child : inner.named_children()) register_module(child.key(), child.value());
+    for (const auto& p : inner.named_parameters(/*recurse=*/false)) register_parameter(p.key(), p.value());
+    for (const auto& b : inner.named_buffers(/*recurse=*/false)) register_buffer(b.key(), b.value());
+  }
+
+  template <typename F>
+  at::Tensor run(F&& body) {
+    if (!hooks_) return body();
+    hooks_->pre_forward(id_);
+    at::Tensor output = body();
+    hooks_->post_forward(id_, output);
+    return output;
+  }
+
+ private:
+  std::shared_ptr<UnitHooks> hooks_;
+  int id_ = -1;
+};
+
+template <typename Inner>  // Inner: a module holder such as Block (TORCH_MODULE)
+class UnitImpl : public UnitBase {
+ public:
+  explicit UnitImpl(Inner inner) : inner_(std::move(inner)) { adopt(*inner_); }
+
+  // x = unit(x): LibTorch's ModuleHolder needs one non-template forward.
+  at::Tensor forward(const at::Tensor& x) { return call(x); }
+
+  // Any other signature of the inner forward: unit->call(a, b, ...).
+  template <typename... Args>
+  at::Tensor call(Args&&... args) {
+    using Result = decltype(inner_->forward(std::forward<Args>(args)...));
+    static_assert(std::is_same<std::decay_t<Result>, at::Tensor>::value,
+                  "zero::Unit supports modules whose forward returns one at::Tensor");
+    return run([&] { return inner_->forward(std::forward<Args>(args)...); });
+  }
+
+  Inner& inner() { return inner_; }
+
+  // The inner module is not a registered child: keep its own training flag in step.
+  void train(bool on = true) override {
+    UnitBase::train(on);
+    inner_->train(on);
+  }
+
+ private:
+  Inner inner_;
+};
+
+template <typename Inner>
+class Unit : public torch::nn::ModuleHolder<UnitImpl<Inner>> {
+ public:
+  using torch::nn::ModuleHolder<UnitImpl<Inner>>::ModuleHolder;
+};
+
+}  // namespace zero

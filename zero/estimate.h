@@ -1,0 +1,104 @@
+#pragma once
+// Model-state memory per rank, estimated before training: what zero's
+// engine holds for a model of `params` trainable parameters at each ZeRO
+// stage (the figures of DeepSpeed's estimate_zero{2,3}_model_states_mem_needs,
+// in zero's own accounting). Torch-free; `zero-config FILE --estimate` prints it.
+//
+//   zero::EstimateInput in;
+//   in.params = 7'000'000'000;  in.world_size = 8;  in.stage = 2;
+//   zero::MemoryEstimate m = zero::estimate_memory(in);   // m.device.total(), ...
+//
+// Ψ = params, N = world_size, b = dtype_bytes, K = state_bytes_per_element.
+// Padding: every bucket is padded to a multiple of its owners (Note [Flat
+// layout] in zero/partition.h), so the estimate pads Ψ once:
+//   P = ceil(Ψ/N)*N at stages 1-3 (Ψ at stage 0, where nothing is sharded),
+//   S = P/N, the shard of one rank.
+// This is a lower bound of the engine's padding (each bucket adds its own).
+//
+// Bytes held per rank, without offload:
+//   params       stages 0-2: P*b            stage 3: S*b
+//   gradients    stages 0-1: P*b            stages 2-3: S*b + one reduce bucket
+//                                           min(reduce_bucket_size, P)*b
+//   fp32 master  mixed precision only:      stage 0: P*4, stages 1-3: S*4
+//   optimizer    stage 0: P*K               stages 1-3: S*K
+// Mixed-precision Adam, Ψ divisible by N, bucket left out: 16Ψ, 4Ψ + 12Ψ/N,
+// 2Ψ + 14Ψ/N, 16Ψ/N, DeepSpeed's figures.
+// Not counted: activations, the module's buffers, temporaries, and at stage 3
+// the parameters of the units being gathered (stage3_prefetch_bucket_size /
+// stage3_max_live_parameters): MemoryEstimate::gathered_params_max bounds them.
+//
+// Offload (each valid only where the config allows it; anything else throws):
+//   offload_optimizer "cpu" (stages 1-3): the fp32 master shard, the optimizer
+//     states and an fp32 gradient shard S*4 live in host memory. The device
+//     keeps no gradient shard at stages 2-3 (the reduced bucket is copied to
+//     the host), only the reduce bucket; at stage 1 it keeps its P*b
+//     gradients. With fp32 training the host still keeps an fp32 copy of the
+//     shard S*4 for the CPU optimizer to update (reported as fp32_master).
+//   offload_optimizer "nvme" (stage 3): the same bytes on NVMe; the host keeps
+//     offload_optimizer_buffer_count pinned buffers of min(sub_group_size, S)
+//     fp32 elements (reported as host optimizer_states).
+//   offload_param "cpu" (stage 3): the parameter shard S*b lives in host memory.
+//   offload_param "nvme" (stage 3): the shard on NVMe; the host keeps
+//     offload_param_buffer_count buffers of offload_param_buffer_size
+//     elements of b bytes (reported as host params).
+#include <cstdint>
+#include <string>
+
+namespace zero {
+
+struct EstimateInput {
+  int64_t params = 0;                  // Ψ, trainable parameters
+  int64_t world_size = 1;              // N, data-parallel ranks
+  int stage = 0;                       // 0..3
+  int dtype_bytes = 4;                 // b: 2 (fp16, bf16) or 4 (fp32)
+  int state_bytes_per_element = 8;     // K: see optimizer_state_bytes()
+  bool mixed_precision = false;        // fp16/bf16 with an fp32 master copy
+  int64_t reduce_bucket_size = 500000000;          // elements
+  int64_t stage3_max_live_parameters = 1000000000;  // elements
+  std::string offload_optimizer = "none";  // "none" | "cpu" | "nvme"
+  std::string offload_param = "none";      // "none" | "cpu" | "nvme"
+  // NVMe staging buffers in host memory (DeepSpeed's defaults).
+  int64_t sub_group_size = 1000000000;             // elements
+  int64_t offload_optimizer_buffer_count = 4;
+  int64_t offload_param_buffer_count = 5;
+  int64_t offload_param_buffer_size = 100000000;   // elements
+};
+
+// Bytes of each kind of model state in one place.
+struct MemoryBytes {
+  int64_t params = 0;
+  int64_t gradients = 0;
+  int64_t fp32_master = 0;
+  int64_t optimizer_states = 0;
+  int64_t total() const { return params + gradients + fp32_master + optimizer_states; }
+};
+
+struct MemoryEstimate {
+  int64_t padded_params = 0;   // P
+  int64_t shard_params = 0;    // S
+  MemoryBytes device;          // accelerator memory of one rank
+  MemoryBytes host;            // host memory for one rank (pinned when offloading)
+  MemoryBytes nvme;            // NVMe space for one rank
+  int64_t reduce_bucket = 0;   // bytes of the reduce bucket inside device.gradients (stages 2-3)
+  // Stage 3: up to this many more device bytes for the parameters of the
+  // units being gathered, min(Ψ, stage3_max_live_parameters)*b; not in device.
+  int64_t gathered_params_max = 0;
+  // Each kind summed over the three places.
+  MemoryBytes all() const;
+};
+
+// Throws zero::PartitionError naming the field when the input is out of range
+// or asks for an offload its stage does not allow.
+MemoryEstimate estimate_memory(const EstimateInput& in);
+
+// K for an optimizer type as the config spells it ("Adam", "AdamW", "SGD",
+// "Adagrad", "Lamb"): Adam/AdamW 8 (12 with amsgrad), SGD 4 with momentum
+// else 0, Adagrad 4, Lamb 8. Throws zero::PartitionError for another type.
+int optimizer_state_bytes(const std::string& type, bool amsgrad, double momentum);
+
+// Whether `device` ("none", "cpu", "nvme") may be used for the optimizer or
+// the parameters at `stage`, as the config checks allow ("none" always).
+bool offload_optimizer_allowed(const std::string& device, int stage);
+bool offload_param_allowed(const std::string& device, int stage);
+
+}  // namespace zero

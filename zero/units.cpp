@@ -1,0 +1,100 @@
+// Stage 3 units: gather before forward and backward, release after, and
+// prefetch the next unit along the order the previous step recorded. When
+// the order changes, this step gathers on demand and says so once; nothing
+// waits on a plan that no longer holds.
+#include "zero/log.h"
+#include "zero/partition.h"
+
+namespace zero::partition {
+
+UnitScheduler::UnitScheduler(ShardedParams& params, int units) : params_(params), buckets_of_(units) {
+  auto& buckets = params_.buckets();
+  for (int b = 0; b < static_cast<int>(buckets.size()); ++b) {
+    if (buckets[b].unit >= 0 && !buckets[b].persistent) buckets_of_[buckets[b].unit].push_back(b);
+  }
+}
+
+int64_t UnitScheduler::unit_numel(int unit) const {
+  int64_t numel = 0;
+  for (int b : buckets_of_[unit]) numel += params_.buckets()[b].numel;
+  return numel;
+}
+
+void UnitScheduler::gather_unit(int unit, bool async) {
+  for (int b : buckets_of_[unit]) params_.gather(params_.buckets()[b], async);
+  if (!async) {
+    for (int b : buckets_of_[unit]) params_.wait_gathered(params_.buckets()[b]);
+  }
+}
+
+void UnitScheduler::release_unit(int unit) {
+  for (int b : buckets_of_[unit]) params_.release(params_.buckets()[b]);
+}
+
+// Starts gathering the unit that comes after `position` in this step's plan
+// (forward) or before it (backward), within the prefetch and live budgets.
+void UnitScheduler::prefetch_after(int position, bool backward) {
+  const std::vector<int>& order = backward ? trace_ : plan_;
+  const int next = backward ? position - 1 : position + 1;
+  if (next < 0 || next >= static_cast<int>(order.size())) return;
+  const int unit = order[next];
+  const int64_t numel = unit_numel(unit);
+  int64_t live = 0;
+  for (const auto& b : params_.buckets()) {
+    if (!b.persistent && b.gathered) live += b.numel;
+  }
+  const auto& options = params_.options();
+  if (numel > options.prefetch_numel || live + numel > options.max_live_numel) return;
+  gather_unit(unit, /*async=*/true);
+}
+
+void UnitScheduler::pre_forward(int unit) {
+  const int position = static_cast<int>(trace_.size());
+  trace_.push_back(unit);
+  if (plan_valid_ && (position >= static_cast<int>(plan_.size()) || plan_[position] != unit)) {
+    plan_valid_ = false;
+    // A unit prefetched for the old order is released by end_step, unused.
+    if (!warned_) {
+      warned_ = true;
+      log::info("stage3", "the order of units changed from the previous step (unit " + std::to_string(unit) +
+                              " at position " + std::to_string(position) +
+                              "); gathering on demand until the new order repeats");
+    }
+  }
+  gather_unit(unit, /*async=*/false);
+  if (plan_valid_) prefetch_after(position, /*backward=*/false);
+}
+
+void UnitScheduler::post_forward(int unit, const at::Tensor& output) {
+  release_unit(unit);
+  if (!output.defined() || !output.requires_grad()) return;
+  std::weak_ptr<UnitScheduler> self = shared_from_this();
+  output.register_hook([self, unit](const at::Tensor& grad) {
+    if (auto scheduler = self.lock()) scheduler->pre_backward(unit);
+    return grad;
+  });
+}
+
+void UnitScheduler::pre_backward(int unit) {
+  gather_unit(unit, /*async=*/false);
+  // The unit used last in forward runs first in backward: prefetch the one
+  // before it in this step's forward order.
+  for (int position = static_cast<int>(trace_.size()) - 1; position >= 0; --position) {
+    if (trace_[position] == unit && !backward_seen_[position]) {
+      backward_seen_[position] = true;
+      prefetch_after(position, /*backward=*/true);
+      return;
+    }
+  }
+}
+
+void UnitScheduler::begin_backward() { backward_seen_.assign(trace_.size(), false); }
+
+// This step's forward order becomes the plan for the next one.
+void UnitScheduler::end_step() {
+  plan_ = trace_;
+  plan_valid_ = !plan_.empty();
+  trace_.clear();
+}
+
+}  // namespace zero::partition
