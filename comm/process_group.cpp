@@ -66,8 +66,14 @@ class Group : public ProcessGroup {
   int size() const override { return info_.size; }
   int global_rank(int group_rank) const override { return info_.global_ranks.at(group_rank); }
 
+  CommStats stats() const override {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    return stats_;
+  }
+
   WorkHandle all_reduce_async(at::Tensor t, ReduceOp op) override {
     check_tensor("all_reduce", t);
+    count(&CommStats::all_reduce_bytes, 2 * ring_share(t.nbytes()));
     if (auto* device = device_backend(t)) return device->all_reduce(t, op);
     at::Tensor h = t.is_cuda() ? host_buffer(t, true) : t;
     return host_work([this, h, op]() mutable { host_->all_reduce(h, op); }, t, h);
@@ -75,6 +81,7 @@ class Group : public ProcessGroup {
 
   WorkHandle reduce_scatter_async(at::Tensor out, at::Tensor in, ReduceOp op) override {
     check_reduce_scatter(info_, out, in);
+    count(&CommStats::reduce_scatter_bytes, ring_share(in.nbytes()));
     if (auto* device = device_backend(out)) return device->reduce_scatter(out, in, op);
     at::Tensor hin = in.is_cuda() ? host_buffer(in, true) : in;
     at::Tensor hout = out.is_cuda() ? host_buffer(out, false) : out;
@@ -83,6 +90,7 @@ class Group : public ProcessGroup {
 
   WorkHandle all_gather_async(at::Tensor out, at::Tensor in) override {
     check_all_gather(info_, out, in);
+    count(&CommStats::all_gather_bytes, ring_share(out.nbytes()));
     if (auto* device = device_backend(out)) return device->all_gather(out, in);
     at::Tensor hin = in.is_cuda() ? host_buffer(in, true) : in;
     at::Tensor hout = out.is_cuda() ? host_buffer(out, false) : out;
@@ -95,6 +103,7 @@ class Group : public ProcessGroup {
       throw CommError(where(info_) + ": broadcast root " + std::to_string(root) + " is not a rank of a group of " +
                       std::to_string(info_.size));
     }
+    count(&CommStats::broadcast_bytes, info_.rank == root && info_.size > 1 ? static_cast<int64_t>(t.nbytes()) : 0);
     if (auto* device = device_backend(t)) return device->broadcast(t, root);
     at::Tensor h = t.is_cuda() ? host_buffer(t, true) : t;
     return host_work([this, h, root]() mutable { host_->broadcast(h, root); }, t, h);
@@ -128,6 +137,15 @@ class Group : public ProcessGroup {
   }
 
  private:
+  int64_t ring_share(size_t bytes) const {
+    return static_cast<int64_t>(bytes) * (info_.size - 1) / info_.size;
+  }
+  void count(int64_t CommStats::*field, int64_t bytes) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.*field += bytes;
+    ++stats_.calls;
+  }
+
   // The NCCL backend for CUDA tensors, created on first use; null means
   // "use the host path".
   DeviceBackend* device_backend(const at::Tensor& t) {
@@ -159,6 +177,8 @@ class Group : public ProcessGroup {
   std::mutex device_mu_;
   std::unique_ptr<DeviceBackend> device_;
   int subgroups_ = 0;
+  mutable std::mutex stats_mu_;
+  CommStats stats_;
   CommThread thread_;
 };
 

@@ -1,81 +1,105 @@
-// The main job, for now: data-parallel training of a small MLP in which
-// each rank keeps the optimizer state of only its shard of the flat
-// parameters (the ZeRO idea, spelled out with zero's collectives):
-//   backward -> reduce-scatter(avg) of the flat gradient -> Adam on the
-//   rank's shard -> all-gather of the updated parameters.
-// Run: zero-run --nproc 2 zero-main [--steps N]
-// (The engine issue replaces this with a GPT trained by zero::initialize.)
+// The main job: a GPT-style decoder trained with zero on a text corpus that
+// is generated at run time (examples/gpt), its blocks stage-3 units.
+//
+//   zero-run --nproc 2 zero-main [--config configs/main.json] [--steps 600]
+//            [--depth 4] [--width 128] [--heads 4] [--context 64]
+//
+// Every rank reads the same config (any file in configs/ works); the engine
+// logs progress every steps_per_print steps. At the end: validation loss and
+// a greedy sample, which should read like the corpus' sentences.
 #include <torch/torch.h>
 
-#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
+#include "gpt/corpus.h"
+#include "gpt/gpt.h"
 #include "zero/zero.h"
 
+using namespace zero_examples;
+
+namespace {
+
+// Mean loss over `batches` validation batches, the same on every rank.
+double validation_loss(GPT& model, zero::Engine& engine, const Batcher& val, int64_t micro, int64_t context) {
+  torch::NoGradGuard no_grad;
+  engine.eval();
+  at::Tensor total = torch::zeros({1}, torch::kDouble);
+  const int64_t batches = 8;
+  for (int64_t b = 0; b < batches; ++b) {
+    Batch batch = val.next_batch(micro, context, engine.group().rank(), engine.group().size(), b, 0);
+    total += model->loss(batch.inputs, batch.targets).item<double>() / batches;
+  }
+  engine.group().all_reduce(total, zero::comm::ReduceOp::Avg);
+  engine.train();
+  return total.item<double>();
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  int steps = 600;
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::string(argv[i]) == "--steps") steps = std::stoi(argv[i + 1]);
-  }
-  auto world = zero::comm::init_process_group();
-  const int W = world->size(), R = world->rank();
-  torch::manual_seed(0);  // every rank starts from the same weights
-
-  torch::nn::Sequential model(torch::nn::Linear(32, 128), torch::nn::GELU(), torch::nn::Linear(128, 128),
-                              torch::nn::GELU(), torch::nn::Linear(128, 1));
-  auto target_fn = [](const at::Tensor& x) { return (x.sin() * x.roll(1, 1)).sum(1, true) / 4; };
-
-  // One flat buffer of all parameters, padded to a multiple of the world size.
-  std::vector<at::Tensor> params = model->parameters();
-  int64_t numel = 0;
-  for (auto& p : params) numel += p.numel();
-  const int64_t shard = (numel + W - 1) / W;
-  at::Tensor flat_params = torch::zeros({shard * W});
-  at::Tensor flat_grads = torch::zeros({shard * W});
-  int64_t offset = 0;
-  for (auto& p : params) {  // parameters become views into the flat buffer
-    flat_params.slice(0, offset, offset + p.numel()).copy_(p.detach().view(-1));
-    p.set_data(flat_params.slice(0, offset, offset + p.numel()).view(p.sizes()));
-    offset += p.numel();
-  }
-  // This rank's shard: fp32 master copy and Adam state exist only here.
-  at::Tensor master = flat_params.slice(0, R * shard, (R + 1) * shard).clone().requires_grad_(true);
-  torch::optim::Adam adam({master}, torch::optim::AdamOptions(3e-3));
-  at::Tensor grad_shard = torch::zeros({shard});
-
-  if (R == 0) {
-    std::printf("zero-main: %d ranks, %lld parameters, each rank holds Adam state for %lld (%.1f%%)\n", W,
-                (long long)numel, (long long)shard, 100.0 * shard / numel);
-  }
-  torch::manual_seed(1000 + R);  // each rank sees its own data
-  const auto start = std::chrono::steady_clock::now();
-  for (int step = 1; step <= steps; ++step) {
-    at::Tensor x = torch::randn({64, 32});
-    at::Tensor loss = torch::mse_loss(model->forward(x), target_fn(x));
-    model->zero_grad();
-    loss.backward();
-    offset = 0;
-    for (auto& p : params) {
-      flat_grads.slice(0, offset, offset + p.numel()).copy_(p.grad().view(-1));
-      offset += p.numel();
-    }
-    world->reduce_scatter(grad_shard, flat_grads, zero::comm::ReduceOp::Avg);
-    master.mutable_grad() = grad_shard;
-    adam.step();
-    world->all_gather(flat_params, master.detach());
-
-    at::Tensor mean_loss = loss.detach().clone().view({1});
-    world->all_reduce(mean_loss, zero::comm::ReduceOp::Avg);
-    if (R == 0 && (step == 1 || step % 50 == 0)) {
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::printf("step %4d  loss %.5f  %.1f steps/s\n", step, mean_loss.item<double>(), step / seconds);
+  std::string config_path = ZERO_DEFAULT_CONFIG;
+  int64_t steps = 600;
+  GPTOptions options;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string key = argv[i];
+    const std::string value = argv[i + 1];
+    if (key == "--config") config_path = value;
+    else if (key == "--steps") steps = std::stoll(value);
+    else if (key == "--depth") options.depth = std::stoll(value);
+    else if (key == "--width") options.width = std::stoll(value);
+    else if (key == "--heads") options.heads = std::stoll(value);
+    else if (key == "--context") options.context = std::stoll(value);
+    else {
+      std::fprintf(stderr, "zero-main: unknown option %s\n", key.c_str());
+      return 2;
     }
   }
-  // Every rank must end with the same parameters: compare checksums.
-  at::Tensor sums = torch::stack({flat_params.sum(), -flat_params.sum()}).to(torch::kDouble);
-  world->all_reduce(sums, zero::comm::ReduceOp::Max);
-  const bool agree = sums[0].item<double>() == -sums[1].item<double>();
-  if (R == 0) std::printf("ranks hold identical parameters: %s\n", agree ? "yes" : "NO");
-  return agree ? 0 : 1;
+  try {
+    zero::Config config = zero::Config::from_file(config_path);
+    Corpus corpus;
+    options.vocab_size = corpus.vocab_size();
+    torch::manual_seed(0);  // rank 0's initial weights are broadcast anyway
+    GPT model(options);
+
+    auto engine = zero::initialize(config, model);
+    const auto& resolved = engine.config();
+    const int64_t micro = *resolved.batch.train_micro_batch_size_per_gpu;
+    const int64_t gas = *resolved.batch.gradient_accumulation_steps;
+    const int rank = engine.group().rank(), world = engine.group().size();
+    Batcher train(corpus.train_tokens(), BatcherOptions{0, gas});
+    Batcher val(corpus.validation_tokens(), BatcherOptions{1, 1});
+    if (rank == 0) {
+      std::printf("zero-main: GPT with %lld parameters (depth %lld, width %lld, heads %lld, context %lld) on a "
+                  "generated corpus of %lld characters; %s, %d rank(s), global batch %lld, %lld steps\n",
+                  (long long)model->num_parameters(), (long long)options.depth, (long long)options.width,
+                  (long long)options.heads, (long long)options.context, (long long)corpus.tokens().numel(),
+                  config_path.c_str(), world, (long long)*resolved.batch.train_batch_size, (long long)steps);
+      std::fflush(stdout);
+    }
+    const double initial = validation_loss(model, engine, val, micro, options.context);
+    for (int64_t step = 0; step < steps; ++step) {
+      for (int64_t m = 0; m < gas; ++m) {
+        Batch batch = train.next_batch(micro, options.context, rank, world, step, static_cast<int>(m));
+        engine.backward(model->loss(batch.inputs, batch.targets));
+        engine.step();
+      }
+    }
+    const double final_loss = validation_loss(model, engine, val, micro, options.context);
+    at::Tensor prompt = corpus.tokenizer().encode_tensor("the ").unsqueeze(0);
+    at::Tensor sample = model->generate(prompt, 120);  // every rank: stage 3 gathers collectively
+    if (rank == 0) {
+      std::printf("zero-main: validation loss %.3f -> %.3f nats/char after %lld steps (%s)\n", initial, final_loss,
+                  (long long)steps, final_loss < 0.6 * initial ? "learning" : "NOT LEARNING");
+      std::printf("zero-main: memory per rank: %s\n", engine.memory_report().describe().c_str());
+      std::string text = corpus.tokenizer().decode(sample[0]);
+      for (char& c : text) c = c == '\n' ? '/' : c;
+      std::printf("zero-main: sample: %s\n", text.c_str());
+    }
+    return final_loss < 0.6 * initial ? 0 : 1;
+  } catch (const zero::Error& e) {
+    std::fprintf(stderr, "zero-main: %s\n", e.what());
+    return 1;
+  }
 }

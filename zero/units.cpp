@@ -2,6 +2,8 @@
 // prefetch the next unit along the order the previous step recorded. When
 // the order changes, this step gathers on demand and says so once; nothing
 // waits on a plan that no longer holds.
+#include <ATen/core/grad_mode.h>
+
 #include "zero/log.h"
 #include "zero/partition.h"
 
@@ -49,6 +51,10 @@ void UnitScheduler::prefetch_after(int position, bool backward) {
 }
 
 void UnitScheduler::pre_forward(int unit) {
+  if (!at::GradMode::is_enabled()) {  // evaluation: no backward follows, no plan to keep
+    gather_unit(unit, /*async=*/false);
+    return;
+  }
   const int position = static_cast<int>(trace_.size());
   trace_.push_back(unit);
   if (plan_valid_ && (position >= static_cast<int>(plan_.size()) || plan_[position] != unit)) {

@@ -64,6 +64,15 @@ class Work {
 };
 using WorkHandle = std::shared_ptr<Work>;
 
+// Bytes each rank sends per collective kind, as a bandwidth-optimal ring
+// sends them (all-reduce 2(N-1)/N of the buffer, reduce-scatter and
+// all-gather (N-1)/N of the full buffer, broadcast the buffer from the root).
+struct CommStats {
+  int64_t all_reduce_bytes = 0, reduce_scatter_bytes = 0, all_gather_bytes = 0, broadcast_bytes = 0;
+  int64_t calls = 0;
+  int64_t total() const { return all_reduce_bytes + reduce_scatter_bytes + all_gather_bytes + broadcast_bytes; }
+};
+
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
@@ -88,6 +97,9 @@ class ProcessGroup {
   void all_gather(at::Tensor output, at::Tensor input) { all_gather_async(output, input)->wait(); }
   void broadcast(at::Tensor tensor, int root) { broadcast_async(tensor, root)->wait(); }
   virtual void barrier() = 0;
+
+  // Bytes sent by this rank so far on this group (see CommStats).
+  virtual CommStats stats() const = 0;
 
   // A group of some ranks of this one (ranks as numbered in this group).
   // Every rank of this group must call it with the same list, in the same

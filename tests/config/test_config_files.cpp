@@ -74,9 +74,9 @@ TEST(ConfigFiles, MainJobConfig) {
   EXPECT_FALSE(c.bf16.enabled);
   EXPECT_EQ(c.zero_optimization.offload_optimizer.device, "none");
   c.resolve(3);
-  EXPECT_EQ(*c.batch.train_micro_batch_size_per_gpu, 8);
+  EXPECT_EQ(*c.batch.train_micro_batch_size_per_gpu, 16);
   EXPECT_EQ(*c.batch.gradient_accumulation_steps, 1);
-  EXPECT_EQ(*c.batch.train_batch_size, 8 * 1 * 3);
+  EXPECT_EQ(*c.batch.train_batch_size, 16 * 1 * 3);
 }
 
 // Files with typical content give the warnings a reader would expect, and

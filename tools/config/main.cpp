@@ -1,13 +1,19 @@
-// zero-config: checks a ds_config and prints it resolved for N ranks.
+// zero-config: checks a ds_config and prints it resolved for N ranks, or
+// estimates the model-state memory per rank at each ZeRO stage.
 //
 //   zero-config FILE [--world-size N] [--json]
+//   zero-config FILE --estimate --params N [--world-size N] [--json]
 //
 // Exit status: 0 valid, 1 invalid config, 2 bad usage.
+#include <algorithm>
 #include <cerrno>
+#include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,22 +22,36 @@
 #include "core/env.h"
 #include "zero/config.h"
 #include "zero/error.h"
+#include "zero/estimate.h"
 
 namespace {
 
 const char* const kUsage =
     "usage: zero-config FILE [--world-size N] [--json]\n"
+    "       zero-config FILE --estimate --params N [--world-size N] [--json]\n"
     "\n"
     "Checks the DeepSpeed-style config FILE, resolves it for N data-parallel ranks\n"
     "and prints it with every default filled in.\n"
     "\n"
-    "  --world-size N  ranks to resolve the batch sizes for (default: $WORLD_SIZE, else 1)\n"
+    "With --estimate: prints the model-state memory one rank holds (parameters,\n"
+    "gradients, fp32 master, optimizer states) at each ZeRO stage 0-3 for a model of\n"
+    "--params trainable parameters, on the device, in host memory and on NVMe. The\n"
+    "training dtype, optimizer, bucket sizes and offload choices come from FILE\n"
+    "(offload applied at the stages that allow it); the config's stage is marked\n"
+    "'*'. Activations, buffers and temporaries are not counted; the batch sizes are\n"
+    "not resolved.\n"
+    "\n"
+    "  --world-size N  data-parallel ranks (default: $WORLD_SIZE, else 1)\n"
+    "  --estimate      estimate memory per rank instead of printing the config\n"
+    "  --params N      trainable parameters for --estimate, e.g. 7e9 or 7000000000\n"
     "  --json          print one JSON document {file, world_size, warnings, config}\n"
-    "                  instead of the config alone (warnings then stay off stderr)\n"
+    "                  instead of the config alone (warnings then stay off stderr);\n"
+    "                  with --estimate, the estimate in bytes as JSON\n"
     "  -h, --help      show this help\n"
     "\n"
-    "Without --json: the resolved config as JSON on stdout; warnings and a summary\n"
-    "on stderr. Exit status: 0 valid, 1 invalid config, 2 bad usage.\n";
+    "Without --json: the resolved config as JSON (or the estimate table) on stdout;\n"
+    "warnings and a summary on stderr. Exit status: 0 valid, 1 invalid config,\n"
+    "2 bad usage.\n";
 
 struct UsageError {
   std::string message;
@@ -42,6 +62,8 @@ struct Options {
   int world_size = 1;
   bool json = false;
   bool help = false;
+  bool estimate = false;
+  int64_t params = 0;   // --params, with --estimate
 };
 
 int parse_world_size(const std::string& text, const std::string& origin) {
@@ -53,15 +75,40 @@ int parse_world_size(const std::string& text, const std::string& origin) {
   return static_cast<int>(v);
 }
 
+// A whole number of parameters, written 1500000000 or 1.5e9.
+int64_t parse_params(const std::string& text) {
+  const std::string expected =
+      "--params must be a whole number of parameters from 1 to 1e15, e.g. 7e9 or 7000000000; got '" + text + "'";
+  if (text.empty() || !(std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '.'))
+    throw UsageError{expected};
+  char* end = nullptr;
+  errno = 0;
+  long long whole = std::strtoll(text.c_str(), &end, 10);
+  if (*end == '\0' && errno == 0) {
+    if (whole < 1 || whole > 1000000000000000LL) throw UsageError{expected};
+    return whole;
+  }
+  errno = 0;
+  double v = std::strtod(text.c_str(), &end);
+  if (*end != '\0' || errno != 0 || !std::isfinite(v) || v < 1 || v > 1e15 || v != std::floor(v))
+    throw UsageError{expected};
+  return static_cast<int64_t>(v);
+}
+
 Options parse_args(int argc, char** argv) {
   Options o;
-  std::optional<std::string> world_size;
+  std::optional<std::string> world_size, params;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "-h" || arg == "--help") {
       o.help = true;
     } else if (arg == "--json") {
       o.json = true;
+    } else if (arg == "--estimate") {
+      o.estimate = true;
+    } else if (arg == "--params" || arg.rfind("--params=", 0) == 0) {
+      if (arg == "--params" && i + 1 >= argc) throw UsageError{"--params needs a value"};
+      params = arg == "--params" ? argv[++i] : arg.substr(std::string("--params=").size());
     } else if (arg == "--world-size" || arg.rfind("--world-size=", 0) == 0) {
       if (arg == "--world-size" && i + 1 >= argc) throw UsageError{"--world-size needs a value"};
       world_size = arg == "--world-size" ? argv[++i] : arg.substr(std::string("--world-size=").size());
@@ -75,6 +122,9 @@ Options parse_args(int argc, char** argv) {
   }
   if (o.help) return o;
   if (o.file.empty()) throw UsageError{"no config file given"};
+  if (params && !o.estimate) throw UsageError{"--params is for --estimate"};
+  if (o.estimate && !params) throw UsageError{"--estimate needs --params N, the model's trainable parameters"};
+  if (params) o.params = parse_params(*params);
   if (world_size) {
     o.world_size = parse_world_size(*world_size, "--world-size");
   } else if (zero::env::is_set("WORLD_SIZE")) {
@@ -96,7 +146,222 @@ std::string summary(const zero::Config& c) {
   return s;
 }
 
+// ---- --estimate -------------------------------------------------------------
+
+struct EstimateSetup {
+  zero::EstimateInput base;   // stage and offload are set per row
+  std::string dtype;          // "fp32", "fp16", "bf16"
+  std::string optimizer;      // as the config spells it, or "Adam" assumed
+  bool optimizer_assumed = false;
+};
+
+EstimateSetup estimate_setup(const zero::Config& c, int64_t params, int world_size) {
+  EstimateSetup e;
+  const auto& z = c.zero_optimization;
+  e.dtype = c.fp16.enabled ? "fp16" : c.bf16.enabled ? "bf16" : "fp32";
+  e.optimizer = c.optimizer.type;
+  if (e.optimizer.empty()) {   // the engine needs one; Adam is the usual choice
+    e.optimizer = "Adam";
+    e.optimizer_assumed = true;
+  }
+  zero::EstimateInput& in = e.base;
+  in.params = params;
+  in.world_size = world_size;
+  in.dtype_bytes = e.dtype == "fp32" ? 4 : 2;
+  in.mixed_precision = e.dtype != "fp32";
+  in.state_bytes_per_element =
+      zero::optimizer_state_bytes(e.optimizer, c.optimizer.params.amsgrad, c.optimizer.params.momentum);
+  in.reduce_bucket_size = z.reduce_bucket_size;
+  in.stage3_max_live_parameters = z.stage3_max_live_parameters;
+  in.sub_group_size = z.sub_group_size;
+  in.offload_optimizer_buffer_count = z.offload_optimizer.buffer_count;
+  in.offload_param_buffer_count = z.offload_param.buffer_count;
+  in.offload_param_buffer_size = z.offload_param.buffer_size;
+  return e;
+}
+
+// The input for one stage: the config's offload choices where that stage allows them.
+zero::EstimateInput stage_input(const zero::Config& c, zero::EstimateInput in, int stage) {
+  const auto& z = c.zero_optimization;
+  in.stage = stage;
+  in.offload_optimizer = zero::offload_optimizer_allowed(z.offload_optimizer.device, stage) ? z.offload_optimizer.device : "none";
+  in.offload_param = zero::offload_param_allowed(z.offload_param.device, stage) ? z.offload_param.device : "none";
+  return in;
+}
+
+std::string with_commas(int64_t v) {
+  std::string digits = std::to_string(v), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+std::string format(const char* fmt, double v) {
+  char text[64];
+  std::snprintf(text, sizeof(text), fmt, v);
+  return text;
+}
+
+// A count as a config would write it: 7e9, 1.5e9, 5e8, 1000; else 7,000,000,001.
+std::string count(int64_t v) {
+  if (v < 10000) return std::to_string(v);
+  int exponent = 0;
+  int64_t mantissa = v;
+  while (mantissa % 10 == 0) {
+    mantissa /= 10;
+    ++exponent;
+  }
+  if (mantissa >= 10000) return with_commas(v);
+  const int digits = static_cast<int>(std::to_string(mantissa).size());
+  std::string m = std::to_string(mantissa);
+  if (digits > 1) m = m.substr(0, 1) + "." + m.substr(1);
+  return m + "e" + std::to_string(exponent + digits - 1);
+}
+
+// Decimal units, one for the whole table: GB unless everything is smaller.
+struct Unit {
+  const char* name;
+  double bytes;
+};
+Unit unit_for(int64_t largest) {
+  if (largest >= 1000000000) return {"GB", 1e9};
+  if (largest >= 1000000) return {"MB", 1e6};
+  return {"kB", 1e3};
+}
+std::string in_unit(int64_t bytes, Unit u) { return format("%.2f", static_cast<double>(bytes) / u.bytes); }
+std::string human(int64_t bytes) {
+  Unit u = unit_for(bytes);
+  return in_unit(bytes, u) + " " + u.name;
+}
+
+std::string pad_left(const std::string& s, size_t width) { return s.size() >= width ? s : std::string(width - s.size(), ' ') + s; }
+
+nlohmann::ordered_json bytes_json(const zero::MemoryBytes& m) {
+  nlohmann::ordered_json j;
+  j["params"] = m.params;
+  j["gradients"] = m.gradients;
+  j["fp32_master"] = m.fp32_master;
+  j["optimizer_states"] = m.optimizer_states;
+  j["total"] = m.total();
+  return j;
+}
+
+int run_estimate(const Options& o) {
+  zero::Config config = zero::Config::from_file(o.file);
+  if (!o.json)
+    for (const auto& w : config.warnings()) std::cerr << "zero-config: warning: " << w << "\n";
+  const auto& z = config.zero_optimization;
+  const EstimateSetup setup = estimate_setup(config, o.params, o.world_size);
+  std::vector<zero::EstimateInput> inputs;
+  std::vector<zero::MemoryEstimate> rows;
+  for (int stage = 0; stage <= 3; ++stage) {
+    inputs.push_back(stage_input(config, setup.base, stage));
+    rows.push_back(zero::estimate_memory(inputs.back()));
+  }
+
+  if (o.json) {
+    nlohmann::ordered_json doc;
+    doc["file"] = o.file;
+    doc["params"] = o.params;
+    doc["world_size"] = o.world_size;
+    doc["config_stage"] = z.stage;
+    doc["dtype"] = setup.dtype;
+    doc["optimizer"] = setup.optimizer;
+    doc["optimizer_assumed"] = setup.optimizer_assumed;
+    doc["state_bytes_per_element"] = setup.base.state_bytes_per_element;
+    doc["warnings"] = config.warnings();
+    doc["stages"] = nlohmann::ordered_json::array();
+    for (int stage = 0; stage <= 3; ++stage) {
+      const zero::MemoryEstimate& m = rows[stage];
+      nlohmann::ordered_json r;
+      r["stage"] = stage;
+      r["selected"] = stage == z.stage;
+      r["offload_optimizer"] = inputs[stage].offload_optimizer;
+      r["offload_param"] = inputs[stage].offload_param;
+      r["padded_params"] = m.padded_params;
+      r["shard_params"] = m.shard_params;
+      r["device"] = bytes_json(m.device);
+      r["host"] = bytes_json(m.host);
+      r["nvme"] = bytes_json(m.nvme);
+      r["reduce_bucket"] = m.reduce_bucket;
+      r["gathered_params_max"] = m.gathered_params_max;
+      doc["stages"].push_back(r);
+    }
+    std::cout << doc.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+    return 0;
+  }
+
+  int64_t largest = 0;
+  for (const auto& m : rows) largest = std::max({largest, m.all().total(), m.device.total()});
+  const Unit u = unit_for(largest);
+  const int b = setup.base.dtype_bytes;
+  std::ostringstream out;
+  const std::string written = count(o.params), exact = with_commas(o.params);
+  out << "Model states per rank for " << written << " parameters" << (written != exact ? " (" + exact + ")" : "")
+      << ", world size " << o.world_size << ", from " << o.file << "\n";
+  out << setup.dtype << " training" << (setup.base.mixed_precision ? " with an fp32 master copy" : "") << ", "
+      << setup.optimizer << (setup.optimizer_assumed ? " (assumed: the config has no optimizer)" : "") << " with "
+      << setup.base.state_bytes_per_element << " bytes of state per parameter\n\n";
+  const std::vector<std::pair<std::string, size_t>> columns = {
+      {"stage", 7},       {"params", 10},     {"grads", 10},    {"fp32 master", 13},
+      {"optimizer", 11},  {"device total", 14}, {"host total", 12}, {"nvme total", 12}};
+  for (const auto& [name, width] : columns) out << pad_left(name, width);
+  out << "   (" << u.name << ")\n";
+  for (int stage = 0; stage <= 3; ++stage) {
+    const zero::MemoryEstimate& m = rows[stage];
+    const zero::MemoryBytes all = m.all();
+    std::vector<std::string> cells = {(stage == z.stage ? "* " : "") + std::to_string(stage),
+                                      in_unit(all.params, u),
+                                      in_unit(all.gradients, u),
+                                      in_unit(all.fp32_master, u),
+                                      in_unit(all.optimizer_states, u),
+                                      in_unit(m.device.total(), u),
+                                      in_unit(m.host.total(), u),
+                                      in_unit(m.nvme.total(), u)};
+    for (size_t i = 0; i < cells.size(); ++i) out << pad_left(cells[i], columns[i].second);
+    out << "\n";
+  }
+  const zero::MemoryEstimate& s3 = rows[3];
+  out << "\n* the config's stage. " << u.name << " = " << count(static_cast<int64_t>(u.bytes))
+      << " bytes. Each kind column counts that kind wherever it lives;\n"
+         "  the totals say where.\n";
+  out << "- Stage 3: plus the parameters of the units being gathered (stage3_prefetch_bucket_size /\n"
+         "  max_live_parameters): up to "
+      << human(s3.gathered_params_max) << " more on the device,\n  min(params, stage3_max_live_parameters "
+      << count(z.stage3_max_live_parameters) << ") x " << b << " bytes.\n";
+  out << "- Stages 2-3: grads include one reduce bucket of " << human(rows[2].reduce_bucket) << " (reduce_bucket_size "
+      << count(z.reduce_bucket_size) << ")" << (z.overlap_comm ? ";\n  with overlap_comm up to two are in flight" : "")
+      << ".\n";
+  out << "- Padding: stages 1-3 pad to " << with_commas(rows[1].padded_params) << " parameters, "
+      << with_commas(rows[1].shard_params) << " per rank: a lower bound,\n"
+         "  as the engine pads every bucket to a multiple of the world size.\n";
+  const std::string& opt = z.offload_optimizer.device;
+  if (opt == "cpu")
+    out << "- offload_optimizer cpu (stages 1-3): fp32 master, optimizer states and an fp32 gradient shard\n"
+           "  in host memory; at stages 2-3 the device keeps only the reduce bucket of gradients.\n";
+  if (opt == "nvme")
+    out << "- offload_optimizer nvme (stage 3 only): fp32 master, optimizer states and an fp32 gradient shard\n"
+           "  on NVMe; the host keeps "
+        << z.offload_optimizer.buffer_count << " pinned buffers of min(sub_group_size " << count(z.sub_group_size)
+        << ", shard) fp32 elements.\n";
+  const std::string& par = z.offload_param.device;
+  if (par == "cpu") out << "- offload_param cpu (stage 3 only): the parameter shard in host memory.\n";
+  if (par == "nvme")
+    out << "- offload_param nvme (stage 3 only): the parameter shard on NVMe; the host keeps "
+        << z.offload_param.buffer_count << " buffers\n  of buffer_size " << count(z.offload_param.buffer_size)
+        << " elements.\n";
+  out << "Not counted: activations, the module's buffers, communication and temporary buffers, allocator\n"
+         "fragmentation.\n";
+  std::cout << out.str();
+  return 0;
+}
+
+// ---- the resolved config ------------------------------------------------------
+
 int run(const Options& o) {
+  if (o.estimate) return run_estimate(o);
   zero::Config config = zero::Config::from_file(o.file);
   // Warnings first: they often explain an error resolve() is about to raise.
   if (!o.json)

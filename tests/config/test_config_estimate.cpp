@@ -1,0 +1,369 @@
+// The model-state memory estimate (zero/estimate.h) against the formulas of
+// zero's accounting, and `zero-config --estimate` run as a user would.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <regex>
+
+#include "config_test_util.h"
+#include "zero/estimate.h"
+
+namespace {
+
+using zero::EstimateInput;
+using zero::MemoryEstimate;
+using zero_test::source_path;
+
+// Mixed-precision (bf16/fp16) Adam at `stage`.
+EstimateInput mixed_adam(int64_t params, int64_t world_size, int stage) {
+  EstimateInput in;
+  in.params = params;
+  in.world_size = world_size;
+  in.stage = stage;
+  in.dtype_bytes = 2;
+  in.mixed_precision = true;
+  in.state_bytes_per_element = 8;
+  return in;
+}
+
+TEST(ConfigEstimate, MixedPrecisionAdamGivesDeepSpeedsFigures) {
+  const int64_t psi = 1536000000;   // divisible by every N below: no padding
+  for (int64_t n : {1, 2, 4, 8, 64}) {
+    // DeepSpeed's model-state bytes per rank (ZeRO paper, DESIGN.md), without the bucket.
+    const int64_t expected[4] = {16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n};
+    for (int stage = 0; stage <= 3; ++stage) {
+      MemoryEstimate m = zero::estimate_memory(mixed_adam(psi, n, stage));
+      EXPECT_EQ(m.device.total() - m.reduce_bucket, expected[stage]) << "stage " << stage << ", N " << n;
+      EXPECT_EQ(m.host.total(), 0);
+      EXPECT_EQ(m.nvme.total(), 0);
+      EXPECT_EQ(m.padded_params, psi);
+      EXPECT_EQ(m.reduce_bucket, stage >= 2 ? int64_t{500000000} * 2 : 0) << stage;   // one bucket of 5e8 bf16
+      EXPECT_EQ(m.gathered_params_max, stage == 3 ? int64_t{1000000000} * 2 : 0) << stage;   // max_live 1e9
+    }
+  }
+  // Per kind at stage 2: 2Ψ params, 2Ψ/N grads (+ bucket), 4Ψ/N master, 8Ψ/N Adam.
+  MemoryEstimate m = zero::estimate_memory(mixed_adam(psi, 8, 2));
+  EXPECT_EQ(m.device.params, 2 * psi);
+  EXPECT_EQ(m.device.gradients, 2 * psi / 8 + m.reduce_bucket);
+  EXPECT_EQ(m.device.fp32_master, 4 * psi / 8);
+  EXPECT_EQ(m.device.optimizer_states, 8 * psi / 8);
+}
+
+TEST(ConfigEstimate, BucketAndGatheredParamsAreBoundedByTheModel) {
+  EstimateInput in = mixed_adam(1000, 4, 3);
+  MemoryEstimate m = zero::estimate_memory(in);
+  EXPECT_EQ(m.reduce_bucket, 1000 * 2);          // min(reduce_bucket_size, P) * b
+  EXPECT_EQ(m.gathered_params_max, 1000 * 2);    // min(Ψ, stage3_max_live_parameters) * b
+  in.params = 4000000000;
+  in.reduce_bucket_size = 200000000;
+  in.stage3_max_live_parameters = 300000000;
+  m = zero::estimate_memory(in);
+  EXPECT_EQ(m.reduce_bucket, int64_t{200000000} * 2);
+  EXPECT_EQ(m.gathered_params_max, int64_t{300000000} * 2);
+  EXPECT_EQ(m.device.gradients, int64_t{1000000000} * 2 + m.reduce_bucket);
+}
+
+TEST(ConfigEstimate, PadsToAMultipleOfTheWorldSize) {
+  // Ψ = 10 on 4 ranks: P = 12, S = 3.
+  const int64_t p = 12, s = 3, b = 2;
+  MemoryEstimate m = zero::estimate_memory(mixed_adam(10, 4, 1));
+  EXPECT_EQ(m.padded_params, p);
+  EXPECT_EQ(m.shard_params, s);
+  EXPECT_EQ(m.device.params, p * b);
+  EXPECT_EQ(m.device.gradients, p * b);
+  EXPECT_EQ(m.device.fp32_master, s * 4);
+  EXPECT_EQ(m.device.optimizer_states, s * 8);
+  m = zero::estimate_memory(mixed_adam(10, 4, 3));
+  EXPECT_EQ(m.device.params, s * b);
+  EXPECT_EQ(m.device.gradients, s * b + p * b);   // the bucket holds all of P
+  // Stage 0 shards nothing, so pads nothing (Note [Flat layout]: one owner).
+  m = zero::estimate_memory(mixed_adam(10, 4, 0));
+  EXPECT_EQ(m.padded_params, 10);
+  EXPECT_EQ(m.device.total(), 16 * 10);
+  // A large model one parameter past a multiple of 8.
+  const int64_t psi = 7000000001;
+  m = zero::estimate_memory(mixed_adam(psi, 8, 2));
+  EXPECT_EQ(m.padded_params, 7000000008);
+  EXPECT_EQ(m.shard_params, 875000001);
+  EXPECT_EQ(m.device.total() - m.reduce_bucket, 2 * int64_t{7000000008} + 14 * int64_t{875000001});
+  EXPECT_GT(m.device.total() - m.reduce_bucket, 2 * psi + 14 * psi / 8);
+}
+
+TEST(ConfigEstimate, Fp32TrainingHasNoMasterCopy) {
+  const int64_t psi = 800000000, n = 8, s = psi / n;
+  EstimateInput fp32 = mixed_adam(psi, n, 1);
+  fp32.dtype_bytes = 4;
+  fp32.mixed_precision = false;
+  MemoryEstimate f = zero::estimate_memory(fp32);
+  MemoryEstimate h = zero::estimate_memory(mixed_adam(psi, n, 1));
+  EXPECT_EQ(f.device.fp32_master, 0);
+  EXPECT_EQ(f.device.params, 4 * psi);
+  EXPECT_EQ(f.device.gradients, 4 * psi);
+  EXPECT_EQ(f.device.optimizer_states, 8 * s);
+  EXPECT_EQ(f.device.total(), 8 * psi + 8 * s);
+  EXPECT_EQ(h.device.fp32_master, 4 * s);
+  EXPECT_EQ(h.device.params, 2 * psi);
+  EXPECT_EQ(h.device.total(), 4 * psi + 12 * s);
+  // Stage 3: fp32 keeps 4 + 4 + 8 bytes per shard element as well.
+  fp32.stage = 3;
+  f = zero::estimate_memory(fp32);
+  EXPECT_EQ(f.device.total() - f.reduce_bucket, 16 * s);
+  EXPECT_EQ(f.reduce_bucket, int64_t{500000000} * 4);
+  EXPECT_EQ(f.gathered_params_max, psi * 4);   // below max_live 1e9
+}
+
+TEST(ConfigEstimate, OptimizerStateBytes) {
+  EXPECT_EQ(zero::optimizer_state_bytes("Adam", false, 0.0), 8);
+  EXPECT_EQ(zero::optimizer_state_bytes("AdamW", true, 0.0), 12);
+  EXPECT_EQ(zero::optimizer_state_bytes("SGD", false, 0.0), 0);
+  EXPECT_EQ(zero::optimizer_state_bytes("SGD", false, 0.9), 4);
+  EXPECT_EQ(zero::optimizer_state_bytes("Adagrad", false, 0.0), 4);
+  EXPECT_EQ(zero::optimizer_state_bytes("Lamb", false, 0.0), 8);
+  EXPECT_THROW(zero::optimizer_state_bytes("RMSprop", false, 0.0), zero::PartitionError);
+
+  // SGD without momentum holds no optimizer state at any stage.
+  for (int stage = 0; stage <= 3; ++stage) {
+    EstimateInput in = mixed_adam(1000000, 4, stage);
+    in.state_bytes_per_element = zero::optimizer_state_bytes("SGD", false, 0.0);
+    MemoryEstimate m = zero::estimate_memory(in);
+    EXPECT_EQ(m.all().optimizer_states, 0) << stage;
+    EXPECT_GT(m.device.fp32_master, 0) << stage;
+  }
+}
+
+TEST(ConfigEstimate, CpuOptimizerOffloadMovesMasterStatesAndGradientShard) {
+  const int64_t psi = 1600000000, n = 8, s = psi / n, k = 8, b = 2;
+  for (int stage = 1; stage <= 3; ++stage) {
+    EstimateInput in = mixed_adam(psi, n, stage);
+    MemoryEstimate on_device = zero::estimate_memory(in);
+    in.offload_optimizer = "cpu";
+    MemoryEstimate m = zero::estimate_memory(in);
+    EXPECT_EQ(m.host.fp32_master, s * 4) << stage;
+    EXPECT_EQ(m.host.optimizer_states, s * k) << stage;
+    EXPECT_EQ(m.host.gradients, s * 4) << stage;
+    EXPECT_EQ(m.host.params, 0) << stage;
+    EXPECT_EQ(m.nvme.total(), 0) << stage;
+    EXPECT_EQ(m.device.fp32_master, 0) << stage;
+    EXPECT_EQ(m.device.optimizer_states, 0) << stage;
+    // Stages 2-3 keep only the reduce bucket of gradients; stage 1 its full P*b.
+    const int64_t grad_shard_left = stage >= 2 ? s * b : 0;
+    EXPECT_EQ(m.device.total(), on_device.device.total() - s * 4 - s * k - grad_shard_left) << stage;
+    EXPECT_EQ(m.device.params, on_device.device.params) << stage;
+  }
+  // fp32 training: the host keeps the CPU optimizer's fp32 copy of the shard.
+  EstimateInput in = mixed_adam(psi, n, 2);
+  in.dtype_bytes = 4;
+  in.mixed_precision = false;
+  in.offload_optimizer = "cpu";
+  MemoryEstimate m = zero::estimate_memory(in);
+  EXPECT_EQ(m.host.fp32_master, s * 4);
+  EXPECT_EQ(m.device.total(), 4 * psi + m.reduce_bucket);
+}
+
+TEST(ConfigEstimate, NvmeAndParamOffloadAtStage3) {
+  const int64_t psi = 1600000000, n = 8, s = psi / n, b = 2;
+  EstimateInput in = mixed_adam(psi, n, 3);
+  const MemoryEstimate on_device = zero::estimate_memory(in);
+
+  in.offload_param = "cpu";
+  MemoryEstimate m = zero::estimate_memory(in);
+  EXPECT_EQ(m.device.params, 0);
+  EXPECT_EQ(m.host.params, s * b);
+  EXPECT_EQ(m.device.total(), on_device.device.total() - s * b);
+  EXPECT_EQ(m.gathered_params_max, on_device.gathered_params_max);   // units are still gathered on the device
+
+  in.offload_param = "nvme";
+  in.offload_optimizer = "nvme";
+  in.sub_group_size = 100000000;
+  m = zero::estimate_memory(in);
+  EXPECT_EQ(m.device.total(), m.reduce_bucket);   // only the reduce bucket stays
+  EXPECT_EQ(m.nvme.params, s * b);
+  EXPECT_EQ(m.nvme.fp32_master, s * 4);
+  EXPECT_EQ(m.nvme.optimizer_states, s * 8);
+  EXPECT_EQ(m.nvme.gradients, s * 4);
+  EXPECT_EQ(m.host.params, 5 * int64_t{100000000} * b);      // offload_param buffer_count x buffer_size
+  EXPECT_EQ(m.host.optimizer_states, 4 * int64_t{100000000} * 4);   // buffer_count x sub_group_size fp32
+  EXPECT_EQ(m.host.fp32_master + m.host.gradients, 0);
+  EXPECT_EQ(m.all().params, s * b + m.host.params);
+
+  in.sub_group_size = 1000000000;   // larger than the shard: buffers of the shard's size
+  m = zero::estimate_memory(in);
+  EXPECT_EQ(m.host.optimizer_states, 4 * s * 4);
+}
+
+TEST(ConfigEstimate, RejectsOffloadItsStageDoesNotAllow) {
+  auto message = [](EstimateInput in) -> std::string {
+    try {
+      zero::estimate_memory(in);
+    } catch (const zero::PartitionError& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "expected a zero::PartitionError";
+    return "";
+  };
+  EstimateInput in = mixed_adam(1000, 2, 2);
+  in.offload_param = "cpu";
+  EXPECT_NE(message(in).find("offload_param"), std::string::npos);
+  in = mixed_adam(1000, 2, 2);
+  in.offload_optimizer = "nvme";
+  EXPECT_NE(message(in).find("offload_optimizer"), std::string::npos);
+  in = mixed_adam(1000, 2, 0);
+  in.offload_optimizer = "cpu";
+  EXPECT_NE(message(in).find("stage 0"), std::string::npos);
+  in = mixed_adam(1000, 0, 1);
+  EXPECT_NE(message(in).find("world_size"), std::string::npos);
+  in = mixed_adam(1000, 2, 4);
+  EXPECT_NE(message(in).find("stage"), std::string::npos);
+  in = mixed_adam(1000, 2, 1);
+  in.dtype_bytes = 8;
+  EXPECT_NE(message(in).find("dtype_bytes"), std::string::npos);
+  EXPECT_FALSE(zero::offload_optimizer_allowed("nvme", 2));
+  EXPECT_TRUE(zero::offload_optimizer_allowed("cpu", 1));
+  EXPECT_TRUE(zero::offload_param_allowed("none", 0));
+  EXPECT_FALSE(zero::offload_param_allowed("cpu", 2));
+}
+
+// ---- zero-config --estimate ----------------------------------------------------
+
+struct ToolRun {
+  int status;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+ToolRun tool(const std::string& args) {
+  const std::string base = ::testing::TempDir() + "/zero_config_estimate_" + std::to_string(::getpid());
+  const std::string out = base + "_out.txt", err = base + "_err.txt";
+  const std::string command = "env -u WORLD_SIZE '" + std::string(ZERO_CONFIG_TOOL) + "' " + args + " >'" + out +
+                              "' 2>'" + err + "'";
+  int raw = std::system(command.c_str());
+  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, slurp(out), slurp(err)};
+}
+
+std::string file_arg(const std::string& relative) { return "'" + source_path(relative) + "'"; }
+
+// The table rows: "<marker> <stage>" then eight numbers.
+std::vector<std::string> table_rows(const std::string& out) {
+  static const std::regex row(R"(^ *(\* )?[0-3]( +[0-9]+\.[0-9]{2}){7}$)");
+  std::vector<std::string> rows;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);)
+    if (std::regex_match(line, row)) rows.push_back(line);
+  return rows;
+}
+
+TEST(ConfigEstimateTool, PrintsOneRowPerStageAndMarksTheConfigsStage) {
+  ToolRun r = tool(file_arg("configs/zero3.json") + " --estimate --params 7e9 --world-size 8");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto rows = table_rows(r.out);
+  ASSERT_EQ(rows.size(), 4u) << r.out;
+  for (int stage = 0; stage <= 3; ++stage)
+    EXPECT_NE(rows[stage].find(std::to_string(stage)), std::string::npos) << rows[stage];
+  EXPECT_NE(rows[3].find("* 3"), std::string::npos) << r.out;
+  for (int stage = 0; stage < 3; ++stage) EXPECT_EQ(rows[stage].find('*'), std::string::npos) << rows[stage];
+  // fp32 AdamW, 7e9 parameters: stage 0 holds 16 x 7e9 bytes; stage 3 16 x 7e9 / 8 plus a 5e8 fp32 bucket.
+  EXPECT_NE(rows[0].find("112.00"), std::string::npos) << rows[0];
+  EXPECT_NE(rows[3].find(" 16.00"), std::string::npos) << rows[3];
+  EXPECT_NE(r.out.find("(GB)"), std::string::npos);
+  EXPECT_NE(r.out.find("plus the parameters of the units being gathered"), std::string::npos) << r.out;
+
+  // Both spellings of the parameter count mean the same.
+  ToolRun same = tool(file_arg("configs/zero3.json") + " --estimate --params=7000000000 --world-size=8");
+  EXPECT_EQ(same.status, 0);
+  EXPECT_EQ(same.out, r.out);
+}
+
+TEST(ConfigEstimateTool, JsonMatchesTheLibrary) {
+  ToolRun r = tool(file_arg("configs/zero2_offload_cpu.json") + " --estimate --params 1.5e9 --world-size 4 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["params"], 1500000000);
+  EXPECT_EQ(j["world_size"], 4);
+  EXPECT_EQ(j["config_stage"], 2);
+  EXPECT_EQ(j["dtype"], "fp32");
+  EXPECT_EQ(j["optimizer"], "AdamW");
+  ASSERT_EQ(j["stages"].size(), 4u);
+  for (int stage = 0; stage <= 3; ++stage) {
+    const auto& row = j["stages"][stage];
+    EXPECT_EQ(row["stage"], stage);
+    EXPECT_EQ(row["selected"], stage == 2);
+    // offload_optimizer cpu applies at stages 1-3 only.
+    EXPECT_EQ(row["offload_optimizer"], stage == 0 ? "none" : "cpu");
+    EstimateInput in;
+    in.params = 1500000000;
+    in.world_size = 4;
+    in.stage = stage;
+    in.dtype_bytes = 4;
+    in.state_bytes_per_element = 8;
+    in.offload_optimizer = row["offload_optimizer"];
+    MemoryEstimate m = zero::estimate_memory(in);
+    EXPECT_EQ(row["device"]["total"], m.device.total()) << stage;
+    EXPECT_EQ(row["host"]["total"], m.host.total()) << stage;
+    EXPECT_EQ(row["device"]["optimizer_states"], stage == 0 ? 8 * 1500000000LL : 0) << stage;   // offloaded at 1-3
+    EXPECT_EQ(row["nvme"]["total"], 0);
+  }
+}
+
+TEST(ConfigEstimateTool, NvmeOffloadAppliesAtStage3Only) {
+  ToolRun r = tool(file_arg("configs/zero3_offload_nvme.json") + " --estimate --params 2e9 --world-size 2 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["dtype"], "bf16");
+  const auto& s3 = j["stages"][3];
+  EXPECT_EQ(s3["offload_optimizer"], "nvme");
+  EXPECT_EQ(s3["offload_param"], "nvme");
+  EXPECT_EQ(s3["device"]["total"], s3["reduce_bucket"]);
+  EXPECT_GT(s3["nvme"]["total"].get<int64_t>(), 0);
+  for (int stage = 0; stage < 3; ++stage) {
+    EXPECT_EQ(j["stages"][stage]["offload_optimizer"], "none") << stage;   // nvme needs stage 3
+    EXPECT_EQ(j["stages"][stage]["nvme"]["total"], 0) << stage;
+    EXPECT_EQ(j["stages"][stage]["host"]["total"], 0) << stage;
+  }
+}
+
+TEST(ConfigEstimateTool, SgdWithoutMomentumHoldsNoOptimizerState) {
+  const std::string path = ::testing::TempDir() + "/zero_config_estimate_sgd_" + std::to_string(::getpid()) + ".json";
+  std::ofstream(path) << R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+    "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": {"stage": 1}})";
+  ToolRun r = tool("'" + path + "' --estimate --params 1e6 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["state_bytes_per_element"], 0);
+  for (const auto& row : j["stages"]) EXPECT_EQ(row["device"]["optimizer_states"], 0);
+  EXPECT_EQ(j["stages"][1]["device"]["total"], 1000000 * (2 + 2 + 4));   // N = 1: bf16 params, grads, fp32 master
+  std::remove(path.c_str());
+}
+
+TEST(ConfigEstimateTool, BadParamsExitTwo) {
+  const std::string file = file_arg("configs/zero2.json");
+  for (const std::string& args : {file + " --estimate --params abc", file + " --estimate --params 1.5",
+                                  file + " --estimate --params 0", file + " --estimate --params -5",
+                                  file + " --estimate --params 1e16", file + " --estimate --params 7e9x",
+                                  file + " --estimate --params", file + " --estimate",
+                                  file + " --params 7e9"}) {
+    ToolRun r = tool(args);
+    EXPECT_EQ(r.status, 2) << args;
+    EXPECT_EQ(r.err.rfind("zero-config: error: ", 0), 0u) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("--params"), std::string::npos) << args << ": " << r.err;
+    EXPECT_TRUE(r.out.empty()) << args;
+  }
+  ToolRun r = tool(file + " --estimate --params 1.5");
+  EXPECT_NE(r.err.find("whole number"), std::string::npos) << r.err;
+}
+
+TEST(ConfigEstimateTool, HelpMentionsTheEstimate) {
+  ToolRun r = tool("--help");
+  EXPECT_EQ(r.status, 0);
+  for (const char* option : {"--estimate", "--params", "--world-size", "--json"})
+    EXPECT_NE(r.out.find(option), std::string::npos) << option;
+}
+
+}  // namespace
