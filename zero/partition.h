@@ -153,6 +153,7 @@ class ShardedParams {
   at::Tensor partition_grads_;  // stages 2-3: this rank's reduced gradients (training dtype)
   std::vector<at::Tensor> staging_pool_;   // free bucket buffers
   int64_t staging_bytes_ = 0;
+  size_t staging_buffers_ = 0;
   int64_t max_bucket_numel_ = 0;
   std::vector<std::vector<at::Tensor>> master_;
   std::vector<at::Tensor> master_flat_;    // per bucket, same tensors as master_

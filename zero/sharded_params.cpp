@@ -224,17 +224,32 @@ void ShardedParams::finish(Bucket& b) {
   }
 }
 
-// Stage 2 keeps no full gradient: a bucket borrows a buffer from a small
-// pool while its gradients arrive and returns it once reduced.
+// Stages 2-3 keep no full gradient: a bucket borrows a buffer from a small
+// pool while its gradients arrive and returns it once reduced. The pool
+// holds one buffer (two with overlap_comm); when none is free, the oldest
+// reduction in flight is waited for. Only buckets still being filled can
+// make it grow beyond that (their reduction must wait for an earlier bucket).
 void ShardedParams::acquire_staging(Bucket& b) {
-  if (staging_pool_.empty()) {
-    for (auto& other : buckets_) {  // reuse the buffer of a finished reduction
+  const size_t limit = options_.overlap_comm ? 2 : 1;
+  while (staging_pool_.empty()) {
+    for (auto& other : buckets_) {
       if (other.work && other.work->is_completed()) finish(other);
     }
-  }
-  if (staging_pool_.empty()) {
-    staging_pool_.push_back(torch::empty({max_bucket_numel_}, partition_grads_.options()));
-    staging_bytes_ += staging_pool_.back().nbytes();
+    if (!staging_pool_.empty()) break;
+    Bucket* oldest = nullptr;
+    for (auto& other : buckets_) {
+      if (other.work) {
+        oldest = &other;
+        break;
+      }
+    }
+    if (staging_buffers_ < limit || !oldest) {
+      staging_pool_.push_back(torch::empty({max_bucket_numel_}, partition_grads_.options()));
+      staging_bytes_ += staging_pool_.back().nbytes();
+      ++staging_buffers_;
+      break;
+    }
+    finish(*oldest);
   }
   b.staging_base = staging_pool_.back();
   staging_pool_.pop_back();

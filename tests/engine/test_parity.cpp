@@ -215,6 +215,33 @@ TEST(Parity, Stage3OrderChangesBetweenSteps) {
   run_parity<ToyUnits>({3, 1, 0.0, "AdamW", "stage 3, order changes"}, 12, 3, 50, /*swap_order=*/true);
 }
 
+// With overlap_comm, stage 2's bucket buffers stay few over many steps:
+// never the whole gradient, and no growth after the first step.
+TEST(Memory, Stage2BucketBuffersDoNotGrow) {
+  Toy model = make_model();
+  zero::InitOptions options;
+  options.group = g_world;
+  const std::string json = R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000000,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+    "zero_optimization": {"stage": 2, "overlap_comm": true, "reduce_bucket_size": 40}})";
+  auto engine = zero::initialize(zero::Config::from_json(json), model, options);
+  int64_t full = 0;
+  for (auto& p : unique_params(*model)) full += p.numel();
+  int64_t after_first = 0;
+  for (int step = 0; step < 10; ++step) {
+    auto batch = global_batch(step, 2 * g_world->size());
+    engine.backward(loss_of(model, batch.slice(0, 2 * g_world->rank(), 2 * g_world->rank() + 2)));
+    engine.step();
+    if (step == 0) after_first = engine.memory_report().gradients;
+  }
+  // At most two buffers with overlap_comm (the first step may have needed
+  // one); the largest bucket here is the embedding, padded.
+  const int64_t largest = kVocab * kDim + g_world->size();
+  EXPECT_LE(engine.memory_report().gradients - after_first, 4 * largest);
+  const int W = g_world->size();
+  EXPECT_LE(engine.memory_report().gradients, 4 * ((full + 8 * W) / W + 2 * largest)) << "partition + two buckets";
+}
+
 // Stage 3 keeps no unit's full parameters outside its forward and backward.
 TEST(Memory, Stage3ReleasesUnitParameters) {
   ToyUnits model = make_model<ToyUnits>();
