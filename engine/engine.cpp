@@ -206,7 +206,18 @@ void Engine::Impl::build_params(InitOptions& options) {
 
   std::vector<engine::OptimizerGroup> opt_groups;
   for (size_t g = 0; g < sharded->master().size(); ++g) opt_groups.push_back({sharded->master()[g], decays[g]});
-  optimizer = engine::make_optimizer(config.optimizer, opt_groups);
+  engine::ShardLayout layout;
+  for (const auto& pieces : sharded->master_pieces()) {
+    layout.pieces.emplace_back();
+    for (const auto& piece : pieces) layout.pieces.back().push_back({piece.param, piece.start, piece.length});
+  }
+  layout.num_params = sharded->num_params();
+  const bool shared = sharded->owners() > 1;
+  auto group = pg;
+  layout.all_reduce_sum = [group, shared](at::Tensor& t) {
+    if (shared) group->all_reduce(t, comm::ReduceOp::Sum);
+  };
+  optimizer = engine::make_optimizer(config.optimizer, opt_groups, layout);
 }
 
 Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, InitOptions options)

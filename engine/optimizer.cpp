@@ -1,5 +1,6 @@
 #include "engine/optimizer.h"
 
+#include "engine/lamb.h"
 #include "engine/lr_schedule.h"
 #include "zero/error.h"
 
@@ -35,7 +36,8 @@ bool is_adam(const OptimizerConfig& c) { return c.type == "Adam" || c.type == "A
 }  // namespace
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& config,
-                                                        const std::vector<OptimizerGroup>& groups) {
+                                                        const std::vector<OptimizerGroup>& groups,
+                                                        const ShardLayout& layout) {
   const auto& p = config.params;
   if (is_adam(config)) {
     if (config.decoupled_weight_decay()) {
@@ -57,10 +59,34 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c
     o.lr_decay(p.lr_decay).eps(p.eps).initial_accumulator_value(p.initial_accumulator_value);
     return std::make_unique<torch::optim::Adagrad>(param_groups(groups, o), o);
   }
+  if (config.type == "Lamb") {
+    LambOptions o;
+    o.lr = p.lr;
+    o.beta1 = p.betas[0];
+    o.beta2 = p.betas[1];
+    o.eps = p.eps;
+    o.bias_correction = p.bias_correction;
+    o.max_coeff = p.max_coeff;
+    o.min_coeff = p.min_coeff;
+    o.eps_inside_sqrt = p.eps_inside_sqrt;
+    std::vector<torch::optim::OptimizerParamGroup> lamb_groups;
+    for (const auto& g : groups) {
+      LambOptions go = o;
+      go.weight_decay = g.weight_decay;
+      lamb_groups.emplace_back(g.tensors, std::make_unique<LambParamOptions>(go));
+    }
+    std::vector<std::vector<LambSegment>> segments;
+    for (const auto& tensor : layout.pieces) {
+      segments.emplace_back();
+      for (const auto& piece : tensor) segments.back().push_back({piece[0], piece[1], piece[2]});
+    }
+    return std::make_unique<Lamb>(std::move(lamb_groups), std::move(segments), layout.num_params,
+                                  layout.all_reduce_sum, o);
+  }
   if (config.type.empty()) {
     throw ConfigError("the config has no \"optimizer\" section; add e.g. {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}");
   }
-  throw ConfigError("optimizer.type \"" + config.type + "\" is not supported by the engine yet; use Adam, AdamW, SGD or Adagrad");
+  throw ConfigError("optimizer.type \"" + config.type + "\" is not supported by the engine yet; use Adam, AdamW, SGD, Adagrad or Lamb");
 }
 
 void set_hyperparameters(torch::optim::Optimizer& optimizer, const OptimizerConfig& config, double lr,
@@ -72,6 +98,9 @@ void set_hyperparameters(torch::optim::Optimizer& optimizer, const OptimizerConf
       adamw->betas({*momentum, LrSchedule::kOneCycleBeta2});  // as DeepSpeed's OneCycle
     } else if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&group.options())) {
       adam->betas({*momentum, LrSchedule::kOneCycleBeta2});
+    } else if (auto* lamb = dynamic_cast<LambParamOptions*>(&group.options())) {
+      lamb->options.beta1 = *momentum;
+      lamb->options.beta2 = LrSchedule::kOneCycleBeta2;
     } else if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&group.options())) {
       sgd->momentum(*momentum);
     }
@@ -81,6 +110,7 @@ void set_hyperparameters(torch::optim::Optimizer& optimizer, const OptimizerConf
 
 int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer, const OptimizerConfig& config) {
   using namespace torch::optim;
+  if (auto* lamb = dynamic_cast<Lamb*>(&optimizer)) return lamb->state_bytes();
   if (is_adam(config) && config.decoupled_weight_decay()) {
     return bytes_of<AdamWParamState>(optimizer, [](AdamWParamState& s) {
       return std::vector<at::Tensor>{s.exp_avg(), s.exp_avg_sq(), s.max_exp_avg_sq()};

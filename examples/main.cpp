@@ -1,7 +1,7 @@
 // The main job: a GPT-style decoder trained with zero on a text corpus that
 // is generated at run time (examples/gpt), its blocks stage-3 units.
 //
-//   zero-run --nproc 2 zero-main [--config configs/main.json] [--steps 600]
+//   zero-run --nproc 2 zero-main [--config configs/main.json] [--stage S] [--steps 600]
 //            [--depth 4] [--width 128] [--heads 4] [--context 64]
 //
 // Every rank reads the same config (any file in configs/ works); the engine
@@ -41,12 +41,14 @@ double validation_loss(GPT& model, zero::Engine& engine, const Batcher& val, int
 int main(int argc, char** argv) {
   std::string config_path = ZERO_DEFAULT_CONFIG;
   int64_t steps = 600;
+  int stage = -1;  // -1: the config's
   GPTOptions options;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i];
     const std::string value = argv[i + 1];
     if (key == "--config") config_path = value;
     else if (key == "--steps") steps = std::stoll(value);
+    else if (key == "--stage") stage = std::stoi(value);
     else if (key == "--depth") options.depth = std::stoll(value);
     else if (key == "--width") options.width = std::stoll(value);
     else if (key == "--heads") options.heads = std::stoll(value);
@@ -58,6 +60,7 @@ int main(int argc, char** argv) {
   }
   try {
     zero::Config config = zero::Config::from_file(config_path);
+    if (stage >= 0) config.zero_optimization.stage = stage;  // checked again by the engine's resolve()
     Corpus corpus;
     options.vocab_size = corpus.vocab_size();
     torch::manual_seed(0);  // rank 0's initial weights are broadcast anyway

@@ -120,6 +120,15 @@ class ShardedParams {
   // Installs the unit hooks on `units` (index = unit id).
   void attach_units(const std::vector<UnitBase*>& units);
 
+  // For optimizers that need whole-parameter norms (Lamb): per master tensor
+  // (group by group, as master() lists them) the pieces of parameters in it,
+  // as {parameter index, start in the shard, length}.
+  struct Piece {
+    int64_t param, start, length;
+  };
+  std::vector<std::vector<Piece>> master_pieces() const;
+  int64_t num_params() const { return static_cast<int64_t>(params_.size()); }
+
   int owners() const { return owners_; }
   int stage() const { return options_.stage; }
   const Options& options() const { return options_; }

@@ -390,6 +390,25 @@ void ShardedParams::attach_units(const std::vector<UnitBase*>& units) {
   for (size_t u = 0; u < units.size(); ++u) units[u]->attach(scheduler_, static_cast<int>(u));
 }
 
+std::vector<std::vector<ShardedParams::Piece>> ShardedParams::master_pieces() const {
+  std::vector<std::vector<Piece>> out;
+  for (size_t g = 0; g < master_.size(); ++g) {
+    for (const auto& b : buckets_) {
+      if (b.group != static_cast<int>(g)) continue;
+      const int64_t lo = rank_in_owners_ * b.shard_numel, hi = lo + b.shard_numel;
+      std::vector<Piece> pieces;
+      for (int i : b.params) {
+        const int64_t start = params_[i].offset - b.offset, end = start + params_[i].tensor.numel();
+        if (std::max(start, lo) < std::min(end, hi)) {
+          pieces.push_back({i, std::max(start, lo) - lo, std::min(end, hi) - std::max(start, lo)});
+        }
+      }
+      out.push_back(std::move(pieces));
+    }
+  }
+  return out;
+}
+
 void ShardedParams::zero_grads() {
   if (flat_grads_.defined()) flat_grads_.zero_();
   if (partition_grads_.defined()) partition_grads_.zero_();
