@@ -1,0 +1,84 @@
+// Shared by the GPT benchmarks (memory_peaks.cpp, step_time.cpp): command
+// line flags, the ds_config they train with, and small helpers.
+#pragma once
+
+#include <sys/resource.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace zero_bench {
+
+// "--key value" pairs; a key given twice keeps the last value.
+class Flags {
+ public:
+  Flags(int argc, char** argv, const std::map<std::string, std::string>& defaults) : values_(defaults) {
+    for (int i = 1; i < argc; ++i) {
+      std::string key = argv[i];
+      if (key.rfind("--", 0) != 0 || !values_.count(key.substr(2))) {
+        throw std::invalid_argument("unknown option '" + key + "'" + known());
+      }
+      if (i + 1 >= argc) throw std::invalid_argument(key + " needs a value");
+      values_[key.substr(2)] = argv[++i];
+    }
+  }
+  std::string str(const std::string& key) const { return values_.at(key); }
+  int64_t num(const std::string& key) const {
+    const std::string& v = values_.at(key);
+    char* end = nullptr;
+    const double d = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0') throw std::invalid_argument("--" + key + " must be a number; got '" + v + "'");
+    return static_cast<int64_t>(d);
+  }
+
+ private:
+  std::string known() const {
+    std::string s = "; known:";
+    for (const auto& kv : values_) s += " --" + kv.first + " (" + kv.second + ")";
+    return s;
+  }
+  std::map<std::string, std::string> values_;
+};
+
+struct TrainSetup {
+  int stage = 0;
+  std::string dtype = "fp32";  // fp32 | bf16 | fp16
+  int64_t micro_batch = 4;
+  int64_t reduce_bucket_size = 500000;  // elements
+  bool overlap_comm = true;
+};
+
+// The ds_config both benchmarks train with: AdamW, clipping 1.0, no
+// scheduler, progress logging effectively off (it would add a collective).
+inline std::string ds_config(const TrainSetup& s) {
+  std::ostringstream j;
+  j << "{\"train_micro_batch_size_per_gpu\": " << s.micro_batch << ", \"gradient_accumulation_steps\": 1,"
+    << " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 3e-4, \"betas\": [0.9, 0.95],"
+    << " \"eps\": 1e-8, \"weight_decay\": 0.01}},"
+    << " \"gradient_clipping\": 1.0,"
+    << " \"fp16\": {\"enabled\": " << (s.dtype == "fp16" ? "true" : "false") << "},"
+    << " \"bf16\": {\"enabled\": " << (s.dtype == "bf16" ? "true" : "false") << "},"
+    << " \"steps_per_print\": 1000000000,"
+    << " \"zero_optimization\": {\"stage\": " << s.stage << ", \"overlap_comm\": " << (s.overlap_comm ? "true" : "false")
+    << ", \"contiguous_gradients\": true, \"reduce_bucket_size\": " << s.reduce_bucket_size << "}}";
+  return j.str();
+}
+
+// Highest resident set size of this process so far, in bytes (Linux reports KiB).
+inline int64_t peak_rss_bytes() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
+
+inline int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+}  // namespace zero_bench

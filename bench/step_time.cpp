@@ -1,0 +1,276 @@
+// Step time and bytes communicated per ZeRO stage, against stage 0 and
+// against a plain single-process LibTorch loop (torch::optim::AdamW) of the
+// same model and per-rank micro batch, measured in the same script run.
+//
+//   zero-run --nproc N bench_step_time --mode engine --stage S --out st.jsonl   (one stage)
+//   bench_step_time --mode plain --threads T --out st.jsonl                     (the reference)
+//   bench_step_time --mode report --in st.jsonl --world N                       (the table)
+//   common: [--depth 6] [--width 768] [--heads 12] [--context 64] [--micro 2]
+//           [--warmup 2] [--steps 10] [--bucket 5e6] [--threads 0 = cores / ranks]
+//
+// bench/run_step_time.sh runs the reference and stages 0-3 on 2 and 4 ranks.
+//
+// Step time: forward, backward and optimizer step of one micro batch
+// (gradient_accumulation_steps 1); each step's time is the slowest rank's;
+// the figure is the median over the measured steps, after the warm-up steps.
+// Bytes: the growth of engine.group().stats().total() over the measured
+// steps only (the initial broadcast and the warm-up are excluded), divided
+// by the steps, the largest over the ranks. CommStats counts what a
+// bandwidth-optimal ring sends. Theory, Ψ parameters, N ranks, fp32:
+//   stages 0-2: 2Ψ(N-1)/N * 4 bytes (all-reduce; or reduce-scatter + all-gather)
+//   stage 3:    3Ψ(N-1)/N * 4 bytes (+ one more all-gather of the parameters)
+// Targets (information only; the program exits 0 whatever it measures):
+// stages 1-2 within 1.1x of stage 0's step time, stage 3 within 1.3x, bytes
+// within 5% of the theory.
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpt/corpus.h"
+#include "gpt/gpt.h"
+#include "gpt_bench.h"
+#include "zero/zero.h"
+
+using namespace zero_examples;
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+GPTOptions model_options(const zero_bench::Flags& flags, int64_t vocab) {
+  GPTOptions o;
+  o.vocab_size = vocab;
+  o.depth = flags.num("depth");
+  o.width = flags.num("width");
+  o.heads = flags.num("heads");
+  o.context = flags.num("context");
+  return o;
+}
+
+int threads_for(const zero_bench::Flags& flags, int ranks) {
+  const int64_t t = flags.num("threads");
+  if (t > 0) return static_cast<int>(t);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, ranks));
+}
+
+void append(const std::string& path, const json& j) {
+  std::ofstream out(path, std::ios::app);
+  out << j.dump() << "\n";
+  if (!out) throw std::runtime_error("cannot append to " + path);
+}
+
+json common_fields(const zero_bench::Flags& flags, int64_t psi, int threads) {
+  return json{{"bench", "step_time"},
+              {"params", psi},
+              {"depth", flags.num("depth")},
+              {"width", flags.num("width")},
+              {"context", flags.num("context")},
+              {"micro", flags.num("micro")},
+              {"warmup", flags.num("warmup")},
+              {"steps", flags.num("steps")},
+              {"reduce_bucket_size", flags.num("bucket")},
+              {"threads", threads}};
+}
+
+// The reference: one process, plain LibTorch, the same model, data, AdamW
+// hyperparameters and clipping as the engine's config (gpt_bench.h).
+int run_plain(const zero_bench::Flags& flags) {
+  const int threads = threads_for(flags, 1);
+  at::set_num_threads(threads);
+  Corpus corpus;
+  Batcher train(corpus.train_tokens(), BatcherOptions{0, 1});
+  const GPTOptions options = model_options(flags, corpus.vocab_size());
+  torch::manual_seed(0);
+  GPT model(options);
+  torch::optim::AdamW optimizer(model->parameters(),
+                                torch::optim::AdamWOptions(3e-4).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.01));
+  const int64_t micro = flags.num("micro"), warmup = flags.num("warmup"), steps = flags.num("steps");
+  std::vector<double> times;
+  for (int64_t step = 0; step < warmup + steps; ++step) {
+    Batch batch = train.next_batch(micro, options.context, 0, 1, step, 0);
+    const auto start = Clock::now();
+    optimizer.zero_grad();
+    model->loss(batch.inputs, batch.targets).backward();
+    torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);
+    optimizer.step();
+    if (step >= warmup) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  json j = common_fields(flags, model->num_parameters(), threads);
+  j["mode"] = "plain";
+  j["world"] = 1;
+  j["step_s"] = median(times);
+  j["step_times"] = times;
+  append(flags.str("out"), j);
+  std::printf("plain LibTorch (%d thread(s)): median step %.1f ms\n", threads, j["step_s"].get<double>() * 1e3);
+  return 0;
+}
+
+int run_engine(const zero_bench::Flags& flags) {
+  auto world = zero::comm::init_process_group();
+  const int rank = world->rank(), N = world->size();
+  const int threads = threads_for(flags, N);
+  at::set_num_threads(threads);
+  Corpus corpus;
+  Batcher train(corpus.train_tokens(), BatcherOptions{0, 1});
+  const GPTOptions options = model_options(flags, corpus.vocab_size());
+  torch::manual_seed(0);
+  GPT model(options);
+
+  zero_bench::TrainSetup setup;
+  setup.stage = static_cast<int>(flags.num("stage"));
+  setup.micro_batch = flags.num("micro");
+  setup.reduce_bucket_size = flags.num("bucket");
+  zero::InitOptions init;
+  init.group = world;
+  auto engine = zero::initialize(zero::Config::from_json(zero_bench::ds_config(setup)), model, init);
+
+  const int64_t warmup = flags.num("warmup"), steps = flags.num("steps");
+  std::vector<double> times;
+  zero::comm::CommStats before;
+  for (int64_t step = 0; step < warmup + steps; ++step) {
+    if (step == warmup) before = world->stats();
+    Batch batch = train.next_batch(setup.micro_batch, options.context, rank, N, step, 0);
+    const auto start = Clock::now();
+    engine.backward(model->loss(batch.inputs, batch.targets));
+    engine.step();
+    if (step >= warmup) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  const zero::comm::CommStats after = world->stats();
+  const double per_step = double(after.total() - before.total()) / steps;
+  const double kinds[4] = {double(after.all_reduce_bytes - before.all_reduce_bytes) / steps,
+                           double(after.reduce_scatter_bytes - before.reduce_scatter_bytes) / steps,
+                           double(after.all_gather_bytes - before.all_gather_bytes) / steps,
+                           double(after.broadcast_bytes - before.broadcast_bytes) / steps};
+
+  // The slowest rank per step, and the largest byte count (collectives after the measurement).
+  at::Tensor t = torch::tensor(times, torch::kDouble);
+  world->all_reduce(t, zero::comm::ReduceOp::Max);
+  at::Tensor b = torch::tensor({per_step, kinds[0], kinds[1], kinds[2], kinds[3]}, torch::kDouble);
+  world->all_reduce(b, zero::comm::ReduceOp::Max);
+  if (rank == 0) {
+    const int64_t psi = model->num_parameters();
+    const double theory = (setup.stage == 3 ? 3.0 : 2.0) * psi * (N - 1) / N * 4.0;
+    std::vector<double> slowest(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+    json j = common_fields(flags, psi, threads);
+    j["mode"] = "engine";
+    j["stage"] = setup.stage;
+    j["world"] = N;
+    j["step_s"] = median(slowest);
+    j["step_times"] = slowest;
+    j["bytes_per_step"] = b[0].item<double>();
+    j["bytes_by_kind"] = {{"all_reduce", b[1].item<double>()},
+                          {"reduce_scatter", b[2].item<double>()},
+                          {"all_gather", b[3].item<double>()},
+                          {"broadcast", b[4].item<double>()}};
+    j["bytes_theory"] = theory;
+    append(flags.str("out"), j);
+    std::printf("stage %d, %d ranks x %d thread(s): median step %.1f ms, %.2f MB sent per step per rank "
+                "(theory %.2f MB; all-reduce %.2f, reduce-scatter %.2f, all-gather %.2f)\n",
+                setup.stage, N, threads, median(slowest) * 1e3, b[0].item<double>() / 1e6, theory / 1e6,
+                b[1].item<double>() / 1e6, b[2].item<double>() / 1e6, b[3].item<double>() / 1e6);
+  }
+  return 0;
+}
+
+int run_report(const zero_bench::Flags& flags) {
+  const int world = static_cast<int>(flags.num("world"));
+  std::ifstream file(flags.str("in"));
+  if (!file) throw std::runtime_error("cannot read " + flags.str("in"));
+  json plain;
+  std::map<int, json> stages;
+  std::string text;
+  while (std::getline(file, text)) {
+    if (text.empty()) continue;
+    json j = json::parse(text);
+    if (j.value("bench", "") != "step_time") continue;
+    if (j["mode"] == "plain" && j["threads"].get<int>() == threads_for(flags, world)) plain = j;
+    if (j["mode"] == "engine" && j["world"].get<int>() == world) stages[j["stage"].get<int>()] = j;
+  }
+  if (stages.empty()) throw std::runtime_error("no engine results for " + std::to_string(world) + " ranks");
+  const json& any = stages.begin()->second;
+  const double base = stages.count(0) ? stages[0]["step_s"].get<double>() : NAN;
+  const double ref = plain.is_null() ? NAN : plain["step_s"].get<double>();
+  std::printf("\n## step time, %d ranks x %d thread(s): GPT %lld params (depth %lld, width %lld), fp32, AdamW, micro "
+              "batch %lld x context %lld, reduce_bucket_size %lld, overlap_comm on, median of %lld steps after %lld warm-up\n",
+              world, any["threads"].get<int>(), (long long)any["params"].get<int64_t>(),
+              (long long)any["depth"].get<int64_t>(), (long long)any["width"].get<int64_t>(),
+              (long long)any["micro"].get<int64_t>(), (long long)any["context"].get<int64_t>(),
+              (long long)any.value("reduce_bucket_size", int64_t(0)), (long long)any["steps"].get<int64_t>(), (long long)any["warmup"].get<int64_t>());
+  std::printf("targets: stages 1-2 <= 1.10x stage 0, stage 3 <= 1.30x stage 0, bytes within 5%% of theory "
+              "(2Psi(N-1)/N*4 B stages 0-2, 3Psi(N-1)/N*4 B stage 3); information only\n\n");
+  std::printf("| stage | step ms | x stage 0 | x plain | MB/step/rank | theory MB | bytes/theory | time target | bytes target |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---|---|\n");
+  if (!plain.is_null()) {
+    std::printf("| plain LibTorch, 1 process x %d thread(s) | %.1f | %.3f | 1.000 | - | - | - | - | - |\n",
+                plain["threads"].get<int>(), ref * 1e3, ref / base);
+  }
+  for (const auto& kv : stages) {
+    const int stage = kv.first;
+    const json& j = kv.second;
+    const double s = j["step_s"].get<double>();
+    const double bytes = j["bytes_per_step"].get<double>(), theory = j["bytes_theory"].get<double>();
+    const double time_ratio = s / base, byte_ratio = bytes / theory;
+    std::string time_mark = "-";
+    if (stage == 1 || stage == 2) time_mark = time_ratio <= 1.10 ? "pass (<= 1.10x)" : "miss (> 1.10x)";
+    if (stage == 3) time_mark = time_ratio <= 1.30 ? "pass (<= 1.30x)" : "miss (> 1.30x)";
+    const std::string byte_mark = std::fabs(byte_ratio - 1.0) <= 0.05 ? "pass" : "miss";
+    std::printf("| %d | %.1f | %.3f | %.3f | %.2f | %.2f | %.4f | %s | %s |\n", stage, s * 1e3, time_ratio, s / ref,
+                bytes / 1e6, theory / 1e6, byte_ratio, time_mark.c_str(), byte_mark.c_str());
+  }
+  std::printf("\nbytes by kind per step per rank (MB): ");
+  for (const auto& kv : stages) {
+    const json& k = kv.second["bytes_by_kind"];
+    std::printf("stage %d: all-reduce %.2f, reduce-scatter %.2f, all-gather %.2f, broadcast %.2f; ", kv.first,
+                k["all_reduce"].get<double>() / 1e6, k["reduce_scatter"].get<double>() / 1e6,
+                k["all_gather"].get<double>() / 1e6, k["broadcast"].get<double>() / 1e6);
+  }
+  std::printf("\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    zero_bench::Flags flags(argc, argv,
+                            {{"mode", "engine"},
+                             {"stage", "0"},
+                             {"out", "step_time.jsonl"},
+                             {"in", "step_time.jsonl"},
+                             {"world", "2"},
+                             {"depth", "6"},
+                             {"width", "768"},
+                             {"heads", "12"},
+                             {"context", "64"},
+                             {"micro", "2"},
+                             {"warmup", "2"},
+                             {"steps", "10"},
+                             {"bucket", "5e6"},
+                             {"threads", "0"}});
+    const std::string mode = flags.str("mode");
+    if (mode == "plain") return run_plain(flags);
+    if (mode == "engine") return run_engine(flags);
+    if (mode == "report") return run_report(flags);
+    throw std::invalid_argument("--mode must be engine, plain or report; got '" + mode + "'");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_step_time: %s\n", e.what());
+    return 1;
+  }
+}
