@@ -101,8 +101,9 @@ void Engine::Impl::build_params(InitOptions& options) {
     if (p.requires_grad()) {
       trainable.push_back(p);
     } else {
-      frozen_bytes += p.nbytes() / c10::elementSize(p.scalar_type()) *
-                      (at::isFloatingType(p.scalar_type()) ? c10::elementSize(dtype) : c10::elementSize(p.scalar_type()));
+      // Frozen floating weights are converted to the training dtype below.
+      const auto kept = at::isFloatingType(p.scalar_type()) ? dtype : p.scalar_type();
+      frozen_bytes += p.numel() * static_cast<int64_t>(c10::elementSize(kept));
     }
   }
   if (options.param_groups.empty()) options.param_groups.push_back(ParamGroup{trainable, std::nullopt});
@@ -320,7 +321,7 @@ void Engine::Impl::take_step() {
 
   const int64_t taken = global_steps - skipped_steps;  // optimizer steps so far
   lr = schedule->lr_at(taken);
-  engine::set_hyperparameters(*optimizer, config.optimizer, lr, schedule->momentum_at(taken));
+  engine::set_hyperparameters(*optimizer, lr, schedule->momentum_at(taken));
   optimizer->step();
   sharded->detach_master_grads();
   const auto gather_start = Clock::now();

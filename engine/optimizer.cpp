@@ -89,7 +89,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c
   throw ConfigError("optimizer.type \"" + config.type + "\" is not supported by the engine yet; use Adam, AdamW, SGD, Adagrad or Lamb");
 }
 
-void set_hyperparameters(torch::optim::Optimizer& optimizer, const OptimizerConfig& config, double lr,
+void set_hyperparameters(torch::optim::Optimizer& optimizer, double lr,
                          std::optional<double> momentum) {
   for (auto& group : optimizer.param_groups()) {
     group.options().set_lr(lr);
@@ -105,7 +105,6 @@ void set_hyperparameters(torch::optim::Optimizer& optimizer, const OptimizerConf
       sgd->momentum(*momentum);
     }
   }
-  (void)config;
 }
 
 int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer, const OptimizerConfig& config) {

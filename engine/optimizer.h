@@ -30,7 +30,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c
                                                         const std::vector<OptimizerGroup>& groups,
                                                         const ShardLayout& layout);
 // Sets every group's learning rate (and beta1 or momentum, when given).
-void set_hyperparameters(torch::optim::Optimizer& optimizer, const OptimizerConfig& config, double lr,
+void set_hyperparameters(torch::optim::Optimizer& optimizer, double lr,
                          std::optional<double> momentum);
 // Bytes of the optimizer's state tensors (moments, momentum buffers, sums).
 int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer, const OptimizerConfig& config);

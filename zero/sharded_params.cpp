@@ -292,17 +292,19 @@ void ShardedParams::detach_master_grads() {
   for (auto& m : master_flat_) m.mutable_grad() = at::Tensor();
 }
 
+// One device-to-host read per call, not one per bucket.
 double ShardedParams::local_grad_sq_norm() const {
-  double sum = 0;
-  for (const auto& m : master_flat_) sum += m.grad().pow(2).sum().item<double>();
-  return sum;
+  if (master_flat_.empty()) return 0.0;
+  at::Tensor sum = at::zeros({}, master_flat_.front().options().dtype(at::kDouble));
+  for (const auto& m : master_flat_) sum += m.grad().pow(2).sum(at::kDouble);
+  return sum.item<double>();
 }
 
 bool ShardedParams::local_grads_finite() const {
-  for (const auto& m : master_flat_) {
-    if (!m.grad().isfinite().all().item<bool>()) return false;
-  }
-  return true;
+  if (master_flat_.empty()) return true;
+  at::Tensor finite = at::ones({}, master_flat_.front().options().dtype(at::kBool));
+  for (const auto& m : master_flat_) finite.logical_and_(m.grad().isfinite().all());
+  return finite.item<bool>();
 }
 
 void ShardedParams::scale_master_grads(double factor) {
