@@ -11,12 +11,15 @@ find_library(GLOO_LIBRARY gloo REQUIRED)
 find_package(TBB REQUIRED)
 find_path(URING_INCLUDE_DIR liburing.h REQUIRED)
 find_library(URING_LIBRARY uring REQUIRED)
+# Checkpoint checksums (XXH3-64: hashing keeps up with the disk).
+find_path(XXHASH_INCLUDE_DIR xxhash.h REQUIRED)
+find_library(XXHASH_LIBRARY xxhash REQUIRED)
 
 # Private link interface of libzero: nothing here leaks into its users.
 add_library(zero_deps_private INTERFACE)
 target_include_directories(zero_deps_private SYSTEM INTERFACE ${GLOO_INCLUDE_DIR} ${URING_INCLUDE_DIR})
 target_link_libraries(zero_deps_private INTERFACE
-  ${GLOO_LIBRARY} ${URING_LIBRARY} TBB::tbb nlohmann_json::nlohmann_json Threads::Threads)
+  ${GLOO_LIBRARY} ${URING_LIBRARY} ${XXHASH_LIBRARY} TBB::tbb nlohmann_json::nlohmann_json Threads::Threads)
 
 # Torch built with CUDA: code that uses c10::cuda (streams of the caching
 # allocator, pinned memory) is compiled only then.

@@ -17,5 +17,11 @@ inline long comm_timeout_s() { return get_int("ZERO_COMM_TIMEOUT", 300); }
 inline std::string cuda_backend() { return get("ZERO_CUDA_BACKEND", "nccl"); }
 // Network interface or host name gloo binds to (default: the host name of MASTER_ADDR's route).
 inline std::string gloo_hostname() { return get("ZERO_GLOO_HOSTNAME", ""); }
+// CPU optimizers' SIMD path: "portable", "avx2" or "avx512" (default: the best the CPU has).
+inline std::string cpu_optimizer_simd() { return get("ZERO_CPU_OPTIMIZER_SIMD", ""); }
+
+// Test hook: "kill-after-write:<rank>" kills that rank in the middle of
+// save_checkpoint (after its file, before the checkpoint is complete).
+inline std::string ckpt_fault() { return get("ZERO_CKPT_FAULT", ""); }
 
 }  // namespace zero::env

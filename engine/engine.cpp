@@ -11,8 +11,8 @@
 #include <unordered_map>
 
 #include "core/env.h"
-#include "engine/loss_scaler.h"
-#include "engine/lr_schedule.h"
+#include "engine/engine_impl.h"
+#include "engine/cpu_optimizer.h"
 #include "engine/optimizer.h"
 #include "zero/error.h"
 #include "zero/log.h"
@@ -20,8 +20,6 @@
 
 namespace zero {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -57,39 +55,13 @@ std::string MemoryReport::describe() const {
   std::ostringstream out;
   out << "params " << human_bytes(params) << ", grads " << human_bytes(gradients) << ", fp32 master "
       << human_bytes(fp32_master) << ", optimizer " << human_bytes(optimizer_states) << ", buffers "
-      << human_bytes(buffers) << " (total " << human_bytes(total()) << ")";
+      << human_bytes(buffers);
+  if (offload_buffers > 0) out << ", offload buffers " << human_bytes(offload_buffers);
+  out << " (total " << human_bytes(total()) << ")";
+  if (host_offloaded > 0) out << "; offloaded to host " << human_bytes(host_offloaded);
+  if (nvme_offloaded > 0) out << ", to NVMe " << human_bytes(nvme_offloaded);
   return out.str();
 }
-
-struct Engine::Impl {
-  Config config;
-  std::shared_ptr<torch::nn::Module> module;
-  std::shared_ptr<comm::ProcessGroup> pg;
-  at::ScalarType dtype = at::kFloat;
-  int64_t gas = 1;
-  std::unique_ptr<partition::ShardedParams> sharded;
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-  std::unique_ptr<LrSchedule> schedule;
-  std::unique_ptr<LossScaler> scaler;  // fp16 only
-  int64_t frozen_bytes = 0;
-  std::vector<UnitBase*> units;  // stage 3
-
-  int64_t micro_steps = 0, global_steps = 0, skipped_steps = 0;
-  double last_norm = 0.0;
-  double lr = 0.0;
-
-  // Progress log (steps_per_print) and wall_clock_breakdown.
-  at::Tensor loss_sum;
-  int64_t loss_count = 0;
-  Clock::time_point window_start = Clock::now(), last_step_end = Clock::now();
-  int64_t window_steps = 0;
-  double t_forward = 0, t_backward = 0, t_reduce = 0, t_step = 0, t_gather = 0;
-
-  void build_params(InitOptions& options);
-  MemoryReport memory() const;
-  void take_step();
-  void log_progress();
-};
 
 void Engine::Impl::build_params(InitOptions& options) {
   // Every parameter once (a tied weight is registered under several names).
@@ -192,6 +164,20 @@ void Engine::Impl::build_params(InitOptions& options) {
   popts.persistence_threshold = config.zero_optimization.stage3_param_persistence_threshold;
   popts.prefetch_numel = config.zero_optimization.stage3_prefetch_bucket_size;
   popts.max_live_numel = config.zero_optimization.stage3_max_live_parameters;
+  const auto& offload = config.zero_optimization.offload_optimizer;
+  popts.offload_optimizer = offload.device == "cpu" || offload.device == "nvme";
+  popts.offload_master_to_disk = offload.device == "nvme";
+  popts.pin_memory = offload.pin_memory;
+  const auto& offload_param = config.zero_optimization.offload_param;
+  popts.offload_param = offload_param.device;
+  if (offload_param.device == "nvme") {
+    popts.param_swap.nvme_path = offload_param.nvme_path;
+    popts.param_swap.rank = pg->rank();
+    popts.param_swap.block_size = config.aio.block_size;
+    popts.param_swap.queue_depth = config.aio.queue_depth;
+    popts.param_swap.buffer_count = offload_param.buffer_count;
+  }
+  popts.pin_memory = popts.pin_memory || offload_param.pin_memory;
   sharded = std::make_unique<partition::ShardedParams>(std::move(groups), pg, popts);
   if (!units.empty()) sharded->attach_units(units);
 
@@ -218,7 +204,42 @@ void Engine::Impl::build_params(InitOptions& options) {
   layout.all_reduce_sum = [group, shared](at::Tensor& t) {
     if (shared) group->all_reduce(t, comm::ReduceOp::Sum);
   };
-  optimizer = engine::make_optimizer(config.optimizer, opt_groups, layout);
+  engine::HostStep host;
+  host.enabled = popts.offload_optimizer;
+  host.copies = sharded->offload_copies();  // per bucket = per master tensor, in master() order below
+  if (!host.copies.empty()) {               // master() lists the tensors group by group
+    host.copies.clear();
+    for (size_t g = 0; g < sharded->master().size(); ++g) {
+      for (size_t k = 0; k < sharded->buckets().size(); ++k) {
+        if (sharded->buckets()[k].group == static_cast<int>(g)) host.copies.push_back(sharded->offload_copies()[k]);
+      }
+    }
+  }
+  optimizer = engine::make_optimizer(config.optimizer, opt_groups, layout, host);
+  if (popts.offload_master_to_disk) {
+    // ZeRO-Infinity: every master shard and its states go to files under
+    // nvme_path; the optimizer step brings them back sub-group by sub-group.
+    auto* host_optimizer = dynamic_cast<engine::HostOptimizer*>(optimizer.get());
+    host_optimizer->make_states();
+    offload::SwapOptions so;
+    so.nvme_path = offload.nvme_path;
+    so.rank = pg->rank();
+    so.block_size = config.aio.block_size;
+    so.queue_depth = config.aio.queue_depth;
+    so.buffer_count = offload.buffer_count;
+    nvme = std::make_unique<offload::SwappedTensors>(so);
+    std::vector<std::vector<int>> ids;
+    for (const auto& group : optimizer->param_groups()) {
+      for (const auto& p : group.params()) {
+        const std::string key = "master" + std::to_string(ids.size());
+        ids.push_back({nvme->add(p, key)});
+        int state = 0;
+        for (const auto& t : host_optimizer->states_of(p)) ids.back().push_back(nvme->add(t, key + ".state" + std::to_string(state++)));
+      }
+    }
+    nvme->swap_out_all();
+    host_optimizer->use_store(nvme.get(), std::move(ids), config.zero_optimization.sub_group_size);
+  }
 }
 
 Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, InitOptions options)
@@ -232,9 +253,6 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
   for (const auto& w : s.config.warnings()) log::warn_once("config:" + w, "config", w);
 
   const auto& z = s.config.zero_optimization;
-  if (z.offload_optimizer.device != "none" || z.offload_param.device != "none") {
-    throw ConfigError("zero_optimization.offload_optimizer/offload_param are not supported by this build yet; set device to \"none\"");
-  }
   s.dtype = training_dtype(s.config);
   s.gas = *s.config.batch.gradient_accumulation_steps;
   s.build_params(options);
@@ -319,13 +337,13 @@ void Engine::Impl::take_step() {
   }
   if (factor != 1.0) sharded->scale_master_grads(factor);
 
-  const int64_t taken = global_steps - skipped_steps;  // optimizer steps so far
+  const int64_t taken = global_steps - skipped_steps - schedule_start;  // optimizer steps the schedule has seen
   lr = schedule->lr_at(taken);
   engine::set_hyperparameters(*optimizer, lr, schedule->momentum_at(taken));
   optimizer->step();
   sharded->detach_master_grads();
   const auto gather_start = Clock::now();
-  sharded->publish();
+  sharded->publish(/*copies_fresh=*/sharded->options().offload_optimizer);
   t_gather += seconds_since(gather_start);
   sharded->zero_grads();
   ++global_steps;
@@ -360,6 +378,10 @@ void Engine::Impl::log_progress() {
     const double per = 1000.0 / window_steps;
     line << " | ms/step forward " << t_forward * per << " backward " << t_backward * per << " reduce "
          << t_reduce * per << " step " << (t_step - t_gather) * per << " gather " << t_gather * per;
+    if (auto* host = dynamic_cast<engine::HostOptimizer*>(optimizer.get())) {
+      const auto timing = host->take_timing();
+      line << " (host step " << timing.compute_s * per << ", nvme wait " << timing.nvme_wait_s * per << ")";
+    }
   }
   log::info("engine", line.str());
   loss_sum = at::Tensor();
@@ -387,11 +409,40 @@ MemoryReport Engine::Impl::memory() const {
   r.gradients = sharded->grad_bytes();
   r.fp32_master = sharded->master_bytes();
   r.optimizer_states = engine::optimizer_state_bytes(*optimizer, config.optimizer);
+  r.host_offloaded = sharded->offloaded_param_bytes(/*nvme=*/false);
+  r.nvme_offloaded = sharded->offloaded_param_bytes(/*nvme=*/true);
+  if (sharded->options().offload_optimizer) {
+    r.fp32_master = 0;
+    for (const auto& m : sharded->master_tensors()) r.fp32_master += m.nbytes();
+    r.offload_buffers = sharded->offload_copy_bytes();
+    if (nvme) {
+      r.nvme_offloaded += nvme->nvme_bytes();
+      r.host_offloaded += nvme->resident_bytes() + r.offload_buffers;
+    } else {
+      r.host_offloaded += r.fp32_master + r.optimizer_states + r.offload_buffers;
+    }
+  }
   for (const auto& b : module->buffers()) r.buffers += b.nbytes();
   return r;
 }
 
 MemoryReport Engine::memory_report() const { return impl_->memory(); }
+
+StepTimes Engine::take_step_times() {
+  Impl& s = *impl_;
+  StepTimes t;
+  t.steps = s.window_steps;
+  t.forward = s.t_forward, t.backward = s.t_backward, t.reduce = s.t_reduce;
+  t.step = s.t_step - s.t_gather, t.gather = s.t_gather;
+  if (auto* host = dynamic_cast<engine::HostOptimizer*>(s.optimizer.get())) {
+    const auto timing = host->take_timing();
+    t.host_step = timing.compute_s, t.nvme_wait = timing.nvme_wait_s;
+  }
+  s.window_steps = 0;
+  s.window_start = Clock::now();
+  s.t_forward = s.t_backward = s.t_reduce = s.t_step = s.t_gather = 0;
+  return t;
+}
 
 GatheredParameters Engine::gather_parameters(torch::nn::Module& module) {
   partition::ShardedParams* sharded = impl_->sharded.get();

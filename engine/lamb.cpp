@@ -170,6 +170,22 @@ void Lamb::load(torch::serialize::InputArchive& archive) {
   pending_ = false;
 }
 
+at::Tensor Lamb::moment(size_t t, bool second, bool create) {
+  Slot& slot = slots_.at(t);
+  if (!slot.exp_avg.defined() && create) {
+    slot.exp_avg = torch::zeros_like(slot.param);
+    slot.exp_avg_sq = torch::zeros_like(slot.param);
+  }
+  return second ? slot.exp_avg_sq : slot.exp_avg;
+}
+
+int64_t Lamb::slot_of(const at::Tensor& param) const {
+  for (size_t t = 0; t < slots_.size(); ++t) {
+    if (slots_[t].param.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return static_cast<int64_t>(t);
+  }
+  return -1;
+}
+
 int64_t Lamb::state_bytes() const {
   int64_t bytes = 0;
   for (const Slot& slot : slots_) {

@@ -82,6 +82,12 @@ class Lamb : public torch::optim::Optimizer {
   // parameter with no piece on this rank).
   const std::vector<double>& lamb_coeffs() const { return coeffs_; }
   int64_t step_count() const { return step_; }
+  void set_step_count(int64_t step) { step_ = step; }
+  // Shard tensor t's "exp_avg" or "exp_avg_sq" (undefined before the first
+  // step unless `create`, which makes zeros), for checkpoints.
+  at::Tensor moment(size_t t, bool second, bool create);
+  // The index of the shard tensor `param` among this optimizer's, or -1.
+  int64_t slot_of(const at::Tensor& param) const;
 
   // Writes/reads the step count and the moments (this rank's shards).
   void save(torch::serialize::OutputArchive& archive) const override;

@@ -1,8 +1,12 @@
 #include "engine/optimizer.h"
 
+#include "engine/cpu_optimizer.h"
 #include "engine/lamb.h"
 #include "engine/lr_schedule.h"
 #include "zero/error.h"
+
+#include <sstream>
+#include <type_traits>
 
 namespace zero::engine {
 namespace {
@@ -33,12 +37,80 @@ int64_t bytes_of(torch::optim::Optimizer& optimizer, Fields fields) {
 
 bool is_adam(const OptimizerConfig& c) { return c.type == "Adam" || c.type == "AdamW"; }
 
+// torch::optim keys its state by the parameter's TensorImpl: as a string
+// in LibTorch 1.13, as the pointer itself in LibTorch 2.x.
+using StateMap = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
+template <typename Key = StateMap::key_type>
+Key state_key(const at::Tensor& t) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;
+    key << t.unsafeGetTensorImpl();
+    return key.str();
+  } else {
+    return t.unsafeGetTensorImpl();
+  }
+}
+
+template <typename State>
+State* find_state(torch::optim::Optimizer& optimizer, const at::Tensor& t) {
+  auto it = optimizer.state().find(state_key(t));
+  return it == optimizer.state().end() ? nullptr : static_cast<State*>(it->second.get());
+}
+
+template <typename State>
+State& get_or_create_state(torch::optim::Optimizer& optimizer, const at::Tensor& t) {
+  if (auto* s = find_state<State>(optimizer, t)) return *s;
+  auto state = std::make_unique<State>();
+  State& ref = *state;
+  optimizer.state()[state_key(t)] = std::move(state);
+  return ref;
+}
+
+// An Adam-family state tensor by name, made (zeros) when missing and `create`.
+template <typename State>
+at::Tensor adam_state(torch::optim::Optimizer& optimizer, const at::Tensor& t, const std::string& kind, bool create) {
+  State* s = find_state<State>(optimizer, t);
+  if (!s) {
+    if (!create) return {};
+    s = &get_or_create_state<State>(optimizer, t);
+    s->exp_avg(torch::zeros_like(t));
+    s->exp_avg_sq(torch::zeros_like(t));
+  }
+  if (kind == "exp_avg") return s->exp_avg();
+  if (kind == "exp_avg_sq") return s->exp_avg_sq();
+  if (kind == "max_exp_avg_sq") {
+    if (!s->max_exp_avg_sq().defined() && create) s->max_exp_avg_sq(torch::zeros_like(t));
+    return s->max_exp_avg_sq();
+  }
+  throw CheckpointError("optimizer state \"" + kind + "\" is not one of Adam's (exp_avg, exp_avg_sq, max_exp_avg_sq)");
+}
+
 }  // namespace
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& config,
                                                         const std::vector<OptimizerGroup>& groups,
-                                                        const ShardLayout& layout) {
+                                                        const ShardLayout& layout, const HostStep& host) {
   const auto& p = config.params;
+  if (host.enabled) {
+    if (is_adam(config)) {
+      if (p.amsgrad) throw ConfigError("offload_optimizer does not support amsgrad; set optimizer.params.amsgrad to false");
+      if (config.decoupled_weight_decay()) {
+        torch::optim::AdamWOptions o(p.lr);
+        o.betas({p.betas[0], p.betas[1]}).eps(p.eps);
+        return std::make_unique<CpuAdam>(param_groups(groups, o), true, host.copies);
+      }
+      torch::optim::AdamOptions o(p.lr);
+      o.betas({p.betas[0], p.betas[1]}).eps(p.eps);
+      return std::make_unique<CpuAdam>(param_groups(groups, o), false, host.copies);
+    }
+    if (config.type == "Adagrad") {
+      torch::optim::AdagradOptions o(p.lr);
+      o.lr_decay(p.lr_decay).eps(p.eps).initial_accumulator_value(p.initial_accumulator_value);
+      return std::make_unique<CpuAdagrad>(param_groups(groups, o), host.copies);
+    }
+    throw ConfigError("zero_optimization.offload_optimizer runs Adam, AdamW or Adagrad on the CPU; optimizer.type \"" +
+                      config.type + "\" is not supported with it (use one of those, or set offload_optimizer.device to \"none\")");
+  }
   if (is_adam(config)) {
     if (config.decoupled_weight_decay()) {
       torch::optim::AdamWOptions o(p.lr);
@@ -127,6 +199,76 @@ int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer, const Optimize
     return bytes_of<AdagradParamState>(optimizer, [](AdagradParamState& s) { return std::vector<at::Tensor>{s.sum()}; });
   }
   return 0;
+}
+
+std::vector<std::string> state_kinds(const OptimizerConfig& config) {
+  if (is_adam(config)) {
+    if (config.params.amsgrad) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+    return {"exp_avg", "exp_avg_sq"};
+  }
+  if (config.type == "Lamb") return {"exp_avg", "exp_avg_sq"};
+  if (config.type == "Adagrad") return {"sum"};
+  if (config.type == "SGD" && config.params.momentum != 0) return {"momentum_buffer"};
+  return {};
+}
+
+at::Tensor state_tensor(torch::optim::Optimizer& optimizer, const OptimizerConfig& config, const at::Tensor& tensor,
+                        const std::string& kind, bool create) {
+  using namespace torch::optim;
+  if (auto* lamb = dynamic_cast<Lamb*>(&optimizer)) {
+    const int64_t t = lamb->slot_of(tensor);
+    if (t < 0) throw EngineError("Lamb has no state for this tensor");
+    return lamb->moment(static_cast<size_t>(t), kind == "exp_avg_sq", create);
+  }
+  if (is_adam(config) && config.decoupled_weight_decay()) return adam_state<AdamWParamState>(optimizer, tensor, kind, create);
+  if (is_adam(config)) return adam_state<AdamParamState>(optimizer, tensor, kind, create);
+  if (config.type == "Adagrad") {  // made at construction
+    auto* s = find_state<AdagradParamState>(optimizer, tensor);
+    return s ? s->sum() : at::Tensor();
+  }
+  if (config.type == "SGD") {
+    auto* s = find_state<SGDParamState>(optimizer, tensor);
+    if (!s && create) {
+      s = &get_or_create_state<SGDParamState>(optimizer, tensor);
+      s->momentum_buffer(torch::zeros_like(tensor));
+    }
+    return s ? s->momentum_buffer() : at::Tensor();
+  }
+  return {};
+}
+
+int64_t step_count(torch::optim::Optimizer& optimizer, const OptimizerConfig& config,
+                   const std::vector<at::Tensor>& tensors) {
+  using namespace torch::optim;
+  if (auto* lamb = dynamic_cast<Lamb*>(&optimizer)) return lamb->step_count();
+  for (const auto& t : tensors) {  // every tensor is updated together: the first one with state says
+    if (is_adam(config) && config.decoupled_weight_decay()) {
+      if (auto* s = find_state<AdamWParamState>(optimizer, t)) return s->step();
+    } else if (is_adam(config)) {
+      if (auto* s = find_state<AdamParamState>(optimizer, t)) return s->step();
+    } else if (config.type == "Adagrad") {
+      if (auto* s = find_state<AdagradParamState>(optimizer, t)) return s->step();
+    }
+  }
+  return 0;
+}
+
+void set_step_count(torch::optim::Optimizer& optimizer, const OptimizerConfig& config,
+                    const std::vector<at::Tensor>& tensors, int64_t step) {
+  using namespace torch::optim;
+  if (auto* lamb = dynamic_cast<Lamb*>(&optimizer)) {
+    lamb->set_step_count(step);
+    return;
+  }
+  for (const auto& t : tensors) {
+    if (is_adam(config) && config.decoupled_weight_decay()) {
+      if (auto* s = find_state<AdamWParamState>(optimizer, t)) s->step(step);
+    } else if (is_adam(config)) {
+      if (auto* s = find_state<AdamParamState>(optimizer, t)) s->step(step);
+    } else if (config.type == "Adagrad") {
+      if (auto* s = find_state<AdagradParamState>(optimizer, t)) s->step(step);
+    }
+  }
 }
 
 }  // namespace zero::engine

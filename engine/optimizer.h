@@ -8,6 +8,7 @@
 #include <array>
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "zero/config.h"
@@ -26,13 +27,37 @@ struct ShardLayout {
   std::function<void(at::Tensor&)> all_reduce_sum;        // across the ranks that share the parameters
 };
 
+// offload_optimizer: the optimizer runs on the host (engine/cpu_optimizer.h),
+// writing the updated values in the training dtype to `copies` (one per
+// tensor, or none) in the same pass.
+struct HostStep {
+  bool enabled = false;
+  std::vector<at::Tensor> copies;
+};
+
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& config,
                                                         const std::vector<OptimizerGroup>& groups,
-                                                        const ShardLayout& layout);
+                                                        const ShardLayout& layout, const HostStep& host = {});
 // Sets every group's learning rate (and beta1 or momentum, when given).
 void set_hyperparameters(torch::optim::Optimizer& optimizer, double lr,
                          std::optional<double> momentum);
 // Bytes of the optimizer's state tensors (moments, momentum buffers, sums).
 int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer, const OptimizerConfig& config);
+
+// Checkpoint access to the per-element state of the optimizer (torch::optim's
+// names): "exp_avg", "exp_avg_sq" (+ "max_exp_avg_sq" with amsgrad) for Adam,
+// AdamW and Lamb; "sum" for Adagrad; "momentum_buffer" for SGD with momentum.
+std::vector<std::string> state_kinds(const OptimizerConfig& config);
+// The state `kind` of master tensor `tensor` (shaped like it, fp32), or an
+// undefined tensor when the optimizer has none yet (before its first step).
+// With `create`, a missing state is made (zeros) so that a checkpoint can be
+// loaded into it.
+at::Tensor state_tensor(torch::optim::Optimizer& optimizer, const OptimizerConfig& config,
+                        const at::Tensor& tensor, const std::string& kind, bool create);
+// The update count the optimizer keeps (Adam's and Adagrad's `step`; 0 for SGD).
+int64_t step_count(torch::optim::Optimizer& optimizer, const OptimizerConfig& config,
+                   const std::vector<at::Tensor>& tensors);
+void set_step_count(torch::optim::Optimizer& optimizer, const OptimizerConfig& config,
+                    const std::vector<at::Tensor>& tensors, int64_t step);
 
 }  // namespace zero::engine

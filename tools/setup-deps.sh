@@ -9,6 +9,8 @@ packages=(
   libopenblas0-openmp     # LibTorch calls libblas.so.3: the reference BLAS is ~15x slower
   libgloo-dev             # collectives on host tensors
   libtbb-dev liburing-dev nlohmann-json3-dev
+  libxxhash-dev           # checkpoint checksums
+  fio                     # reference for the NVMe swapper benchmark
   libgtest-dev libbenchmark-dev
 )
 

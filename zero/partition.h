@@ -22,6 +22,15 @@
 // Buckets of the root unit (parameters outside every unit, or shared by
 // several units) and buckets smaller than stage3_param_persistence_threshold
 // stay gathered.
+//
+// Note [Offload copies]: with offload_optimizer the master weights (and the
+// optimizer's states, made by the optimizer beside them) live in host
+// memory, apart from the parameters even in fp32 when the parameters are on
+// an accelerator. The reduced gradients are copied to host fp32 tensors
+// (attach_master_grads); in mixed precision the host optimizer also writes
+// each updated shard in the training dtype to a host `copy` in the same
+// pass, which publish() all-gathers (after one host-to-device copy) instead
+// of converting the master weights again.
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
@@ -29,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "offload/swapped_tensors.h"
 #include "zero/comm.h"
 #include "zero/unit.h"
 
@@ -43,6 +53,14 @@ struct Options {
   int64_t persistence_threshold = 100000;  // buckets smaller than this stay gathered
   int64_t prefetch_numel = 50000000;       // stage3_prefetch_bucket_size
   int64_t max_live_numel = 1000000000;     // stage3_max_live_parameters
+  // offload_optimizer (Note [Offload copies])
+  bool offload_optimizer = false;
+  bool pin_memory = false;                 // page-locked host tensors (with CUDA parameters)
+  bool offload_master_to_disk = false;     // NVMe: the master weights are not resident, so fp32 gets copies too
+  // offload_param (stage 3): "none", "cpu" (the shards of released buckets
+  // live in host memory) or "nvme" (in files, read back for each gather).
+  std::string offload_param = "none";
+  offload::SwapOptions param_swap;         // with "nvme"
 };
 
 struct Bucket {
@@ -65,6 +83,8 @@ struct Bucket {
   at::Tensor staging;           // stages 2-3: the bucket's gradients until reduced (slice of staging_base)
   at::Tensor staging_base;      // a pooled buffer of the largest bucket's size
   at::Tensor reduced;           // reduce-scatter output, added to the partition
+  int swap_id = -1;             // offload_param "nvme": the shard's id in the parameter store
+  at::Tensor gather_input;      // the shard on the parameters' device while a gather runs
 };
 
 struct Param {
@@ -106,8 +126,18 @@ class ShardedParams {
   bool local_grads_finite() const;
   void scale_master_grads(double factor);
   // Copies the updated master weights into the parameters (all-gathering
-  // the buckets that stay gathered).
-  void publish();
+  // the buckets that stay gathered). `copies_fresh`: the host optimizer has
+  // just written offload_copies() (Note [Offload copies]).
+  void publish(bool copies_fresh = false);
+  // publish() of one bucket (index into buckets()): the all-gather it
+  // started, if any, for the caller to wait on.
+  comm::WorkHandle publish_bucket(size_t k, bool copies_fresh = false);
+  // Per bucket, the training-dtype host tensor the host optimizer writes
+  // (offload in mixed precision; empty otherwise).
+  const std::vector<at::Tensor>& offload_copies() const { return offload_copies_; }
+  int64_t offload_copy_bytes() const;
+  // offload_param: bytes of parameter shards in host memory, and on NVMe.
+  int64_t offloaded_param_bytes(bool nvme) const;
   void zero_grads();
 
   // Stage 3 (Note [Stage 3 storage]).
@@ -128,6 +158,24 @@ class ShardedParams {
   };
   std::vector<std::vector<Piece>> master_pieces() const;
   int64_t num_params() const { return static_cast<int64_t>(params_.size()); }
+  const Param& param(int64_t i) const { return params_[i]; }
+
+  // Note [Checkpoint layout] (ckpt/checkpoint.h): the pieces of parameters
+  // in this rank's master tensors, in model space.
+  struct Fragment {
+    int64_t param;         // index into the parameter list
+    int64_t param_offset;  // first element in the flattened parameter
+    int64_t bucket;        // master tensor (one per bucket, master_tensors()[bucket])
+    int64_t start;         // first element in that master tensor
+    int64_t length;
+  };
+  std::vector<Fragment> fragments() const;
+  const std::vector<at::Tensor>& master_tensors() const { return master_flat_; }
+  // Mid-accumulation checkpoints: the gradient accumulated so far, as this
+  // rank holds it (stages 0-1: the whole unreduced buffer; stages 2-3: the
+  // reduced partition), and its restoration.
+  at::Tensor accumulated_grads() const { return flat_grads_.defined() ? flat_grads_ : partition_grads_; }
+  void restore_accumulated_grads(const at::Tensor& grads);
 
   int owners() const { return owners_; }
   int stage() const { return options_.stage; }
@@ -166,6 +214,9 @@ class ShardedParams {
   int64_t max_bucket_numel_ = 0;
   std::vector<std::vector<at::Tensor>> master_;
   std::vector<at::Tensor> master_flat_;    // per bucket, same tensors as master_
+  std::vector<at::Tensor> master_grads_;   // offload: per bucket, host fp32 gradients
+  std::vector<at::Tensor> offload_copies_; // Note [Offload copies]
+  std::unique_ptr<offload::SwappedTensors> param_store_;  // offload_param "nvme"
   std::shared_ptr<UnitScheduler> scheduler_;  // stage 3
   std::vector<UnitBase*> units_;
   bool in_backward_ = false;

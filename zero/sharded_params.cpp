@@ -85,6 +85,19 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
   // Each bucket's buffer, filled from the parameters; mixed-precision master
   // weights start from the model's exact fp32 values.
   const bool mixed = options_.dtype != at::kFloat;
+  // A host tensor with `source`'s values (or zeros), page-locked when asked
+  // and the parameters live on an accelerator.
+  auto host_tensor = [&](const at::Tensor& source, at::ScalarType dtype, bool zeros = false) {
+    auto opts = torch::TensorOptions().dtype(dtype).device(at::kCPU);
+    if (options_.pin_memory && !source.is_cpu()) opts = opts.pinned_memory(true);
+    at::Tensor t = torch::empty({source.numel()}, opts);
+    if (zeros) {
+      t.zero_();
+    } else {
+      t.copy_(source.reshape(-1));
+    }
+    return t;
+  };
   master_.assign(groups.size(), {});
   for (auto& b : buckets_) {
     const auto device = params_[b.params.front()].tensor.device();
@@ -103,11 +116,27 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
     at::Tensor mine = b.full.slice(0, start, start + b.shard_numel);
     b.persistent = options_.stage < 3 || b.unit < 0 || b.numel < options_.persistence_threshold;
     b.shard = b.persistent ? mine : mine.clone();  // a released bucket keeps its shard apart
-    at::Tensor m = mixed ? values.slice(0, start, start + b.shard_numel).clone() : b.shard;
+    const bool shard_offloaded = !b.persistent && options_.offload_param != "none";
+    if (shard_offloaded) b.shard = host_tensor(b.shard, options_.dtype);
+    at::Tensor m;
+    if (options_.offload_optimizer) {  // Note [Offload copies]
+      m = host_tensor(values.slice(0, start, start + b.shard_numel), at::kFloat);
+      if (mixed || options_.offload_master_to_disk) offload_copies_.push_back(host_tensor(m, options_.dtype));
+      master_grads_.push_back(m.device() == device && !mixed ? at::Tensor() : host_tensor(m, at::kFloat, /*zeros=*/true));
+    } else {
+      // Separate from the parameters in mixed precision, or when the shard
+      // leaves for the host or disk.
+      m = mixed || shard_offloaded ? values.slice(0, start, start + b.shard_numel).clone() : b.shard;
+    }
+    if (shard_offloaded && options_.offload_param == "nvme") {
+      if (!param_store_) param_store_ = std::make_unique<offload::SwappedTensors>(options_.param_swap);
+      b.swap_id = param_store_->add(b.shard, "params" + std::to_string(&b - buckets_.data()));
+    }
     master_[b.group].push_back(m);
     master_flat_.push_back(m);
     if (!b.persistent) release(b);
   }
+  if (param_store_) param_store_->swap_out_all();
 
   const auto device = params_.empty() ? at::Device(at::kCPU) : params_.front().tensor.device();
   const auto grad_options = torch::TensorOptions().dtype(options_.dtype).device(device);
@@ -284,6 +313,10 @@ void ShardedParams::attach_master_grads() {
     } else {
       grad = partition_slice(b);
     }
+    if (!master_grads_.empty() && master_grads_[k].defined()) {
+      master_grads_[k].copy_(grad);  // to the host optimizer, in fp32 (Note [Offload copies])
+      grad = master_grads_[k];
+    }
     master_flat_[k].mutable_grad() = grad.scalar_type() == at::kFloat ? grad : grad.to(at::kFloat);
   }
 }
@@ -311,23 +344,56 @@ void ShardedParams::scale_master_grads(double factor) {
   for (auto& m : master_flat_) m.mutable_grad().mul_(factor);
 }
 
-void ShardedParams::publish() {
-  torch::NoGradGuard no_grad;
-  const bool mixed = options_.dtype != at::kFloat;
+void ShardedParams::publish(bool copies_fresh) {
   std::vector<comm::WorkHandle> works;
-  for (size_t k = 0; k < buckets_.size(); ++k) {
-    Bucket& b = buckets_[k];
-    if (options_.stage == 0) {
-      if (mixed) b.full.copy_(master_flat_[k]);  // at fp32 the master weights are the parameters
-    } else if (b.persistent) {
-      // The shard is a view into the gathered bucket: gather from a copy.
-      at::Tensor mine = master_flat_[k].to(options_.dtype, /*non_blocking=*/false, /*copy=*/true);
-      works.push_back(pg_->all_gather_async(b.full, mine));
-    } else if (mixed) {
-      b.shard.copy_(master_flat_[k]);  // gathered again when its unit runs
+  for (size_t k = 0; k < buckets_.size(); ++k) works.push_back(publish_bucket(k, copies_fresh));
+  for (auto& w : works) {
+    if (w) w->wait();
+  }
+}
+
+comm::WorkHandle ShardedParams::publish_bucket(size_t k, bool copies_fresh) {
+  torch::NoGradGuard no_grad;
+  Bucket& b = buckets_[k];
+  // The updated shard in the training dtype, on the parameters' device.
+  auto updated = [&] {
+    const at::Tensor& source = copies_fresh && !offload_copies_.empty() ? offload_copies_[k] : master_flat_[k];
+    return source.to(b.full.device(), options_.dtype, /*non_blocking=*/false, /*copy=*/true);
+  };
+  const bool separate = master_flat_[k].unsafeGetTensorImpl() != b.shard.unsafeGetTensorImpl();
+  if (options_.stage == 0) {
+    if (separate) b.full.copy_(updated());  // else the master weights are the parameters
+  } else if (b.persistent) {
+    // The shard is a view into the gathered bucket: gather from a copy.
+    return pg_->all_gather_async(b.full, updated());
+  } else if (separate) {
+    // Gathered again when its unit runs; offload_param "nvme": written back.
+    if (b.swap_id >= 0) param_store_->materialize({b.swap_id});
+    b.shard.copy_(updated());
+    if (b.swap_id >= 0) {
+      param_store_->swap_out({b.swap_id});
+      param_store_->wait_out({b.swap_id});
     }
   }
-  for (auto& w : works) w->wait();
+  return nullptr;
+}
+
+int64_t ShardedParams::offloaded_param_bytes(bool nvme) const {
+  int64_t bytes = 0;
+  for (const auto& b : buckets_) {
+    if (b.persistent || options_.offload_param == "none") continue;
+    if ((b.swap_id >= 0) == nvme) bytes += b.shard.nbytes();
+  }
+  return bytes;
+}
+
+int64_t ShardedParams::offload_copy_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& t : offload_copies_) bytes += t.nbytes();
+  for (const auto& t : master_grads_) {
+    if (t.defined()) bytes += t.nbytes();
+  }
+  return bytes;
 }
 
 // Note [Stage 3 storage]: the bucket's tensor and the parameters' views stay;
@@ -350,7 +416,9 @@ void ShardedParams::gather(Bucket& b, bool async) {
   if (b.gathered) return;
   refill_storage(b.full);
   b.gathered = true;
-  b.gather_work = pg_->all_gather_async(b.full, b.shard);
+  if (b.swap_id >= 0) param_store_->wait_in({b.swap_id});  // offload_param "nvme": read back first
+  b.gather_input = b.shard.device() == b.full.device() ? b.shard : b.shard.to(b.full.device(), /*non_blocking=*/true);
+  b.gather_work = pg_->all_gather_async(b.full, b.gather_input);
   if (!async) wait_gathered(b);
 }
 
@@ -358,6 +426,8 @@ void ShardedParams::wait_gathered(Bucket& b) {
   if (!b.gather_work) return;
   b.gather_work->wait();
   b.gather_work.reset();
+  b.gather_input = at::Tensor();
+  if (b.swap_id >= 0) param_store_->drop({b.swap_id});  // the file still holds it
 }
 
 void ShardedParams::release(Bucket& b) {
@@ -411,6 +481,30 @@ std::vector<std::vector<ShardedParams::Piece>> ShardedParams::master_pieces() co
   return out;
 }
 
+std::vector<ShardedParams::Fragment> ShardedParams::fragments() const {
+  std::vector<Fragment> out;
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    const Bucket& b = buckets_[k];
+    const int64_t lo = b.offset + rank_in_owners_ * b.shard_numel, hi = lo + b.shard_numel;  // flat index space
+    for (int i : b.params) {
+      const int64_t start = params_[i].offset, end = start + params_[i].tensor.numel();
+      const int64_t from = std::max(start, lo), to = std::min(end, hi);
+      if (from < to) out.push_back({i, from - start, static_cast<int64_t>(k), from - lo, to - from});
+    }
+  }
+  return out;
+}
+
+void ShardedParams::restore_accumulated_grads(const at::Tensor& grads) {
+  at::Tensor target = accumulated_grads();
+  if (grads.numel() != target.numel()) {
+    throw PartitionError("accumulated gradients of " + std::to_string(grads.numel()) + " elements do not fit this rank's " +
+                         std::to_string(target.numel()));
+  }
+  target.copy_(grads.reshape(-1));
+  partition_fresh_ = false;  // stages 2-3: later reductions add to it
+}
+
 void ShardedParams::zero_grads() {
   if (flat_grads_.defined()) flat_grads_.zero_();
   if (partition_grads_.defined()) partition_grads_.zero_();
@@ -432,9 +526,10 @@ int64_t ShardedParams::grad_bytes() const {
 }
 
 int64_t ShardedParams::master_bytes() const {
-  if (options_.dtype == at::kFloat) return 0;
-  int64_t bytes = 0;
-  for (const auto& m : master_flat_) bytes += m.nbytes();
+  int64_t bytes = 0;  // master weights apart from the parameters (mixed precision, offload)
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    if (master_flat_[k].unsafeGetTensorImpl() != buckets_[k].shard.unsafeGetTensorImpl()) bytes += master_flat_[k].nbytes();
+  }
   return bytes;
 }
 

@@ -44,8 +44,26 @@ struct MemoryReport {
   int64_t fp32_master = 0;       // fp32 master weights of this rank's partition (mixed precision only)
   int64_t optimizer_states = 0;  // optimizer moments of this rank's partition
   int64_t buffers = 0;           // the module's buffers
-  int64_t total() const { return params + gradients + fp32_master + optimizer_states + buffers; }
+  int64_t offload_buffers = 0;   // offload: host gradient and training-dtype copies of the partition
+  // Of the above, what offload keeps in host memory (master weights, optimizer
+  // states, offload buffers) and on NVMe instead of the accelerator.
+  int64_t host_offloaded = 0;
+  int64_t nvme_offloaded = 0;
+  int64_t total() const { return params + gradients + fp32_master + optimizer_states + buffers + offload_buffers; }
   std::string describe() const;  // "params 1.2 MB, grads ..., "
+};
+
+// Where the time of the steps went (wall_clock_breakdown), in seconds
+// summed since the last take_step_times() or progress line.
+struct StepTimes {
+  int64_t steps = 0;
+  double forward = 0;    // from the end of one step() or backward() to the next backward()
+  double backward = 0;   // backward with the gradient reductions it overlaps
+  double reduce = 0;     // waiting for the last reductions after backward
+  double step = 0;       // the optimizer step (unscale, clip, update), gather excluded
+  double gather = 0;     // publishing the updated parameters (copies, all-gathers)
+  double host_step = 0;  // offload: of `step`, the host optimizer's kernels
+  double nvme_wait = 0;  // offload to NVMe: of `step`, waiting for reads and writes
 };
 
 // Keeps a module's parameters gathered while it lives (stage 3; a no-op
@@ -62,6 +80,13 @@ class GatheredParameters {
 
  private:
   std::function<void()> release_;
+};
+
+// What load_checkpoint restores besides the weights (DeepSpeed's arguments).
+struct LoadOptions {
+  bool load_optimizer_states = true;     // moments, sums, momentum buffers and the update count
+  bool load_lr_scheduler_states = true;  // false: the schedule starts again from its first step
+  bool load_module_only = false;         // weights, frozen parameters and buffers only
 };
 
 class Engine {
@@ -90,6 +115,7 @@ class Engine {
   int64_t micro_steps() const;
   double last_grad_norm() const;  // global L2 norm of the last step's gradients, unscaled, before clipping
   MemoryReport memory_report() const;
+  StepTimes take_step_times();
 
   // Stage 3: gathers the parameters of `module` (a part of the model, or the
   // whole) until the returned object goes away. A collective.
@@ -97,6 +123,16 @@ class Engine {
   // Full copies of the model's parameters and buffers, by name, on every
   // rank, in the training dtype. A collective.
   std::vector<std::pair<std::string, at::Tensor>> gathered_state_dict();
+
+  // Sharded checkpoints (ckpt/checkpoint.h, Note [Checkpoint layout]). A
+  // collective: every rank writes its own file into <dir>/<tag>/ in
+  // parallel, then <dir>/latest is replaced atomically. tag: empty means
+  // "global_step<N>". client_state: JSON text (a data-loader position, an
+  // epoch) handed back by load_checkpoint.
+  void save_checkpoint(const std::string& dir, const std::string& tag = "", const std::string& client_state = "{}");
+  // Loads <dir>/<tag> (empty: the tag <dir>/latest names), saved at any
+  // world size and stage, and returns its client_state JSON text. A collective.
+  std::string load_checkpoint(const std::string& dir, const std::string& tag = "", const LoadOptions& options = {});
 
   torch::nn::Module& module();
   std::shared_ptr<torch::nn::Module> module_ptr();

@@ -1,5 +1,6 @@
 // The zero-config tool, run as a user would: exit status, stdout, stderr.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 
@@ -24,10 +25,15 @@ std::string slurp(const std::string& path) {
 // Runs the tool through the shell with `env` prefixed (e.g. "WORLD_SIZE=4").
 ToolRun tool(const std::string& args, const std::string& env = "env -u WORLD_SIZE") {
   const std::string dir = ::testing::TempDir();
-  const std::string out = dir + "/zero_config_out.txt", err = dir + "/zero_config_err.txt";
+  // ctest runs tests in parallel, each in its own process: names of its own.
+  const std::string id = std::to_string(getpid());
+  const std::string out = dir + "/zero_config_out." + id, err = dir + "/zero_config_err." + id;
   const std::string command = env + " '" + ZERO_CONFIG_TOOL + "' " + args + " >'" + out + "' 2>'" + err + "'";
   int raw = std::system(command.c_str());
-  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, slurp(out), slurp(err)};
+  ToolRun run{WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, slurp(out), slurp(err)};
+  std::remove(out.c_str());
+  std::remove(err.c_str());
+  return run;
 }
 
 std::string file_arg(const std::string& relative) { return "'" + source_path(relative) + "'"; }

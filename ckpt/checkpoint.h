@@ -1,0 +1,209 @@
+#pragma once
+// ckpt/'s one internal header: the on-disk layout of a sharded checkpoint,
+// torch-free (the engine converts tensors to TensorData and back).
+//
+// Note [Checkpoint layout]: a checkpoint lives in <dir>/<tag>/ and
+//   <dir>/latest               text file naming the newest complete tag
+//   <dir>/<tag>/manifest.json  written by rank 0 last (format, version,
+//                              world size, stage, dtype, parameters, files
+//                              with sizes and XXH3-64 checksums, engine
+//                              counters, client_state)
+//   <dir>/<tag>/rank<r>.safetensors   one per rank, written in parallel
+// Each data file is in the safetensors layout (8-byte little-endian header
+// length, JSON header, raw little-endian bytes) so the safetensors library
+// reads it. Tensors in it are named
+//   "<kind>/<parameter name>/<offset>"  a fragment: the 1-D elements
+//        [offset, offset + length) of the flattened parameter, for kind
+//        "fp32" (master weights) and each optimizer state ("exp_avg",
+//        "exp_avg_sq", "sum", "momentum_buffer", ...). Fragments of one kind
+//        and parameter, over all files, cover it exactly once (model space,
+//        independent of world size and stage).
+//   "module/<name>"  a whole tensor in its own shape: frozen parameters and
+//        buffers (written by rank 0 only).
+//   "rng/<name>"     a rank's random generator state (U8).
+// `latest` is replaced only after every file is durable: temporary name,
+// fsync, rename, fsync of the directory.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace zero::ckpt {
+
+constexpr int kFormatVersion = 1;
+constexpr const char* kFormatName = "zero-checkpoint";
+
+// Element types, spelled as safetensors spells them.
+enum class DType { F32, F16, BF16, F64, I64, I32, U8, BOOL };
+const char* dtype_name(DType d);              // "F32", ...
+DType dtype_from_name(const std::string& s);  // throws CheckpointError naming s
+size_t dtype_size(DType d);
+
+bool dtype_is_floating(DType d);              // F32, F16, BF16, F64
+// Converts n elements of a floating dtype to F32: F16 and BF16 exactly, F64
+// rounded to nearest. Throws CheckpointError for other dtypes.
+void convert_to_f32(DType d, const void* src, size_t n, float* dst);
+
+// "0123456789abcdef": 16 lowercase hex digits, as FileInfo::xxh3 spells them.
+std::string xxh3_hex(uint64_t hash);
+
+// A tensor to write (data borrowed) or one read back (data owned).
+struct TensorData {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;  // borrowed when writing
+  size_t bytes = 0;
+};
+
+struct FileInfo {
+  std::string name;   // relative to the tag directory
+  int rank = 0;
+  uint64_t bytes = 0;
+  std::string xxh3;   // 16 lowercase hex digits of XXH3-64 over the whole file
+};
+
+// Size and XXH3-64 of the file at `path` as it is on disk (name = path);
+// throws CheckpointError naming the path when it cannot be read.
+FileInfo hash_file(const std::string& path);
+// Replaces `path` with `content` durably and atomically: "<path>.tmp", fsync,
+// rename, fsync of the directory; on failure the temporary is removed, an
+// existing `path` is untouched and CheckpointError names the path and errno.
+void write_file_durably(const std::string& path, const std::string& content);
+
+// Writes `tensors` as one safetensors file at `path`, durably: to
+// "<path>.tmp", fsync, rename, fsync of the directory. Hashes while writing.
+// On any failure (ENOSPC, EIO, short write) removes the temporary file and
+// throws CheckpointError naming the path and errno's text; an existing file
+// at `path` is untouched until the rename. Returns the size and checksum, with
+// name = the last component of `path` and rank = 0 (the caller sets the rank).
+// Data starts at a multiple of 8 bytes (the header is padded with spaces) and
+// tensors follow each other in the order given, without gaps.
+FileInfo write_safetensors(const std::string& path, const std::vector<TensorData>& tensors,
+                           const std::map<std::string, std::string>& metadata = {});
+
+// A safetensors file opened for reading tensors by byte range.
+class SafetensorsFile {
+ public:
+  // Parses and validates the header (length within the file, JSON, known
+  // dtypes, shape x dtype size == byte range, ranges inside the file, no
+  // overlap); throws CheckpointError naming the path and what is wrong
+  // (e.g. "truncated: header says 4096 bytes of data, file has 1000").
+  explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  struct Entry {
+    DType dtype;
+    std::vector<int64_t> shape;
+    uint64_t begin = 0, end = 0;  // byte range, relative to the data section
+  };
+  const std::string& path() const { return path_; }
+  const std::map<std::string, Entry>& entries() const { return entries_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  uint64_t file_bytes() const;
+  // Copies bytes [byte_offset, byte_offset + bytes) of tensor `name` into dst.
+  void read(const std::string& name, uint64_t byte_offset, uint64_t bytes, void* dst) const;
+  // Hashes the whole file; throws CheckpointError naming the file, the
+  // expected and the actual checksum and size when they differ.
+  void verify(const FileInfo& expected) const;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t data_start_ = 0, file_bytes_ = 0;
+  std::map<std::string, Entry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+struct ParamInfo {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool trainable = true;  // trainable: fragments; else one "module/<name>" tensor
+};
+
+struct Manifest {
+  std::string format = kFormatName;
+  int version = kFormatVersion;
+  std::string tag;
+  int world_size = 1;
+  int stage = 0;
+  std::string dtype;               // training dtype: "F32", "F16", "BF16"
+  std::string optimizer;           // optimizer.type
+  std::vector<std::string> states; // optimizer state kinds stored per fragment ("exp_avg", ...)
+  std::vector<ParamInfo> params;   // every named parameter once (trainable and frozen)
+  std::vector<std::string> buffers;
+  std::vector<FileInfo> files;     // one per rank (from_json: exactly world_size, ranks 0..N-1 once)
+  nlohmann::json engine;           // counters, loss scaler, scheduler (the engine's business)
+  nlohmann::json client_state;
+
+  nlohmann::json to_json() const;
+  // Validates format name, version (unknown: error saying which versions this
+  // build reads) and required keys; `where` names the file in errors.
+  static Manifest from_json(const nlohmann::json& j, const std::string& where);
+};
+
+// Paths and the `latest` pointer.
+std::string tag_dir(const std::string& dir, const std::string& tag);
+std::string rank_file_name(int rank);  // "rank00003.safetensors"
+std::string manifest_path(const std::string& dir, const std::string& tag);
+// Atomically replaces <dir>/latest with `tag` (temporary, fsync, rename, fsync dir).
+// Refuses (CheckpointError) when <dir>/<tag>/manifest.json does not exist yet:
+// the manifest is written last, then `latest`.
+void write_latest(const std::string& dir, const std::string& tag);
+// The tag in <dir>/latest; throws CheckpointError when dir or latest is
+// missing, listing the tags present (directories holding a manifest.json).
+std::string read_latest(const std::string& dir);
+// Complete tags (directories holding a manifest.json; hidden ones skipped), in
+// natural order: "global_step9" before "global_step10".
+std::vector<std::string> list_tags(const std::string& dir);
+// <dir>/<m.tag>/manifest.json, durably like write_safetensors; creates the
+// tag directory when missing.
+void write_manifest(const std::string& dir, const Manifest& m);
+// Reads and validates; errors name the path (missing: "no manifest ...
+// the save was interrupted or the tag is wrong; complete tags: ...").
+Manifest read_manifest(const std::string& dir, const std::string& tag);
+
+// All fragments of a checkpoint, for reading any element range of any
+// (kind, parameter) whatever the world size that wrote it.
+class FragmentReader {
+ public:
+  // Opens the rank files lazily. With verify = true, a file's size is checked
+  // against the manifest when it is opened and its XXH3-64 over the whole
+  // file the first time data is read from it; the fragment index (first
+  // read_f32) reads every file's header only. A rank file that is missing
+  // on disk is an error naming it. Fragments may come from any world size;
+  // F16/BF16/F64 fragments are converted to F32. Not thread-safe.
+  FragmentReader(const std::string& dir, const Manifest& manifest, bool verify = true);
+  ~FragmentReader();
+  // Copies elements [start, start + length) of the flattened `param` of
+  // `kind` (stored as F32) into dst; throws CheckpointError naming the
+  // kind, parameter and the missing element range when fragments do not
+  // cover it.
+  void read_f32(const std::string& kind, const std::string& param, int64_t start, int64_t length,
+                float* dst);
+  // Shared verification for a load by many ranks: hashes the files written
+  // by `ranks` now and skips the hash of the others (their sizes are still
+  // checked), which other ranks verify; the callers agree on the outcome.
+  // Each file is then read from disk once for its hash, whoever reads from it.
+  void verify_only(const std::vector<int>& ranks);
+  // Whole "module/<name>" or "rng/<name>" tensor from the file of `rank`.
+  bool has(int rank, const std::string& tensor_name);
+  TensorData read_whole(int rank, const std::string& tensor_name, std::vector<uint8_t>& storage);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Assembles full fp32 weights of every parameter (master fragments for
+// trainable ones, frozen ones and floating buffers converted to F32, others
+// as stored) and writes them to one safetensors file at `out`.
+// Returns the number of tensors written.
+int64_t consolidate(const std::string& dir, const std::string& tag, const std::string& out);
+
+}  // namespace zero::ckpt

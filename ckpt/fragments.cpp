@@ -1,0 +1,250 @@
+// FragmentReader: reads any element range of any (kind, parameter) from the
+// fragments every rank wrote, whatever the world size that wrote them.
+// See Note [Checkpoint layout] in checkpoint.h.
+//
+// Files are opened lazily. Building the fragment index (first read_f32)
+// parses the header of every rank file, which is cheap; a file's data is
+// hashed against the manifest (verify) only when data is first read from it.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#include "ckpt/checkpoint.h"
+#include "zero/error.h"
+
+namespace zero::ckpt {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& message) { throw CheckpointError(message); }
+
+std::string range_string(int64_t a, int64_t b) { return "[" + std::to_string(a) + ", " + std::to_string(b) + ")"; }
+
+}  // namespace
+
+struct FragmentReader::Impl {
+  struct Slot {
+    FileInfo info;
+    std::string path;
+    std::unique_ptr<SafetensorsFile> file;
+    bool verified = false;
+  };
+  struct Fragment {
+    int64_t offset = 0, length = 0;
+    size_t slot = 0;
+    std::string tensor;
+    DType dtype = DType::F32;
+  };
+
+  std::string where;  // "checkpoint <dir>/<tag>"
+  std::string manifest_file;
+  Manifest manifest;
+  bool verify = true;
+  int world_size = 1;
+  std::vector<Slot> slots;
+  std::map<int, size_t> slot_of_rank;
+  std::map<std::string, int64_t> numel;  // parameter -> elements
+  bool indexed = false;
+  std::map<std::pair<std::string, std::string>, std::vector<Fragment>> index;  // (kind, param)
+
+  SafetensorsFile& open(size_t i) {
+    Slot& s = slots[i];
+    if (s.file) return *s.file;
+    struct stat st {};
+    if (::stat(s.path.c_str(), &st) != 0) {
+      int e = errno;
+      if (e == ENOENT)
+        fail("missing checkpoint file " + s.path + " (rank " + std::to_string(s.info.rank) + " of world size " +
+             std::to_string(world_size) + ", listed in " + manifest_file +
+             "): the checkpoint is incomplete; copy the file back or load another tag");
+      fail(std::string(std::strerror(e)) + " opening checkpoint file " + s.path);
+    }
+    if (verify && static_cast<uint64_t>(st.st_size) != s.info.bytes)
+      fail("size mismatch: " + s.path + " has " + std::to_string(st.st_size) + " bytes, " + manifest_file + " says " +
+           std::to_string(s.info.bytes) + "; the file was truncated or replaced: restore it or load another tag");
+    s.file = std::make_unique<SafetensorsFile>(s.path);
+    return *s.file;
+  }
+
+  // Hashes the whole file the first time data is read from it.
+  SafetensorsFile& open_for_data(size_t i) {
+    SafetensorsFile& f = open(i);
+    if (verify && !slots[i].verified) {
+      f.verify(slots[i].info);
+      slots[i].verified = true;
+    }
+    return f;
+  }
+
+  void build_index() {
+    if (indexed) return;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      SafetensorsFile& f = open(i);
+      for (const auto& [name, entry] : f.entries()) {
+        auto first = name.find('/');
+        auto last = name.rfind('/');
+        if (first == std::string::npos || first == last) continue;
+        std::string kind = name.substr(0, first);
+        if (kind == "module" || kind == "rng") continue;
+        std::string param = name.substr(first + 1, last - first - 1);
+        std::string off = name.substr(last + 1);
+        if (off.empty() || off.size() > 18 || !std::all_of(off.begin(), off.end(), [](char c) { return c >= '0' && c <= '9'; }))
+          continue;  // not a fragment name
+        if (entry.shape.size() != 1)
+          fail("fragment \"" + name + "\" in " + f.path() + " is not 1-D (shape has " +
+               std::to_string(entry.shape.size()) + " dimensions)");
+        if (!dtype_is_floating(entry.dtype))
+          fail("fragment \"" + name + "\" in " + f.path() + " holds " + dtype_name(entry.dtype) +
+               ", not a floating dtype");
+        Fragment fr;
+        fr.offset = std::stoll(off);
+        fr.length = entry.shape[0];
+        fr.slot = i;
+        fr.tensor = name;
+        fr.dtype = entry.dtype;
+        index[{kind, param}].push_back(std::move(fr));
+      }
+    }
+    for (auto& [key, frags] : index)
+      std::sort(frags.begin(), frags.end(), [](const Fragment& a, const Fragment& b) {
+        return a.offset != b.offset ? a.offset < b.offset : a.length > b.length;
+      });
+    indexed = true;
+  }
+
+  std::string fragments_present(const std::vector<Fragment>& frags) const {
+    std::string s;
+    size_t shown = 0;
+    for (const Fragment& f : frags) {
+      if (++shown > 16) {
+        s += ", ...";
+        break;
+      }
+      s += (s.empty() ? "" : ", ") + range_string(f.offset, f.offset + f.length) + " in " + slots[f.slot].info.name;
+    }
+    return s;
+  }
+
+  std::string kinds_of(const std::string& param) const {
+    std::string s;
+    for (const auto& [key, frags] : index)
+      if (key.second == param) s += (s.empty() ? "" : ", ") + key.first;
+    return s.empty() ? "none" : s;
+  }
+};
+
+void FragmentReader::verify_only(const std::vector<int>& ranks) {
+  Impl& I = *impl_;
+  for (auto& slot : I.slots) {
+    if (std::find(ranks.begin(), ranks.end(), slot.info.rank) == ranks.end()) slot.verified = true;  // someone else's
+  }
+  for (int r : ranks) {
+    auto it = I.slot_of_rank.find(r);
+    if (it != I.slot_of_rank.end()) I.open_for_data(it->second);
+  }
+}
+
+FragmentReader::FragmentReader(const std::string& dir, const Manifest& manifest, bool verify)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& I = *impl_;
+  I.manifest = manifest;
+  I.verify = verify;
+  I.world_size = manifest.world_size;
+  I.where = "checkpoint " + tag_dir(dir, manifest.tag);
+  I.manifest_file = manifest_path(dir, manifest.tag);
+  for (const FileInfo& f : manifest.files) {
+    Impl::Slot s;
+    s.info = f;
+    s.path = tag_dir(dir, manifest.tag) + "/" + f.name;
+    I.slot_of_rank[f.rank] = I.slots.size();
+    I.slots.push_back(std::move(s));
+  }
+  for (const ParamInfo& p : manifest.params) {
+    int64_t n = 1;
+    for (int64_t d : p.shape) n *= d;
+    I.numel[p.name] = n;
+  }
+}
+
+FragmentReader::~FragmentReader() = default;
+
+void FragmentReader::read_f32(const std::string& kind, const std::string& param, int64_t start, int64_t length,
+                              float* dst) {
+  Impl& I = *impl_;
+  const std::string what = I.where + ": \"" + kind + "\" of parameter \"" + param + "\"";
+  if (start < 0 || length < 0) fail(what + ": invalid element range " + range_string(start, start + length));
+  auto n = I.numel.find(param);
+  if (n != I.numel.end() && start + length > n->second)
+    fail(what + ": element range " + range_string(start, start + length) + " is outside the parameter's " +
+         std::to_string(n->second) + " elements");
+  if (length == 0) return;
+  I.build_index();
+  auto it = I.index.find({kind, param});
+  if (it == I.index.end())
+    fail(what + ": no fragments at all (kinds stored for \"" + param + "\": " + I.kinds_of(param) +
+         "); elements " + range_string(start, start + length) + " are missing");
+  const std::vector<Impl::Fragment>& frags = it->second;
+  const int64_t end = start + length;
+  int64_t cursor = start;
+  std::vector<char> tmp;
+  for (const Impl::Fragment& f : frags) {
+    const int64_t fend = f.offset + f.length;
+    if (f.length == 0 || fend <= cursor) continue;
+    if (f.offset >= end) break;
+    if (f.offset > cursor)
+      fail(what + ": no fragment covers elements " + range_string(cursor, f.offset) + " (reading " +
+           range_string(start, end) + "; fragments present: " + I.fragments_present(frags) +
+           "); the checkpoint is incomplete");
+    const int64_t to = std::min(end, fend);
+    const int64_t count = to - cursor;
+    const uint64_t esize = dtype_size(f.dtype);
+    SafetensorsFile& file = I.open_for_data(f.slot);
+    const uint64_t byte_off = static_cast<uint64_t>(cursor - f.offset) * esize;
+    if (f.dtype == DType::F32) {
+      file.read(f.tensor, byte_off, static_cast<uint64_t>(count) * 4, dst + (cursor - start));
+    } else {
+      tmp.resize(static_cast<size_t>(count) * esize);
+      file.read(f.tensor, byte_off, tmp.size(), tmp.data());
+      convert_to_f32(f.dtype, tmp.data(), static_cast<size_t>(count), dst + (cursor - start));
+    }
+    cursor = to;
+    if (cursor >= end) break;
+  }
+  if (cursor < end)
+    fail(what + ": no fragment covers elements " + range_string(cursor, end) + " (reading " + range_string(start, end) +
+         "; fragments present: " + I.fragments_present(frags) + "); the checkpoint is incomplete");
+}
+
+bool FragmentReader::has(int rank, const std::string& tensor_name) {
+  Impl& I = *impl_;
+  auto it = I.slot_of_rank.find(rank);
+  if (it == I.slot_of_rank.end()) return false;
+  return I.open(it->second).entries().count(tensor_name) > 0;
+}
+
+TensorData FragmentReader::read_whole(int rank, const std::string& tensor_name, std::vector<uint8_t>& storage) {
+  Impl& I = *impl_;
+  auto it = I.slot_of_rank.find(rank);
+  if (it == I.slot_of_rank.end())
+    fail(I.where + ": no file for rank " + std::to_string(rank) + " in " + I.manifest_file + " (world size " +
+         std::to_string(I.world_size) + ")");
+  SafetensorsFile& f = I.open(it->second);
+  auto e = f.entries().find(tensor_name);
+  if (e == f.entries().end())
+    fail(I.where + ": no tensor \"" + tensor_name + "\" in " + f.path() + " (rank " + std::to_string(rank) + ")");
+  I.open_for_data(it->second);
+  TensorData t;
+  t.name = tensor_name;
+  t.dtype = e->second.dtype;
+  t.shape = e->second.shape;
+  t.bytes = e->second.end - e->second.begin;
+  storage.resize(t.bytes);
+  f.read(tensor_name, 0, t.bytes, storage.data());
+  t.data = storage.data();
+  return t;
+}
+
+}  // namespace zero::ckpt

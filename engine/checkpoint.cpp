@@ -1,0 +1,484 @@
+// Engine::save_checkpoint / load_checkpoint over ckpt/ (Note [Checkpoint
+// layout] in ckpt/checkpoint.h): every rank writes the fragments of the
+// parameters its partition holds, in model space, so that any world size
+// and stage loads them directly.
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <csignal>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/checkpoint.h"
+#include "core/env.h"
+#include "engine/engine_impl.h"
+#include "engine/optimizer.h"
+#include "zero/error.h"
+#include "zero/log.h"
+
+namespace zero {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+ckpt::DType to_ckpt(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return ckpt::DType::F32;
+    case at::kHalf: return ckpt::DType::F16;
+    case at::kBFloat16: return ckpt::DType::BF16;
+    case at::kDouble: return ckpt::DType::F64;
+    case at::kLong: return ckpt::DType::I64;
+    case at::kInt: return ckpt::DType::I32;
+    case at::kByte: return ckpt::DType::U8;
+    case at::kBool: return ckpt::DType::BOOL;
+    default: throw CheckpointError(std::string("cannot store tensors of dtype ") + c10::toString(t));
+  }
+}
+
+at::ScalarType from_ckpt(ckpt::DType d) {
+  switch (d) {
+    case ckpt::DType::F32: return at::kFloat;
+    case ckpt::DType::F16: return at::kHalf;
+    case ckpt::DType::BF16: return at::kBFloat16;
+    case ckpt::DType::F64: return at::kDouble;
+    case ckpt::DType::I64: return at::kLong;
+    case ckpt::DType::I32: return at::kInt;
+    case ckpt::DType::U8: return at::kByte;
+    case ckpt::DType::BOOL: return at::kBool;
+  }
+  return at::kFloat;
+}
+
+std::string fragment_name(const std::string& kind, const std::string& param, int64_t offset) {
+  return kind + "/" + param + "/" + std::to_string(offset);
+}
+
+// The model's named tensors as a checkpoint describes them: every parameter
+// once (a tied one under its first name), and the buffers.
+struct ModelTensors {
+  std::vector<ckpt::ParamInfo> params;
+  std::vector<std::pair<std::string, at::Tensor>> frozen, buffers;
+};
+
+ModelTensors describe(torch::nn::Module& module) {
+  ModelTensors out;
+  std::set<const void*> seen;
+  for (const auto& item : module.named_parameters()) {
+    const at::Tensor& p = item.value();
+    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+    out.params.push_back({item.key(), p.sizes().vec(), p.requires_grad()});
+    if (!p.requires_grad()) out.frozen.emplace_back(item.key(), p);
+  }
+  for (const auto& item : module.named_buffers()) out.buffers.emplace_back(item.key(), item.value());
+  return out;
+}
+
+void check_tag(const std::string& tag) {
+  if (tag.empty() || tag == "latest" || tag[0] == '.' || tag.find('/') != std::string::npos) {
+    throw CheckpointError("checkpoint tag \"" + tag + "\" is not usable as a folder name; use e.g. \"global_step100\"");
+  }
+}
+
+// Every rank says how its part went: its error message, empty when it went
+// well (the first kMessage bytes). Returns rank -> message for the failed ranks.
+constexpr int64_t kMessage = 2048;
+std::map<int, std::string> failures(comm::ProcessGroup& pg, const std::string& my_error) {
+  at::Tensor mine = torch::zeros({kMessage}, at::kByte);
+  std::memcpy(mine.data_ptr(), my_error.data(), std::min<size_t>(my_error.size(), kMessage - 1));
+  at::Tensor all = torch::empty({pg.size() * kMessage}, at::kByte);
+  pg.all_gather(all, mine);
+  std::map<int, std::string> failed;
+  for (int r = 0; r < pg.size(); ++r) {
+    const char* text = reinterpret_cast<const char*>(all.data_ptr<uint8_t>() + r * kMessage);
+    if (text[0] != 0) failed[r] = std::string(text, strnlen(text, kMessage));
+  }
+  return failed;
+}
+
+// Throws on every rank when any rank failed, with every failed rank's message.
+void agree(comm::ProcessGroup& pg, const std::string& my_error, const std::string& what, const std::string& suffix = "") {
+  const auto failed = failures(pg, my_error);
+  if (failed.empty()) return;
+  if (failed.size() == 1 && failed.count(pg.rank())) throw CheckpointError(my_error + suffix);
+  std::string message = what + ":";
+  for (const auto& [rank, text] : failed) message += "\n  rank " + std::to_string(rank) + ": " + text;
+  throw CheckpointError(message + suffix);
+}
+
+// Test hook: ZERO_CKPT_FAULT=kill-after-write:<rank> kills that rank once its
+// file is written, before the checkpoint is complete (an interrupted save).
+void maybe_inject_fault(int rank) {
+  const std::string fault = env::ckpt_fault();
+  if (fault == "kill-after-write:" + std::to_string(rank)) std::raise(SIGKILL);
+}
+
+std::string xxh3_hex(uint64_t h) {
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(h));
+  return text;
+}
+
+at::Generator cpu_generator() { return at::detail::getDefaultCPUGenerator(); }
+
+}  // namespace
+
+void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in, const std::string& client_state) {
+  Impl& s = *impl_;
+  const std::string tag = tag_in.empty() ? "global_step" + std::to_string(s.global_steps) : tag_in;
+  check_tag(tag);
+  json client;
+  try {
+    client = json::parse(client_state.empty() ? "{}" : client_state);
+  } catch (const json::exception& e) {
+    throw CheckpointError("save_checkpoint: client_state is not JSON text (" + std::string(e.what()) + ")");
+  }
+  comm::ProcessGroup& pg = *s.pg;
+  const int rank = pg.rank();
+  const auto start = Clock::now();
+  // Files are written under <dir>/.saving/<tag>/ and the folder is renamed
+  // to <dir>/<tag> once complete: an interrupted save never leaves a
+  // half-written tag behind, and `latest` moves only after that.
+  const fs::path root(dir), saving_root = root / ".saving", staging = saving_root / tag;
+  std::string error;
+  if (rank == 0) {
+    try {
+      fs::create_directories(root);
+      fs::remove_all(staging);
+      fs::create_directories(staging);
+    } catch (const std::exception& e) {
+      error = "save_checkpoint: cannot create " + staging.string() + ": " + e.what();
+    }
+  }
+  agree(pg, error, "save_checkpoint: preparing " + staging.string());
+
+  // NVMe offload: the master weights and states come back for the save.
+  struct Resident {
+    offload::SwappedTensors* store;
+    explicit Resident(offload::SwappedTensors* s) : store(s) {
+      if (store) store->swap_in_all();
+    }
+    ~Resident() {
+      if (store) store->swap_out_all();
+    }
+  } resident(s.nvme.get());
+
+  // This rank's tensors (borrowed by the writer: `keep` holds them).
+  std::vector<at::Tensor> keep;
+  std::vector<ckpt::TensorData> tensors;
+  auto add = [&](const std::string& name, const at::Tensor& t) {
+    at::Tensor cpu = t.detach().to(at::kCPU).contiguous();
+    keep.push_back(cpu);
+    tensors.push_back({name, to_ckpt(cpu.scalar_type()), cpu.sizes().vec(), cpu.data_ptr(), cpu.nbytes()});
+  };
+  const auto& masters = s.sharded->master_tensors();
+  std::vector<std::string> kinds;
+  for (const auto& kind : engine::state_kinds(s.config.optimizer)) {
+    if (!masters.empty() && engine::state_tensor(*s.optimizer, s.config.optimizer, masters.front(), kind, false).defined()) {
+      kinds.push_back(kind);
+    }
+  }
+  // At stage 0 every rank holds everything: rank 0 writes it.
+  if (s.sharded->owners() > 1 || rank == 0) {
+    for (const auto& f : s.sharded->fragments()) {
+      const std::string& name = s.sharded->param(f.param).name;
+      add(fragment_name("fp32", name, f.param_offset), masters[f.bucket].slice(0, f.start, f.start + f.length));
+      for (const auto& kind : kinds) {
+        at::Tensor state = engine::state_tensor(*s.optimizer, s.config.optimizer, masters[f.bucket], kind, false);
+        add(fragment_name(kind, name, f.param_offset), state.slice(0, f.start, f.start + f.length));
+      }
+    }
+  }
+  const ModelTensors model = describe(*s.module);
+  if (rank == 0) {
+    for (const auto& [name, t] : model.frozen) add("module/" + name, t);
+    for (const auto& [name, t] : model.buffers) add("module/" + name, t);
+  }
+  const bool mid_accumulation = s.micro_steps % s.gas != 0;
+  if (mid_accumulation) add("accum/grads", s.sharded->accumulated_grads());
+  {
+    auto gen = cpu_generator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    add("rng/cpu", gen.get_state());
+  }
+
+  ckpt::FileInfo info;
+  try {
+    info = ckpt::write_safetensors((staging / ckpt::rank_file_name(rank)).string(), tensors,
+                                   {{"format", ckpt::kFormatName}, {"rank", std::to_string(rank)}});
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  maybe_inject_fault(rank);
+
+  // Rank 0 learns every file's size and checksum.
+  at::Tensor mine = torch::tensor({error.empty() ? 1L : 0L, static_cast<int64_t>(info.bytes),
+                                   static_cast<int64_t>(std::stoull(error.empty() ? info.xxh3 : "0", nullptr, 16))},
+                                  at::kLong);
+  at::Tensor all = torch::empty({pg.size() * 3}, at::kLong);
+  pg.all_gather(all, mine);
+  bool any_failed = false;
+  for (int r = 0; r < pg.size(); ++r) any_failed = any_failed || all[3 * r].item<int64_t>() == 0;
+  if (any_failed) {
+    if (rank == 0) {
+      std::error_code ignored;
+      fs::remove_all(staging, ignored);
+    }
+    const std::string kept = fs::exists(root / "latest") ? "; " + (root / "latest").string() + " still names the previous checkpoint" : "";
+    agree(pg, error, "save_checkpoint: writing " + (root / tag).string() + " failed", kept);  // throws
+  }
+
+  if (rank == 0) {
+    try {
+      ckpt::Manifest m;
+      m.tag = tag;
+      m.world_size = pg.size();
+      m.stage = s.config.zero_optimization.stage;
+      m.dtype = ckpt::dtype_name(to_ckpt(s.dtype));
+      m.optimizer = s.config.optimizer.type;
+      m.states = kinds;
+      m.params = model.params;
+      for (const auto& [name, t] : model.buffers) m.buffers.push_back(name);
+      for (int r = 0; r < pg.size(); ++r) {
+        m.files.push_back({ckpt::rank_file_name(r), r, static_cast<uint64_t>(all[3 * r + 1].item<int64_t>()),
+                           xxh3_hex(static_cast<uint64_t>(all[3 * r + 2].item<int64_t>()))});
+      }
+      json e;
+      e["global_steps"] = s.global_steps;
+      e["skipped_steps"] = s.skipped_steps;
+      e["micro_steps"] = s.micro_steps;
+      e["gradient_accumulation_steps"] = s.gas;
+      e["optimizer_steps"] = engine::step_count(*s.optimizer, s.config.optimizer, masters);
+      e["scheduler_steps"] = s.global_steps - s.skipped_steps - s.schedule_start;
+      e["lr"] = s.lr;
+      e["mid_accumulation"] = mid_accumulation;
+      if (s.scaler) {
+        const LossScalerState st = s.scaler->state();
+        e["loss_scaler"] = {{"scale", st.scale},
+                            {"cur_hysteresis", st.cur_hysteresis},
+                            {"last_overflow_iter", st.last_overflow_iter},
+                            {"cur_iter", st.cur_iter}};
+      }
+      m.engine = e;
+      m.client_state = client;
+      ckpt::write_manifest(saving_root.string(), m);
+      const fs::path final_dir = root / tag, replaced = saving_root / (tag + ".replaced");
+      std::error_code ignored;
+      fs::remove_all(replaced, ignored);
+      if (fs::exists(final_dir)) fs::rename(final_dir, replaced);
+      fs::rename(staging, final_dir);
+      fs::remove_all(replaced, ignored);
+      ckpt::write_latest(dir, tag);
+    } catch (const std::exception& e) {
+      error = std::string("save_checkpoint: finishing ") + (root / tag).string() + ": " + e.what();
+    }
+  }
+  agree(pg, error, "save_checkpoint: finishing " + (root / tag).string());
+  log::info("ckpt", "saved " + (root / tag).string() + " (" + std::to_string(pg.size()) + " file(s), this rank " +
+                        std::to_string(info.bytes) + " bytes in " +
+                        std::to_string(std::chrono::duration<double>(Clock::now() - start).count()) + " s)");
+}
+
+std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag_in, const LoadOptions& options) {
+  Impl& s = *impl_;
+  comm::ProcessGroup& pg = *s.pg;
+  const std::string tag = tag_in.empty() ? ckpt::read_latest(dir) : tag_in;
+  const ckpt::Manifest m = ckpt::read_manifest(dir, tag);
+  const std::string where = (fs::path(dir) / tag).string();
+
+  // The model must match the checkpoint by names and shapes.
+  const ModelTensors model = describe(*s.module);
+  std::unordered_map<std::string, const ckpt::ParamInfo*> saved;
+  for (const auto& p : m.params) saved[p.name] = &p;
+  std::vector<std::string> missing, unexpected, reshaped;
+  std::set<std::string> current;
+  for (const auto& p : model.params) {
+    current.insert(p.name);
+    auto it = saved.find(p.name);
+    if (it == saved.end()) {
+      missing.push_back(p.name);
+    } else if (it->second->shape != p.shape) {
+      reshaped.push_back(p.name + " " + json(it->second->shape).dump() + " in the checkpoint, " + json(p.shape).dump() + " in the model");
+    }
+  }
+  for (const auto& p : m.params) {
+    if (!current.count(p.name)) unexpected.push_back(p.name);
+  }
+  std::set<std::string> saved_buffers(m.buffers.begin(), m.buffers.end());
+  for (const auto& [name, t] : model.buffers) {
+    if (!saved_buffers.count(name)) missing.push_back(name + " (buffer)");
+  }
+  if (!missing.empty() || !unexpected.empty() || !reshaped.empty()) {
+    auto list = [](const std::vector<std::string>& v) {
+      std::string out;
+      for (size_t i = 0; i < v.size() && i < 20; ++i) out += "\n  " + v[i];
+      if (v.size() > 20) out += "\n  ... and " + std::to_string(v.size() - 20) + " more";
+      return out;
+    };
+    std::string msg = "load_checkpoint: " + where + " does not match the model:";
+    if (!missing.empty()) msg += "\nin the model, not in the checkpoint:" + list(missing);
+    if (!unexpected.empty()) msg += "\nin the checkpoint, not in the model:" + list(unexpected);
+    if (!reshaped.empty()) msg += "\nshapes differ:" + list(reshaped);
+    throw CheckpointError(msg);
+  }
+  const bool restore_training = !options.load_module_only;
+  const bool restore_states = restore_training && options.load_optimizer_states;
+  const bool mid_accumulation = restore_training && m.engine.value("mid_accumulation", false);
+  if (restore_states && !m.states.empty()) {
+    for (const auto& kind : engine::state_kinds(s.config.optimizer)) {
+      if (std::find(m.states.begin(), m.states.end(), kind) == m.states.end()) {
+        throw CheckpointError("load_checkpoint: " + where + " holds the state of optimizer " + m.optimizer +
+                              " without \"" + kind + "\", which " + s.config.optimizer.type +
+                              " needs; load with load_optimizer_states = false to start the optimizer afresh");
+      }
+    }
+  }
+  if (mid_accumulation && (m.world_size != pg.size() || m.stage != s.config.zero_optimization.stage ||
+                           m.engine.value("gradient_accumulation_steps", int64_t{1}) != s.gas)) {
+    throw CheckpointError("load_checkpoint: " + where + " was saved in the middle of a gradient accumulation (micro step " +
+                          std::to_string(m.engine.value("micro_steps", int64_t{0})) + "), whose partial gradients resume only at "
+                          "world size " + std::to_string(m.world_size) + ", stage " + std::to_string(m.stage) +
+                          " and the same gradient_accumulation_steps; save at an accumulation boundary to change them");
+  }
+
+  // Every rank issues the same collectives (the bucket all-gathers) whatever
+  // fails on it; the failures are agreed on at the end.
+  std::string error;
+  auto attempt = [&](const auto& part) {
+    if (!error.empty()) return;
+    try {
+      part();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  };
+  if (s.nvme) s.nvme->swap_in_all();  // NVMe offload: filled here, written back below
+  std::unique_ptr<ckpt::FragmentReader> reader;
+  attempt([&] {
+    reader = std::make_unique<ckpt::FragmentReader>(dir, m);
+    std::vector<int> mine;  // each file is hashed by one rank: file f by rank f % world size
+    for (int f = pg.rank(); f < m.world_size; f += pg.size()) mine.push_back(f);
+    reader->verify_only(mine);
+  });
+  std::unordered_map<std::string, bool> trainable_then;
+  for (const auto& p : m.params) trainable_then[p.name] = p.trainable;
+  std::vector<uint8_t> storage;
+  // Elements of a parameter as fp32: from master fragments, or from the
+  // whole tensor when it was frozen then.
+  auto read_param = [&](const std::string& name, int64_t offset, int64_t length, float* dst) {
+    if (trainable_then[name]) {
+      reader->read_f32("fp32", name, offset, length, dst);
+      return;
+    }
+    ckpt::TensorData t = reader->read_whole(0, "module/" + name, storage);
+    at::Tensor whole = torch::from_blob(const_cast<void*>(t.data), {static_cast<int64_t>(t.bytes / ckpt::dtype_size(t.dtype))},
+                                        from_ckpt(t.dtype))
+                           .to(at::kFloat);
+    std::memcpy(dst, whole.data_ptr<float>() + offset, length * sizeof(float));
+  };
+
+  // Master weights (and optimizer states) of this rank's partition, bucket
+  // by bucket; each bucket's parameters are published (all-gathered) while
+  // the next one is read.
+  const auto& masters = s.sharded->master_tensors();
+  const auto fragments = s.sharded->fragments();
+  std::vector<std::string> all_kinds{"fp32"};
+  if (restore_states) all_kinds.insert(all_kinds.end(), m.states.begin(), m.states.end());
+  std::vector<comm::WorkHandle> publishing;
+  for (size_t k = 0; k < masters.size(); ++k) {
+    attempt([&] {
+      for (const auto& kind : all_kinds) {
+        at::Tensor target = kind == "fp32" ? masters[k]
+                                           : engine::state_tensor(*s.optimizer, s.config.optimizer, masters[k], kind, true);
+        if (!target.defined()) continue;
+        // Host tensors are read into directly; others through a host copy
+        // (which keeps the padding as it is).
+        const bool direct = target.is_cpu() && target.is_contiguous();
+        at::Tensor cpu = direct ? target : target.to(at::kCPU).contiguous();
+        for (const auto& f : fragments) {
+          if (f.bucket != static_cast<int64_t>(k)) continue;
+          const std::string& name = s.sharded->param(f.param).name;
+          float* dst = cpu.data_ptr<float>() + f.start;
+          if (kind == "fp32") {
+            read_param(name, f.param_offset, f.length, dst);
+          } else if (trainable_then[name]) {
+            reader->read_f32(kind, name, f.param_offset, f.length, dst);
+          } else {
+            std::fill(dst, dst + f.length, 0.0f);  // frozen then: no state yet
+          }
+        }
+        if (!direct) {
+          torch::NoGradGuard no_grad;
+          target.copy_(cpu);
+        }
+      }
+    });
+    publishing.push_back(s.sharded->publish_bucket(k));  // the loaded master weights become the parameters
+  }
+  for (auto& w : publishing) {
+    if (w) w->wait();
+  }
+
+  attempt([&] {
+    if (restore_states && !m.states.empty()) {
+      engine::set_step_count(*s.optimizer, s.config.optimizer, masters, m.engine.value("optimizer_steps", int64_t{0}));
+    }
+    // Frozen parameters and buffers, in the dtype the model holds them.
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, t] : model.frozen) {
+      at::Tensor values = torch::empty({t.numel()}, at::kFloat);
+      read_param(name, 0, t.numel(), values.data_ptr<float>());
+      t.copy_(values.view(t.sizes()));
+    }
+    for (const auto& [name, t] : model.buffers) {
+      ckpt::TensorData d = reader->read_whole(0, "module/" + name, storage);
+      at::Tensor values = torch::from_blob(const_cast<void*>(d.data), d.shape, from_ckpt(d.dtype));
+      t.copy_(values.view(t.sizes()));
+    }
+    if (restore_training) {
+      const std::string rng = "rng/cpu";
+      if (pg.rank() < m.world_size && reader->has(pg.rank(), rng)) {
+        ckpt::TensorData d = reader->read_whole(pg.rank(), rng, storage);
+        at::Tensor state = torch::from_blob(const_cast<void*>(d.data), d.shape, at::kByte).clone();
+        auto gen = cpu_generator();
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        gen.set_state(state);
+      }
+      if (mid_accumulation) {
+        ckpt::TensorData d = reader->read_whole(pg.rank(), "accum/grads", storage);
+        s.sharded->restore_accumulated_grads(torch::from_blob(const_cast<void*>(d.data), d.shape, from_ckpt(d.dtype)));
+      } else {
+        s.sharded->zero_grads();
+      }
+    }
+  });
+  if (s.nvme) s.nvme->swap_out_all();
+  agree(pg, error, "load_checkpoint: " + where);
+
+  if (restore_training) {
+    const json& e = m.engine;
+    s.global_steps = e.value("global_steps", int64_t{0});
+    s.skipped_steps = e.value("skipped_steps", int64_t{0});
+    s.micro_steps = e.value("micro_steps", int64_t{0});
+    if (!mid_accumulation) s.micro_steps -= s.micro_steps % s.gas;
+    const int64_t taken = s.global_steps - s.skipped_steps;
+    s.schedule_start = options.load_lr_scheduler_states ? taken - e.value("scheduler_steps", taken) : taken;
+    s.lr = options.load_lr_scheduler_states ? e.value("lr", s.lr) : s.schedule->lr_at(0);
+    if (s.scaler && e.contains("loss_scaler")) {
+      const json& l = e["loss_scaler"];
+      s.scaler->set_state({l.value("scale", 1.0), l.value("cur_hysteresis", int64_t{1}),
+                           l.value("last_overflow_iter", int64_t{-1}), l.value("cur_iter", int64_t{0})});
+    }
+  }
+  log::info("ckpt", "loaded " + where + " (saved by " + std::to_string(m.world_size) + " rank(s) at stage " +
+                        std::to_string(m.stage) + ", step " + std::to_string(m.engine.value("global_steps", int64_t{0})) + ")");
+  return m.client_state.dump();
+}
+
+}  // namespace zero

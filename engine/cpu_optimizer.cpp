@@ -1,0 +1,247 @@
+#include "engine/cpu_optimizer.h"
+
+#include <chrono>
+#include <sstream>
+
+#include "offload/cpu_optimizer.h"
+#include "zero/error.h"
+
+namespace zero::engine {
+namespace {
+
+template <typename Key = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type>
+Key state_key(const at::Tensor& t) {  // torch::optim's key: a string in LibTorch 1.13, the pointer in 2.x
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;
+    key << t.unsafeGetTensorImpl();
+    return key.str();
+  } else {
+    return t.unsafeGetTensorImpl();
+  }
+}
+
+void check_host_fp32(const at::Tensor& t, const char* what) {
+  if (!t.is_cpu() || t.scalar_type() != at::kFloat || !t.is_contiguous()) {
+    throw OffloadError(std::string(what) + ": offloaded optimizer tensors must be contiguous fp32 host tensors");
+  }
+}
+
+void check_copies(const std::vector<torch::optim::OptimizerParamGroup>& groups, const std::vector<at::Tensor>& copies) {
+  if (copies.empty()) return;
+  size_t i = 0;
+  for (const auto& g : groups) {
+    for (const auto& p : g.params()) {
+      if (i >= copies.size()) throw OffloadError("fewer copy targets than offloaded tensors");
+      const at::Tensor& c = copies[i++];
+      const auto t = c.defined() ? c.scalar_type() : at::kFloat;
+      if (c.defined() && (c.numel() != p.numel() || (t != at::kHalf && t != at::kBFloat16 && t != at::kFloat) ||
+                          !c.is_cpu() || !c.is_contiguous())) {
+        throw OffloadError("a copy target must be a contiguous fp16/bf16/fp32 host tensor of its parameter's size");
+      }
+    }
+  }
+}
+
+at::Tensor run_closure(torch::optim::Optimizer::LossClosure& closure) {
+  if (!closure) return {};
+  at::AutoGradMode enable_grad(true);
+  return closure();
+}
+
+}  // namespace
+
+// ---- HostOptimizer ----
+
+std::pair<uint16_t*, int> HostOptimizer::copy_of(size_t i) const {
+  if (copies_.empty() || !copies_[i].defined() || copies_[i].scalar_type() == at::kFloat) {
+    return {nullptr, static_cast<int>(offload::CopyDtype::kNone)};
+  }
+  const at::Tensor& c = copies_[i];
+  const auto dtype = c.scalar_type() == at::kHalf ? offload::CopyDtype::kHalf : offload::CopyDtype::kBFloat16;
+  return {reinterpret_cast<uint16_t*>(c.data_ptr()), static_cast<int>(dtype)};
+}
+
+void HostOptimizer::finish_copy(size_t i, const at::Tensor& p) {
+  if (!copies_.empty() && copies_[i].defined() && copies_[i].scalar_type() == at::kFloat) copies_[i].copy_(p);
+}
+
+void HostOptimizer::use_store(offload::SwappedTensors* store, std::vector<std::vector<int>> ids, int64_t sub_group_numel) {
+  store_ = store;
+  ids_ = std::move(ids);
+  sub_group_numel_ = std::max<int64_t>(sub_group_numel, 1);
+}
+
+HostOptimizer::Timing HostOptimizer::take_timing() {
+  Timing t = timing_;
+  timing_ = Timing();
+  return t;
+}
+
+torch::Tensor HostOptimizer::step(LossClosure closure) {
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  at::Tensor loss = run_closure(closure);
+  // Flat parameter list, group by group.
+  std::vector<std::pair<torch::optim::OptimizerParamGroup*, at::Tensor*>> flat;
+  for (auto& group : param_groups_) {
+    for (auto& p : group.params()) flat.emplace_back(&group, &p);
+  }
+  if (!store_) {
+    const auto start = Clock::now();
+    for (size_t i = 0; i < flat.size(); ++i) update(*flat[i].first, *flat[i].second, i);
+    timing_.compute_s += since(start);
+    return loss;
+  }
+  // Sub-groups: consecutive parameters of about sub_group_numel elements.
+  std::vector<std::vector<size_t>> sub_groups(1);
+  int64_t filled = 0;
+  for (size_t i = 0; i < flat.size(); ++i) {
+    if (filled > 0 && filled + flat[i].second->numel() > sub_group_numel_) {
+      sub_groups.emplace_back();
+      filled = 0;
+    }
+    sub_groups.back().push_back(i);
+    filled += flat[i].second->numel();
+  }
+  auto ids_of = [&](size_t s) {
+    std::vector<int> ids;
+    for (size_t i : sub_groups[s]) ids.insert(ids.end(), ids_[i].begin(), ids_[i].end());
+    return ids;
+  };
+  // Read-ahead one sub-group, write-behind one: at most three are resident.
+  auto wait = Clock::now();
+  store_->swap_in(ids_of(0));
+  timing_.nvme_wait_s += since(wait);
+  for (size_t s = 0; s < sub_groups.size(); ++s) {
+    wait = Clock::now();
+    if (s + 1 < sub_groups.size()) store_->swap_in(ids_of(s + 1));
+    store_->wait_in(ids_of(s));
+    timing_.nvme_wait_s += since(wait);
+    const auto start = Clock::now();
+    for (size_t i : sub_groups[s]) update(*flat[i].first, *flat[i].second, i);
+    timing_.compute_s += since(start);
+    wait = Clock::now();
+    store_->swap_out(ids_of(s));
+    if (s > 0) store_->wait_out(ids_of(s - 1));
+    timing_.nvme_wait_s += since(wait);
+  }
+  wait = Clock::now();
+  store_->wait_out(ids_of(sub_groups.size() - 1));
+  timing_.nvme_wait_s += since(wait);
+  return loss;
+}
+
+// ---- CpuAdam ----
+
+CpuAdam::CpuAdam(std::vector<torch::optim::OptimizerParamGroup> groups, bool decoupled, std::vector<at::Tensor> copies)
+    : HostOptimizer(groups, decoupled ? std::unique_ptr<torch::optim::OptimizerOptions>(std::make_unique<torch::optim::AdamWOptions>())
+                                      : std::make_unique<torch::optim::AdamOptions>()),
+      decoupled_(decoupled) {
+  copies_ = std::move(copies);
+  check_copies(param_groups_, copies_);
+  for (const auto& g : param_groups_) {
+    for (const auto& p : g.params()) check_host_fp32(p, "CpuAdam");
+  }
+}
+
+void CpuAdam::make_states() {
+  for (auto& g : param_groups_) {
+    for (auto& p : g.params()) {
+      auto key = state_key(p);
+      if (state_.count(key)) continue;
+      if (decoupled_) {
+        auto s = std::make_unique<torch::optim::AdamWParamState>();
+        s->exp_avg(torch::zeros_like(p)).exp_avg_sq(torch::zeros_like(p));
+        state_[key] = std::move(s);
+      } else {
+        auto s = std::make_unique<torch::optim::AdamParamState>();
+        s->exp_avg(torch::zeros_like(p)).exp_avg_sq(torch::zeros_like(p));
+        state_[key] = std::move(s);
+      }
+    }
+  }
+}
+
+std::vector<at::Tensor> CpuAdam::states_of(const at::Tensor& p) {
+  auto& s = *state_.at(state_key(p));
+  if (decoupled_) {
+    auto& a = static_cast<torch::optim::AdamWParamState&>(s);
+    return {a.exp_avg(), a.exp_avg_sq()};
+  }
+  auto& a = static_cast<torch::optim::AdamParamState&>(s);
+  return {a.exp_avg(), a.exp_avg_sq()};
+}
+
+void CpuAdam::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, size_t i) {
+  if (!p.grad().defined()) return;
+  check_host_fp32(p.grad(), "CpuAdam gradient");
+  offload::AdamStep h;
+  double lr, b1, b2, eps, wd;
+  bool amsgrad;
+  if (decoupled_) {
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    lr = o.lr(), b1 = std::get<0>(o.betas()), b2 = std::get<1>(o.betas()), eps = o.eps(), wd = o.weight_decay(), amsgrad = o.amsgrad();
+  } else {
+    const auto& o = static_cast<const torch::optim::AdamOptions&>(group.options());
+    lr = o.lr(), b1 = std::get<0>(o.betas()), b2 = std::get<1>(o.betas()), eps = o.eps(), wd = o.weight_decay(), amsgrad = o.amsgrad();
+  }
+  if (amsgrad) throw OffloadError("offload_optimizer does not support amsgrad; set optimizer.params.amsgrad false");
+  h.lr = static_cast<float>(lr), h.beta1 = static_cast<float>(b1), h.beta2 = static_cast<float>(b2);
+  h.eps = static_cast<float>(eps), h.weight_decay = static_cast<float>(wd), h.decoupled_weight_decay = decoupled_;
+  make_states();  // the first step: zeros, as torch::optim makes them
+  at::Tensor m, v;
+  auto& s = *state_.at(state_key(p));
+  if (decoupled_) {
+    auto& a = static_cast<torch::optim::AdamWParamState&>(s);
+    a.step(a.step() + 1);
+    h.step = a.step(), m = a.exp_avg(), v = a.exp_avg_sq();
+  } else {
+    auto& a = static_cast<torch::optim::AdamParamState&>(s);
+    a.step(a.step() + 1);
+    h.step = a.step(), m = a.exp_avg(), v = a.exp_avg_sq();
+  }
+  const auto [copy, copy_dtype] = copy_of(i);
+  offload::adam_step(h, p.numel(), p.data_ptr<float>(), p.grad().data_ptr<float>(), m.data_ptr<float>(),
+                     v.data_ptr<float>(), copy, static_cast<offload::CopyDtype>(copy_dtype));
+  finish_copy(i, p);
+}
+
+// ---- CpuAdagrad ----
+
+CpuAdagrad::CpuAdagrad(std::vector<torch::optim::OptimizerParamGroup> groups, std::vector<at::Tensor> copies)
+    : HostOptimizer(groups, std::make_unique<torch::optim::AdagradOptions>()) {
+  copies_ = std::move(copies);
+  check_copies(param_groups_, copies_);
+  for (auto& group : param_groups_) {  // torch::optim::Adagrad makes its state up front
+    const auto& o = static_cast<const torch::optim::AdagradOptions&>(group.options());
+    for (auto& p : group.params()) {
+      check_host_fp32(p, "CpuAdagrad");
+      auto s = std::make_unique<torch::optim::AdagradParamState>();
+      s->step(0);
+      s->sum(torch::full_like(p, o.initial_accumulator_value()));
+      state_[state_key(p)] = std::move(s);
+    }
+  }
+}
+
+std::vector<at::Tensor> CpuAdagrad::states_of(const at::Tensor& p) {
+  return {static_cast<torch::optim::AdagradParamState&>(*state_.at(state_key(p))).sum()};
+}
+
+void CpuAdagrad::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, size_t i) {
+  if (!p.grad().defined()) return;
+  check_host_fp32(p.grad(), "CpuAdagrad gradient");
+  const auto& o = static_cast<const torch::optim::AdagradOptions&>(group.options());
+  offload::AdagradStep h;
+  h.lr = static_cast<float>(o.lr()), h.lr_decay = static_cast<float>(o.lr_decay());
+  h.eps = static_cast<float>(o.eps()), h.weight_decay = static_cast<float>(o.weight_decay());
+  auto& s = static_cast<torch::optim::AdagradParamState&>(*state_.at(state_key(p)));
+  s.step(s.step() + 1);
+  h.step = s.step();
+  const auto [copy, copy_dtype] = copy_of(i);
+  offload::adagrad_step(h, p.numel(), p.data_ptr<float>(), p.grad().data_ptr<float>(), s.sum().data_ptr<float>(), copy,
+                        static_cast<offload::CopyDtype>(copy_dtype));
+  finish_copy(i, p);
+}
+
+}  // namespace zero::engine

@@ -1,0 +1,82 @@
+#pragma once
+// The optimizers of offload_optimizer: torch::optim's Adam, AdamW and
+// Adagrad semantics, state and options (so schedules, checkpoints and the
+// memory report treat them like the torch ones), stepped by the fused SIMD
+// kernels of offload/cpu_optimizer.h on host-resident fp32 tensors. When
+// given a training-dtype copy per tensor, the step writes the updated
+// parameter there in the same pass (Note [Offload copies] in partition.h).
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "offload/swapped_tensors.h"
+
+namespace zero::engine {
+
+// What CpuAdam and CpuAdagrad share: the copies, the walk over the tensors
+// and, with NVMe offload, the pipeline over sub-groups.
+class HostOptimizer : public torch::optim::Optimizer {
+ public:
+  using Optimizer::Optimizer;
+  torch::Tensor step(LossClosure closure = nullptr) override;
+
+  // The state tensors of every parameter, made now (zeros, or what
+  // torch::optim starts from) instead of at the first step.
+  virtual void make_states() = 0;
+  // The state tensors of parameter `p` (after make_states()).
+  virtual std::vector<at::Tensor> states_of(const at::Tensor& p) = 0;
+
+  // NVMe offload: the parameters and their states live in `store`
+  // (ids[i]: the store ids of flat parameter i's tensors). step() walks
+  // sub-groups of about `sub_group_numel` elements, reading the next one and
+  // writing back the previous one while it updates the current one.
+  void use_store(offload::SwappedTensors* store, std::vector<std::vector<int>> ids, int64_t sub_group_numel);
+
+  // Seconds spent in the kernels and waiting for NVMe since the last call.
+  struct Timing {
+    double compute_s = 0, nvme_wait_s = 0;
+  };
+  Timing take_timing();
+
+ protected:
+  // Updates flat parameter i (group by group) of `group`.
+  virtual void update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, size_t i) = 0;
+  // Training-dtype copy of flat parameter i, or none.
+  std::pair<uint16_t*, int> copy_of(size_t i) const;
+  void finish_copy(size_t i, const at::Tensor& p);  // fp32 copies (no fused path)
+  std::vector<at::Tensor> copies_;
+
+ private:
+  offload::SwappedTensors* store_ = nullptr;
+  Timing timing_;
+  std::vector<std::vector<int>> ids_;
+  int64_t sub_group_numel_ = 0;
+};
+
+class CpuAdam : public HostOptimizer {
+ public:
+  // groups carry AdamWOptions (decoupled weight decay) or AdamOptions (L2);
+  // copies: empty, or one host tensor (kHalf/kBFloat16/kFloat, same numel)
+  // per parameter, group by group.
+  CpuAdam(std::vector<torch::optim::OptimizerParamGroup> groups, bool decoupled, std::vector<at::Tensor> copies);
+  void make_states() override;
+  std::vector<at::Tensor> states_of(const at::Tensor& p) override;
+
+ protected:
+  void update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, size_t i) override;
+
+ private:
+  bool decoupled_;
+};
+
+class CpuAdagrad : public HostOptimizer {
+ public:
+  CpuAdagrad(std::vector<torch::optim::OptimizerParamGroup> groups, std::vector<at::Tensor> copies);
+  void make_states() override {}  // made up front, as torch::optim::Adagrad does
+  std::vector<at::Tensor> states_of(const at::Tensor& p) override;
+
+ protected:
+  void update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, size_t i) override;
+};
+
+}  // namespace zero::engine

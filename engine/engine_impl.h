@@ -1,0 +1,55 @@
+#pragma once
+// Engine::Impl, shared by engine.cpp (the training loop) and checkpoint.cpp.
+#include <torch/torch.h>
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "engine/loss_scaler.h"
+#include "engine/lr_schedule.h"
+#include "offload/swapped_tensors.h"
+#include "zero/engine.h"
+#include "zero/partition.h"
+
+namespace zero {
+
+using Clock = std::chrono::steady_clock;
+
+struct Engine::Impl {
+  Config config;
+  std::shared_ptr<torch::nn::Module> module;
+  std::shared_ptr<comm::ProcessGroup> pg;
+  at::ScalarType dtype = at::kFloat;
+  int64_t gas = 1;
+  std::unique_ptr<partition::ShardedParams> sharded;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<LrSchedule> schedule;
+  std::unique_ptr<LossScaler> scaler;  // fp16 only
+  // offload_optimizer "nvme": the master weights and optimizer states, on disk between steps.
+  std::unique_ptr<offload::SwappedTensors> nvme;
+  int64_t frozen_bytes = 0;
+  std::vector<UnitBase*> units;  // stage 3
+
+  int64_t micro_steps = 0, global_steps = 0, skipped_steps = 0;
+  double last_norm = 0.0;
+  double lr = 0.0;
+
+  // Progress log (steps_per_print) and wall_clock_breakdown.
+  at::Tensor loss_sum;
+  int64_t loss_count = 0;
+  Clock::time_point window_start = Clock::now(), last_step_end = Clock::now();
+  int64_t window_steps = 0;
+  double t_forward = 0, t_backward = 0, t_reduce = 0, t_step = 0, t_gather = 0;
+  // The scheduler's step is global_steps - skipped_steps - schedule_start
+  // (a checkpoint loaded without its scheduler state restarts the schedule).
+  int64_t schedule_start = 0;
+
+  void build_params(InitOptions& options);
+  MemoryReport memory() const;
+  void take_step();
+  void log_progress();
+};
+
+
+}  // namespace zero

@@ -1,0 +1,58 @@
+#pragma once
+// Fused CPU optimizer steps over fp32 parameter, gradient and state arrays
+// (ZeRO-Offload's host side). Torch-free: the engine passes raw pointers.
+//
+// One pass per step reads param, grad and the states, writes param and the
+// states and, when asked, the updated parameter rounded to fp16 or bf16
+// (DeepSpeed needs a second pass for that copy). The body runs on the best
+// SIMD path the CPU has (AVX-512, AVX2+FMA, portable), chosen at run time,
+// parallel over tiles with oneTBB. Every element is computed by the same
+// instruction sequence wherever it falls (body or tail, any tile), so the
+// result does not depend on the thread count. The AVX2 and AVX-512 paths give
+// the same bits; results agree with torch::optim to 1e-6 relative (FMA
+// versus separate roundings), see tests/offload/test_cpu_optimizers.cpp.
+#include <cstdint>
+
+namespace zero::offload {
+
+enum class Simd { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+Simd best_simd();                 // what this CPU supports
+bool simd_supported(Simd s);      // AVX-512: avx512f+bw+vl+dq; AVX2: avx2+fma+f16c
+const char* simd_name(Simd s);    // "avx512", "avx2", "portable"
+// The path the overloads without a Simd argument use: ZERO_CPU_OPTIMIZER_SIMD
+// (portable|avx2|avx512) when set, else best_simd(). Throws OffloadError when
+// the variable names an unknown path or one this CPU lacks.
+Simd default_simd();
+
+enum class CopyDtype { kNone, kHalf, kBFloat16 };
+
+struct AdamStep {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
+  bool decoupled_weight_decay = true;  // AdamW; false: L2 added to the gradient (torch::optim::Adam)
+  bool bias_correction = true;
+  int64_t step = 1;                    // this update's step number, 1-based (already incremented)
+};
+
+struct AdagradStep {
+  float lr = 1e-2f, lr_decay = 0.0f, eps = 1e-10f, weight_decay = 0.0f;
+  int64_t step = 1;                    // 1-based, as torch::optim::Adagrad's state step after increment
+};
+
+// `copy` (n uint16 elements) receives the updated parameter in `copy_dtype`
+// when copy_dtype != kNone, rounded as torch's .to(kHalf) / .to(kBFloat16)
+// round (nearest even; a NaN stays a NaN). `simd`: the path to use (default:
+// default_simd()); OffloadError when the CPU lacks it, when n < 0, a pointer
+// is null, or step < 1. The per-step scalars (bias corrections, step size,
+// AdamW's 1 - lr*wd, Adagrad's decayed lr) are computed in double and rounded
+// to float, as torch::optim computes them. Runs on the calling thread's
+// oneTBB task arena, in tiles of 16Ki elements.
+void adam_step(const AdamStep& h, int64_t n, float* param, const float* grad, float* exp_avg,
+               float* exp_avg_sq, uint16_t* copy = nullptr, CopyDtype copy_dtype = CopyDtype::kNone);
+void adam_step(const AdamStep& h, int64_t n, float* param, const float* grad, float* exp_avg,
+               float* exp_avg_sq, uint16_t* copy, CopyDtype copy_dtype, Simd simd);
+void adagrad_step(const AdagradStep& h, int64_t n, float* param, const float* grad, float* sum,
+                  uint16_t* copy = nullptr, CopyDtype copy_dtype = CopyDtype::kNone);
+void adagrad_step(const AdagradStep& h, int64_t n, float* param, const float* grad, float* sum,
+                  uint16_t* copy, CopyDtype copy_dtype, Simd simd);
+
+}  // namespace zero::offload

@@ -1,0 +1,65 @@
+#pragma once
+// Internal to offload/: the per-instruction-set loops behind cpu_optimizer.h.
+//
+// cpu_optimizer.cpp computes the per-step scalars (in double, then rounded to
+// float, as torch::optim does), splits the arrays into tiles and calls one of
+// these on each tile. Each loop computes every element with the same
+// instruction sequence wherever it falls (vector body or tail), so a tile's
+// result does not depend on where the tile starts or ends.
+//
+// The per-ISA files are compiled with their own -m flags: they must include
+// nothing but this header, <cstdint>, <cstring> and <immintrin.h> (an inline
+// function from a standard header, instantiated there with AVX-512 enabled,
+// could be the copy the linker keeps for everyone).
+#include <cstdint>
+
+#include "offload/cpu_optimizer.h"
+
+namespace zero::offload::detail {
+
+// Adam/AdamW, per element (g: gradient, p: parameter):
+//   kL2:    g = g + l2 * p                 (torch::optim::Adam's weight decay)
+//   kDecay: p = p * decay                  (AdamW: decay = 1 - lr * wd)
+//   m = beta1 * m + omb1 * g               (omb1 = 1 - beta1)
+//   v = beta2 * v + omb2 * g * g
+//   p = p - step_size * m / (sqrt(v) * inv_sqrt_bc2 + eps)
+// step_size = lr / bc1, inv_sqrt_bc2 = 1 / sqrt(bc2); bc = 1 without bias correction.
+struct AdamScalars {
+  float beta1, omb1, beta2, omb2, eps, step_size, inv_sqrt_bc2;
+  float l2;     // used when kL2
+  float decay;  // used when kDecay
+  bool apply_l2, apply_decay;
+};
+
+// Adagrad, per element:
+//   kL2: g = g + l2 * p
+//   sum = sum + g * g
+//   p = p - clr * g / (sqrt(sum) + eps)     (clr = lr / (1 + (step - 1) * lr_decay))
+struct AdagradScalars {
+  float eps, clr, l2;
+  bool apply_l2;
+};
+
+// n elements from the given pointers (already offset to the tile's start).
+// `copy` is written when dt != kNone (fp16 or bf16 bits, round to nearest
+// even; a NaN stays a NaN of the same sign).
+using AdamKernel = void (*)(const AdamScalars& s, int64_t n, float* p, const float* g, float* m,
+                            float* v, uint16_t* copy, CopyDtype dt);
+using AdagradKernel = void (*)(const AdagradScalars& s, int64_t n, float* p, const float* g,
+                               float* sum, uint16_t* copy, CopyDtype dt);
+
+void adam_portable(const AdamScalars& s, int64_t n, float* p, const float* g, float* m, float* v,
+                   uint16_t* copy, CopyDtype dt);
+void adam_avx2(const AdamScalars& s, int64_t n, float* p, const float* g, float* m, float* v,
+               uint16_t* copy, CopyDtype dt);
+void adam_avx512(const AdamScalars& s, int64_t n, float* p, const float* g, float* m, float* v,
+                 uint16_t* copy, CopyDtype dt);
+
+void adagrad_portable(const AdagradScalars& s, int64_t n, float* p, const float* g, float* sum,
+                      uint16_t* copy, CopyDtype dt);
+void adagrad_avx2(const AdagradScalars& s, int64_t n, float* p, const float* g, float* sum,
+                  uint16_t* copy, CopyDtype dt);
+void adagrad_avx512(const AdagradScalars& s, int64_t n, float* p, const float* g, float* sum,
+                    uint16_t* copy, CopyDtype dt);
+
+}  // namespace zero::offload::detail

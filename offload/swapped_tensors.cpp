@@ -1,0 +1,149 @@
+#include "offload/swapped_tensors.h"
+
+#include <cstdlib>
+
+#include "zero/error.h"
+
+namespace zero::offload {
+namespace {
+
+void free_aligned(void* p) { std::free(p); }
+
+size_t round_up(size_t n) { return (n + kIoAlignment - 1) / kIoAlignment * kIoAlignment; }
+
+}  // namespace
+
+SwappedTensors::SwappedTensors(SwapOptions options)
+    : swapper_(std::make_unique<NvmeSwapper>(std::move(options))) {}
+
+SwappedTensors::~SwappedTensors() {
+  try {
+    swapper_->wait_all();
+  } catch (...) {  // the folder goes away with the swapper anyway
+  }
+}
+
+int SwappedTensors::add(const at::Tensor& tensor, const std::string& key) {
+  if (!tensor.is_cpu() || !tensor.is_contiguous() || tensor.storage_offset() != 0 ||
+      tensor.storage().nbytes() != tensor.nbytes()) {
+    throw OffloadError("NVMe offload of \"" + key + "\": the tensor must be a contiguous host tensor owning its storage");
+  }
+  Entry e;
+  e.tensor = tensor;
+  e.key = key;
+  e.bytes = tensor.nbytes();
+  // Move the values into aligned memory (O_DIRECT reads and writes use it in place).
+  at::Tensor values = tensor.clone();
+  allocate(e);
+  std::memcpy(e.tensor.data_ptr(), values.data_ptr(), e.bytes);
+  entries_.push_back(std::move(e));
+  return static_cast<int>(entries_.size()) - 1;
+}
+
+void SwappedTensors::allocate(Entry& e) {
+  void* p = nullptr;
+  if (posix_memalign(&p, kIoAlignment, std::max<size_t>(round_up(e.bytes), kIoAlignment)) != 0) {
+    throw OffloadError("out of host memory allocating " + std::to_string(e.bytes) + " bytes for \"" + e.key + "\"");
+  }
+  c10::StorageImpl* storage = e.tensor.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(p, p, &free_aligned, at::Device(at::kCPU)));
+  storage->set_nbytes(e.bytes);
+  e.resident = true;
+}
+
+void SwappedTensors::free_memory(Entry& e) {
+  c10::StorageImpl* storage = e.tensor.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, at::Device(at::kCPU)));
+  storage->set_nbytes(0);
+  e.resident = false;
+}
+
+void SwappedTensors::swap_in(const std::vector<int>& ids) {
+  for (int id : ids) {
+    Entry& e = entries_.at(id);
+    if (e.resident || e.reading) continue;
+    allocate(e);
+    e.ticket = swapper_->read(e.key, e.tensor.data_ptr(), e.bytes);
+    e.reading = true;
+  }
+}
+
+void SwappedTensors::wait_in(const std::vector<int>& ids) {
+  swap_in(ids);
+  for (int id : ids) {
+    Entry& e = entries_.at(id);
+    if (!e.reading) continue;
+    e.reading = false;
+    swapper_->wait(e.ticket);
+  }
+}
+
+void SwappedTensors::swap_out(const std::vector<int>& ids) {
+  for (int id : ids) {
+    Entry& e = entries_.at(id);
+    if (!e.resident || e.writing) continue;
+    if (e.reading) wait_in({id});
+    e.ticket = swapper_->write(e.key, e.tensor.data_ptr(), e.bytes);
+    e.writing = true;
+  }
+}
+
+void SwappedTensors::wait_out(const std::vector<int>& ids) {
+  for (int id : ids) {
+    Entry& e = entries_.at(id);
+    if (!e.writing) continue;
+    e.writing = false;
+    swapper_->wait(e.ticket);
+    e.on_disk = true;
+    free_memory(e);
+  }
+}
+
+void SwappedTensors::materialize(const std::vector<int>& ids) {
+  for (int id : ids) {
+    Entry& e = entries_.at(id);
+    if (e.reading) wait_in({id});
+    if (!e.resident) allocate(e);
+  }
+}
+
+void SwappedTensors::drop(const std::vector<int>& ids) {
+  for (int id : ids) {
+    Entry& e = entries_.at(id);
+    if (e.reading) wait_in({id});
+    if (e.writing) wait_out({id});
+    if (!e.on_disk) throw OffloadError("\"" + e.key + "\" was never written to NVMe; swap it out instead of dropping it");
+    if (e.resident) free_memory(e);
+  }
+}
+
+void SwappedTensors::swap_in_all() {
+  std::vector<int> all(entries_.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+  wait_in(all);
+}
+
+void SwappedTensors::swap_out_all() {
+  std::vector<int> all(entries_.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+  swap_out(all);
+  wait_out(all);
+}
+
+int64_t SwappedTensors::nvme_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& e : entries_) bytes += static_cast<int64_t>(e.bytes);
+  return bytes;
+}
+
+int64_t SwappedTensors::resident_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& e : entries_) {
+    if (e.resident) bytes += static_cast<int64_t>(e.bytes);
+  }
+  return bytes;
+}
+
+bool SwappedTensors::direct_io() const { return swapper_->direct_io(); }
+
+}  // namespace zero::offload

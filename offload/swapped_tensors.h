@@ -1,0 +1,63 @@
+#pragma once
+// Host tensors whose bytes live in files under nvme_path between uses
+// (ZeRO-Infinity's NVMe tier), moved by NvmeSwapper (io_uring).
+//
+// A tensor keeps its TensorImpl (so optimizer states and master weights
+// stay registered where they are); only the memory behind it comes and
+// goes, as with stage-3 parameters (Note [Stage 3 storage]). Resident
+// memory is 4 KiB-aligned so that O_DIRECT reads and writes go straight
+// to and from it. Used from one thread.
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "offload/swapper.h"
+
+namespace zero::offload {
+
+class SwappedTensors {
+ public:
+  explicit SwappedTensors(SwapOptions options);
+  ~SwappedTensors();
+
+  // Registers a contiguous host tensor that owns its whole storage; its
+  // values go to disk with the next swap_out. Returns its id.
+  int add(const at::Tensor& tensor, const std::string& key);
+
+  // Reads start at once; wait_in() makes the tensors usable.
+  void swap_in(const std::vector<int>& ids);
+  void wait_in(const std::vector<int>& ids);
+  // Writes start at once; wait_out() frees the memory once they are done.
+  void swap_out(const std::vector<int>& ids);
+  void wait_out(const std::vector<int>& ids);
+  // Memory without reading (the caller overwrites all of it), or memory let
+  // go without writing (the file is current).
+  void materialize(const std::vector<int>& ids);
+  void drop(const std::vector<int>& ids);
+  void swap_in_all();   // and wait
+  void swap_out_all();  // and wait
+
+  int64_t nvme_bytes() const;      // bytes kept on disk
+  int64_t resident_bytes() const;  // bytes in host memory now
+  bool direct_io() const;
+
+ private:
+  struct Entry {
+    at::Tensor tensor;
+    std::string key;
+    size_t bytes = 0;
+    bool resident = true;
+    bool on_disk = false;
+    SwapTicket ticket = 0;
+    bool reading = false, writing = false;
+  };
+  void allocate(Entry& e);
+  void free_memory(Entry& e);
+
+  std::unique_ptr<NvmeSwapper> swapper_;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace zero::offload

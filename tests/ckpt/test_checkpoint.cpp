@@ -1,0 +1,610 @@
+// Engine checkpoints on 1, 2 and 4 ranks (ctest runs this binary through
+// zero-run): exact resume against the uninterrupted run, loading at another
+// world size and stage against the saved fragments, and bad input.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <torch/torch.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/checkpoint.h"
+#include "zero/zero.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+std::shared_ptr<zero::comm::ProcessGroup> g_world;
+std::string g_root;  // a folder every rank sees
+
+constexpr int64_t kVocab = 16, kDim = 8, kHidden = 12, kSeq = 6, kMicro = 2;
+
+struct HeadImpl : torch::nn::Module {
+  explicit HeadImpl(torch::Tensor tied) { weight = register_parameter("weight", tied); }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::nn::functional::linear(x, weight); }
+  torch::Tensor weight;
+};
+TORCH_MODULE(Head);
+
+struct BlockImpl : torch::nn::Module {
+  BlockImpl() {
+    up = register_module("up", torch::nn::Linear(kDim, kHidden));
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})));
+    down = register_module("down", torch::nn::Linear(kHidden, kDim));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x + down(norm(torch::gelu(up(x)))); }
+  torch::nn::Linear up{nullptr}, down{nullptr};
+  torch::nn::LayerNorm norm{nullptr};
+};
+TORCH_MODULE(Block);
+
+// A tied weight (head = embedding), a frozen parameter, a buffer, dropout
+// (the random generator must resume too) and a stage-3 unit.
+struct NetImpl : torch::nn::Module {
+  explicit NetImpl(int64_t dim = kDim) {
+    emb = register_module("emb", torch::nn::Embedding(kVocab, dim));
+    block = register_module("block", zero::Unit<Block>(Block()));
+    mix = register_module("mix", torch::nn::Linear(dim, dim));
+    head = register_module("head", Head(emb->weight));
+    shift = register_parameter("shift", torch::randn({dim}) * 0.1, /*requires_grad=*/false);
+    gain = register_buffer("gain", torch::full({dim}, 1.5));
+  }
+  torch::Tensor forward(const torch::Tensor& tokens) {
+    auto x = torch::dropout(emb(tokens) + shift, 0.2, is_training());
+    x = torch::tanh(mix(block(x))) * gain;
+    return head(x);
+  }
+  torch::nn::Embedding emb{nullptr};
+  zero::Unit<Block> block{nullptr};
+  torch::nn::Linear mix{nullptr};
+  Head head{nullptr};
+  torch::Tensor shift, gain;
+};
+TORCH_MODULE(Net);
+
+Net make_net(uint64_t seed, int64_t dim = kDim) {
+  torch::manual_seed(seed);
+  return Net(dim);
+}
+
+struct RunSetup {
+  int stage = 2;
+  int64_t gas = 1;
+  std::string dtype = "fp32";  // or "bf16"
+  std::string optimizer = R"({"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}})";
+  std::string scheduler;       // empty: none
+  double clip = 0.0;
+  std::string offload;         // e.g. R"(, "offload_optimizer": {"device": "cpu"})"
+};
+
+zero::Config config_of(const RunSetup& s) {
+  std::string json = R"({"train_micro_batch_size_per_gpu": )" + std::to_string(kMicro) +
+                     R"(, "gradient_accumulation_steps": )" + std::to_string(s.gas) +
+                     R"(, "steps_per_print": 1000000, "optimizer": )" + s.optimizer +
+                     R"(, "gradient_clipping": )" + std::to_string(s.clip) +
+                     R"(, "zero_optimization": {"stage": )" + std::to_string(s.stage) +
+                     R"(, "reduce_bucket_size": 40, "stage3_param_persistence_threshold": 0)" + s.offload + "}";
+  if (s.dtype == "bf16") json += R"(, "bf16": {"enabled": true})";
+  if (!s.scheduler.empty()) json += R"(, "scheduler": )" + s.scheduler;
+  return zero::Config::from_json(json + "}");
+}
+
+zero::Engine make_engine(const RunSetup& s, Net& net, std::shared_ptr<zero::comm::ProcessGroup> group = g_world) {
+  zero::InitOptions options;
+  options.group = group;
+  return zero::initialize(config_of(s), net, options);
+}
+
+// Global batch `step` is the same for any world size; rank r's micro-step m
+// takes its rows ((m * W) + r) * micro.
+torch::Tensor rows_for(int64_t step, int64_t micro_step, const zero::Engine& engine, zero::comm::ProcessGroup& group) {
+  const int64_t gas = *engine.config().batch.gradient_accumulation_steps, W = group.size();
+  auto gen = at::detail::createCPUGenerator(1000 + step);
+  auto batch = torch::randint(0, kVocab, {W * kMicro * gas, kSeq + 1}, gen, torch::kLong);
+  const int64_t first = (micro_step * W + group.rank()) * kMicro;
+  return batch.slice(0, first, first + kMicro);
+}
+
+// Runs micro-steps [from, to) (micro-step k belongs to optimizer step k / gas)
+// and returns the losses.
+std::vector<float> train(zero::Engine& engine, Net& net, int64_t from, int64_t to, zero::comm::ProcessGroup& group) {
+  const int64_t gas = *engine.config().batch.gradient_accumulation_steps;
+  std::vector<float> losses;
+  for (int64_t k = from; k < to; ++k) {
+    auto rows = rows_for(k / gas, k % gas, engine, group);
+    auto logits = net->forward(rows.slice(1, 0, kSeq));
+    auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, kVocab}).to(at::kFloat),
+                                                     rows.slice(1, 1, kSeq + 1).reshape(-1));
+    losses.push_back(loss.item<float>());
+    engine.backward(loss);
+    engine.step();
+  }
+  return losses;
+}
+
+std::map<std::string, torch::Tensor> weights(zero::Engine& engine) {
+  std::map<std::string, torch::Tensor> out;
+  for (auto& [name, t] : engine.gathered_state_dict()) out[name] = t;
+  return out;
+}
+
+void expect_identical(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b,
+                      const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (const auto& [name, t] : a) {
+    EXPECT_TRUE(torch::equal(t, b.at(name))) << what << ": " << name << " differs by "
+                                             << (t.to(at::kFloat) - b.at(name).to(at::kFloat)).abs().max().item<float>();
+  }
+}
+
+std::string dir_for(const std::string& name) { return g_root + "/" + name; }
+
+// K optimizer steps, save, K more; then fresh processes' state (another
+// model init, another random seed) loads at K and runs the same K more.
+void exact_resume(const RunSetup& s, const std::string& name, int64_t steps = 3, int64_t extra_micro = 0) {
+  const std::string dir = dir_for(name);
+  const int64_t save_at = steps * s.gas + extra_micro, end = 2 * steps * s.gas;
+  Net a = make_net(1);
+  auto ea = make_engine(s, a);
+  torch::manual_seed(100 + g_world->rank());
+  train(ea, a, 0, save_at, *g_world);
+  ea.save_checkpoint(dir, "", R"({"epoch": 3, "position": 17})");
+  const auto losses_a = train(ea, a, save_at, end, *g_world);
+  const auto weights_a = weights(ea);
+
+  Net b = make_net(2);
+  auto eb = make_engine(s, b);
+  torch::manual_seed(999);
+  const std::string client = eb.load_checkpoint(dir);
+  EXPECT_EQ(nlohmann::json::parse(client)["position"], 17) << name;
+  EXPECT_EQ(eb.global_steps(), save_at / s.gas) << name;
+  EXPECT_EQ(eb.micro_steps(), save_at) << name;
+  const auto losses_b = train(eb, b, save_at, end, *g_world);
+  ASSERT_EQ(losses_a.size(), losses_b.size());
+  for (size_t i = 0; i < losses_a.size(); ++i) EXPECT_EQ(losses_a[i], losses_b[i]) << name << " loss " << i;
+  EXPECT_EQ(ea.lr(), eb.lr()) << name;
+  EXPECT_EQ(ea.global_steps(), eb.global_steps()) << name;
+  expect_identical(weights_a, weights(eb), name);
+}
+
+TEST(ExactResume, Stage0WarmupLR) {
+  RunSetup s;
+  s.stage = 0;
+  s.scheduler = R"({"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.02, "warmup_num_steps": 4}})";
+  exact_resume(s, "s0");
+}
+TEST(ExactResume, Stage1AdamL2WarmupDecayLRAccumulation) {
+  RunSetup s;
+  s.stage = 1;
+  s.gas = 2;
+  s.optimizer = R"({"type": "Adam", "params": {"lr": 0.01, "weight_decay": 0.1, "adam_w_mode": false}})";
+  s.scheduler = R"({"type": "WarmupDecayLR", "params": {"warmup_max_lr": 0.02, "warmup_num_steps": 2, "total_num_steps": 10}})";
+  exact_resume(s, "s1");
+}
+TEST(ExactResume, Stage2Bf16OneCycleClipping) {
+  RunSetup s;
+  s.dtype = "bf16";
+  s.clip = 0.5;
+  s.scheduler = R"({"type": "OneCycle", "params": {"cycle_min_lr": 0.001, "cycle_max_lr": 0.02, "cycle_first_step_size": 3}})";
+  exact_resume(s, "s2");
+}
+TEST(ExactResume, Stage3WarmupCosineLRAccumulation) {
+  RunSetup s;
+  s.stage = 3;
+  s.gas = 2;
+  s.scheduler = R"({"type": "WarmupCosineLR", "params": {"warmup_num_steps": 2, "total_num_steps": 10}})";
+  exact_resume(s, "s3");
+}
+TEST(ExactResume, Stage3Bf16LambLRRangeTest) {
+  RunSetup s;
+  s.stage = 3;
+  s.dtype = "bf16";
+  s.optimizer = R"({"type": "Lamb", "params": {"lr": 0.01, "weight_decay": 0.01}})";
+  s.scheduler = R"({"type": "LRRangeTest", "params": {"lr_range_test_min_lr": 0.001, "lr_range_test_step_size": 2}})";
+  exact_resume(s, "s3lamb");
+}
+TEST(ExactResume, Stage2SgdMomentum) {
+  RunSetup s;
+  s.optimizer = R"({"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}})";
+  exact_resume(s, "s2sgd");
+}
+TEST(ExactResume, Stage1Adagrad) {
+  RunSetup s;
+  s.stage = 1;
+  s.optimizer = R"({"type": "Adagrad", "params": {"lr": 0.05, "lr_decay": 0.01, "initial_accumulator_value": 0.1}})";
+  exact_resume(s, "s1adagrad");
+}
+TEST(ExactResume, MidAccumulationStage1) {
+  RunSetup s;
+  s.stage = 1;
+  s.gas = 3;
+  exact_resume(s, "mid1", 2, /*extra_micro=*/1);
+}
+TEST(ExactResume, MidAccumulationStage3) {
+  RunSetup s;
+  s.stage = 3;
+  s.gas = 3;
+  exact_resume(s, "mid3", 2, /*extra_micro=*/2);
+}
+
+TEST(ExactResume, Stage2CpuOffloadBf16) {
+  RunSetup s;
+  s.dtype = "bf16";
+  s.offload = R"(, "offload_optimizer": {"device": "cpu"})";
+  exact_resume(s, "offload_cpu");
+}
+TEST(ExactResume, Stage3NvmeOffloadAccumulation) {
+  RunSetup s;
+  s.stage = 3;
+  s.gas = 2;
+  const std::string nvme = dir_for("nvme_swap");
+  fs::create_directories(nvme);
+  s.offload = R"(, "sub_group_size": 100, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + nvme +
+              R"("}, "offload_param": {"device": "nvme", "nvme_path": ")" + nvme + R"("})";
+  exact_resume(s, "offload_nvme");
+}
+// fp16: LibTorch's CPU kernels lack fp16 matmul, so this model is
+// element-wise. Overflows (an inf in one rank's input) before and after the
+// save exercise the loss scaler's state.
+struct ElementwiseImpl : torch::nn::Module {
+  ElementwiseImpl() {
+    w = register_parameter("w", torch::randn({37}) * 0.1);
+    b = register_parameter("b", torch::zeros({37}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return (x * w + b).sum(1); }
+  torch::Tensor w, b;
+};
+TORCH_MODULE(Elementwise);
+
+std::vector<float> train_fp16(zero::Engine& engine, Elementwise& model, int64_t from, int64_t to) {
+  std::vector<float> losses;
+  for (int64_t step = from; step < to; ++step) {
+    auto gen = at::detail::createCPUGenerator(500 + step * 7 + g_world->rank());
+    auto x = torch::randn({4, 37}, gen).to(at::kHalf);
+    if ((step == 1 || step == 5) && g_world->rank() == g_world->size() - 1) x[0][0] = INFINITY;
+    auto loss = (model->forward(x).to(at::kFloat) - 1.0).pow(2).mean();
+    losses.push_back(loss.item<float>());
+    engine.backward(loss);
+    engine.step();
+  }
+  return losses;
+}
+
+TEST(ExactResume, Fp16LossScalerState) {
+  const std::string dir = dir_for("fp16");
+  const auto config = zero::Config::from_json(R"({"train_micro_batch_size_per_gpu": 4, "steps_per_print": 1000000,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zero_optimization": {"stage": 2, "reduce_bucket_size": 16},
+    "fp16": {"enabled": true, "initial_scale_power": 8, "hysteresis": 2, "loss_scale_window": 3}})");
+  zero::InitOptions options;
+  options.group = g_world;
+  torch::manual_seed(1);
+  Elementwise a;
+  auto ea = zero::initialize(config, a, options);
+  train_fp16(ea, a, 0, 4);
+  ea.save_checkpoint(dir);
+  const auto losses_a = train_fp16(ea, a, 4, 9);
+  torch::manual_seed(2);
+  Elementwise b;
+  auto eb = zero::initialize(config, b, options);
+  eb.load_checkpoint(dir);
+  const auto losses_b = train_fp16(eb, b, 4, 9);
+  EXPECT_EQ(losses_a, losses_b);
+  EXPECT_EQ(ea.skipped_steps(), 2);
+  EXPECT_EQ(eb.skipped_steps(), ea.skipped_steps());
+  EXPECT_EQ(eb.loss_scale(), ea.loss_scale());
+  expect_identical(weights(ea), weights(eb), "fp16");
+}
+
+// Every fragment of two checkpoints (any layouts) holds the same values.
+void expect_same_contents(const std::string& dir1, const std::string& dir2, const std::string& what) {
+  const auto m1 = zero::ckpt::read_manifest(dir1, zero::ckpt::read_latest(dir1));
+  const auto m2 = zero::ckpt::read_manifest(dir2, zero::ckpt::read_latest(dir2));
+  zero::ckpt::FragmentReader r1(dir1, m1), r2(dir2, m2);
+  ASSERT_EQ(m1.states, m2.states) << what;
+  std::vector<std::string> kinds{"fp32"};
+  kinds.insert(kinds.end(), m1.states.begin(), m1.states.end());
+  int64_t compared = 0;
+  for (const auto& p : m1.params) {
+    if (!p.trainable) continue;
+    int64_t n = 1;
+    for (auto d : p.shape) n *= d;
+    for (const auto& kind : kinds) {
+      std::vector<float> x(n), y(n);
+      r1.read_f32(kind, p.name, 0, n, x.data());
+      r2.read_f32(kind, p.name, 0, n, y.data());
+      EXPECT_EQ(0, std::memcmp(x.data(), y.data(), n * sizeof(float))) << what << ": " << kind << " of " << p.name;
+      compared += n;
+    }
+  }
+  EXPECT_GT(compared, 0);
+  EXPECT_EQ(m1.engine["optimizer_steps"], m2.engine["optimizer_steps"]) << what;
+}
+
+// Saved by all W ranks at `from` stage; loaded by the first M ranks at `to`
+// stage: the loaded state, saved again, equals the original exactly, and
+// training continues like the original run (to rounding: the reduction
+// order changes with the world size).
+void reshard(int M, int from, int to, const std::string& name) {
+  const int W = g_world->size(), R = g_world->rank();
+  const std::string dir = dir_for(name), again = dir_for(name + "_again");
+  RunSetup s;
+  s.stage = from;
+  s.gas = 2;
+  Net a = make_net(1);
+  auto ea = make_engine(s, a);
+  torch::manual_seed(5);
+  a->eval();  // no dropout: the continuation is compared across world sizes
+  train(ea, a, 0, 6, *g_world);
+  ea.save_checkpoint(dir);
+  train(ea, a, 6, 10, *g_world);
+  const auto weights_a = weights(ea);
+
+  std::vector<int> members;
+  for (int r = 0; r < M; ++r) members.push_back(r);
+  auto group = g_world->new_group(members);
+  if (R < M) {
+    RunSetup t = s;
+    t.stage = to;
+    t.gas = s.gas * W / M;  // the same global batch
+    Net b = make_net(2);
+    b->eval();
+    auto eb = make_engine(t, b, group);
+    eb.load_checkpoint(dir);
+    EXPECT_EQ(eb.global_steps(), 3) << name;
+    eb.save_checkpoint(again);
+    expect_same_contents(dir, again, name);
+    // Continue: micro-steps of the new layout for optimizer steps 3 and 4.
+    train(eb, b, 3 * t.gas, 5 * t.gas, *group);
+    const auto weights_b = weights(eb);
+    for (const auto& [key, tensor] : weights_a) {
+      const double err = (tensor - weights_b.at(key)).abs().max().item<double>();
+      EXPECT_LT(err, 1e-5) << name << ": " << key;
+    }
+  }
+  g_world->barrier();
+}
+
+// A checkpoint of an offloaded run loads without offload, and back.
+TEST(Reshard, OffloadToNoneAndBack) {
+  RunSetup s;
+  s.stage = 3;
+  s.offload = R"(, "offload_optimizer": {"device": "cpu"})";
+  const std::string dir = dir_for("offload_none"), again = dir_for("offload_none_again");
+  Net a = make_net(1);
+  auto ea = make_engine(s, a);
+  train(ea, a, 0, 3, *g_world);
+  ea.save_checkpoint(dir);
+  RunSetup t = s;
+  t.offload.clear();
+  Net b = make_net(2);
+  auto eb = make_engine(t, b);
+  eb.load_checkpoint(dir);
+  eb.save_checkpoint(again);
+  expect_same_contents(dir, again, "offload -> none");
+}
+
+TEST(Reshard, Stage2ToStage3SameRanks) { reshard(g_world->size(), 2, 3, "r23"); }
+TEST(Reshard, Stage3ToStage0SameRanks) { reshard(g_world->size(), 3, 0, "r30"); }
+TEST(Reshard, ToHalfTheRanksStage1To3) {
+  if (g_world->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  reshard(g_world->size() / 2, 1, 3, "rhalf");
+}
+TEST(Reshard, ToOneRankStage2To2) {
+  if (g_world->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  reshard(1, 2, 2, "rone");
+}
+
+// A checkpoint to break: saved by this world at stage 2.
+std::string saved_checkpoint(const std::string& name, RunSetup s = {}) {
+  const std::string dir = dir_for(name);
+  Net a = make_net(1);
+  auto ea = make_engine(s, a);
+  train(ea, a, 0, 2, *g_world);
+  ea.save_checkpoint(dir);
+  return dir;
+}
+
+template <typename F>
+std::string load_error(const std::string& dir, F&& prepare_on_rank0, Net net = make_net(3)) {
+  if (g_world->rank() == 0) prepare_on_rank0();
+  g_world->barrier();
+  auto engine = make_engine({}, net);
+  std::string message;
+  try {
+    engine.load_checkpoint(dir);
+  } catch (const zero::CheckpointError& e) {
+    message = e.what();
+  }
+  g_world->barrier();
+  return message;
+}
+
+std::string rank0_file(const std::string& dir) {
+  return dir + "/" + zero::ckpt::read_latest(dir) + "/" + zero::ckpt::rank_file_name(0);
+}
+
+TEST(BadInput, CorruptedShardFailsItsChecksum) {
+  const std::string dir = saved_checkpoint("corrupt");
+  const std::string msg = load_error(dir, [&] {
+    std::fstream f(rank0_file(dir), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-4, std::ios::end);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(-4, std::ios::end);
+    c ^= 0x5a;
+    f.write(&c, 1);
+  });
+  EXPECT_NE(msg.find("rank00000.safetensors"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("checksum"), std::string::npos) << msg;
+}
+
+TEST(BadInput, TruncatedShard) {
+  const std::string dir = saved_checkpoint("truncated");
+  const std::string msg = load_error(dir, [&] { fs::resize_file(rank0_file(dir), fs::file_size(rank0_file(dir)) / 2); });
+  EXPECT_NE(msg.find("rank00000.safetensors"), std::string::npos) << msg;
+}
+
+TEST(BadInput, UnknownFormatVersion) {
+  const std::string dir = saved_checkpoint("version");
+  const std::string msg = load_error(dir, [&] {
+    const std::string path = dir + "/" + zero::ckpt::read_latest(dir) + "/manifest.json";
+    nlohmann::json j;
+    std::ifstream(path) >> j;
+    j["version"] = 99;
+    std::ofstream(path) << j.dump();
+  });
+  EXPECT_NE(msg.find("99"), std::string::npos) << msg;
+}
+
+TEST(BadInput, AnotherModelListsTheDifferences) {
+  const std::string dir = saved_checkpoint("othermodel");
+  const std::string msg = load_error(dir, [] {}, make_net(3, kDim + 2));
+  EXPECT_NE(msg.find("shapes differ"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("mix.weight"), std::string::npos) << msg;
+}
+
+TEST(BadInput, MissingLatest) {
+  const std::string dir = saved_checkpoint("nolatest");
+  const std::string msg = load_error(dir, [&] { fs::remove(dir + "/latest"); });
+  EXPECT_NE(msg.find("latest"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("global_step2"), std::string::npos) << msg;  // the tag that is there
+}
+
+TEST(BadInput, ReshardingMidAccumulationIsRefused) {
+  RunSetup s;
+  s.gas = 2;
+  const std::string dir = dir_for("midrefused");
+  {
+    Net a = make_net(1);
+    auto ea = make_engine(s, a);
+    train(ea, a, 0, 3, *g_world);
+    ea.save_checkpoint(dir);
+  }
+  RunSetup t = s;
+  t.stage = 3;
+  Net b = make_net(2);
+  auto eb = make_engine(t, b);
+  try {
+    eb.load_checkpoint(dir);
+    FAIL() << "loaded a mid-accumulation checkpoint at another stage";
+  } catch (const zero::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("accumulation"), std::string::npos) << e.what();
+  }
+}
+
+// The last rank's writes fail (a file-size limit: EFBIG, as a full disk
+// would); every rank gets an error, `latest` and the previous checkpoint
+// stay, nothing half-written remains.
+TEST(BadInput, FailedWriteKeepsThePreviousCheckpoint) {
+  const std::string dir = dir_for("diskfull");
+  Net a = make_net(1);
+  auto ea = make_engine({}, a);
+  train(ea, a, 0, 2, *g_world);
+  ea.save_checkpoint(dir);
+  const auto before = weights(ea);
+  train(ea, a, 2, 4, *g_world);
+  const bool limited = g_world->rank() == g_world->size() - 1;
+  rlimit old{};
+  getrlimit(RLIMIT_FSIZE, &old);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  if (limited) {
+    rlimit small = old;
+    small.rlim_cur = 512;
+    setrlimit(RLIMIT_FSIZE, &small);
+  }
+  std::string message;
+  try {
+    ea.save_checkpoint(dir);
+  } catch (const zero::CheckpointError& e) {
+    message = e.what();
+  }
+  if (limited) setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_FALSE(message.empty()) << "the save did not fail";
+  if (limited) EXPECT_NE(message.find(".safetensors"), std::string::npos) << message;
+  EXPECT_EQ(zero::ckpt::read_latest(dir), "global_step2");
+  EXPECT_FALSE(fs::exists(dir + "/global_step4"));
+  EXPECT_FALSE(fs::exists(dir + "/.saving/global_step4"));
+  g_world->barrier();
+  Net b = make_net(2);
+  auto eb = make_engine({}, b);
+  eb.load_checkpoint(dir);
+  expect_identical(before, weights(eb), "previous checkpoint");
+}
+
+TEST(Options, ModuleOnlyAndFreshOptimizer) {
+  const std::string dir = saved_checkpoint("options");
+  Net a = make_net(1);
+  auto ea = make_engine({}, a);
+  train(ea, a, 0, 2, *g_world);
+  {
+    Net b = make_net(2);
+    auto eb = make_engine({}, b);
+    zero::LoadOptions o;
+    o.load_module_only = true;
+    eb.load_checkpoint(dir, "", o);
+    expect_identical(weights(ea), weights(eb), "module only");
+    EXPECT_EQ(eb.global_steps(), 0);
+    EXPECT_EQ(eb.memory_report().optimizer_states, 0);  // Adam's moments come with the first step
+  }
+  {
+    Net b = make_net(2);
+    auto eb = make_engine({}, b);
+    zero::LoadOptions o;
+    o.load_optimizer_states = false;
+    eb.load_checkpoint(dir, "", o);
+    EXPECT_EQ(eb.global_steps(), 2);
+    EXPECT_EQ(eb.memory_report().optimizer_states, 0);
+  }
+}
+
+// zero-ckpt consolidate's fp32 weights are the engine's gathered weights.
+TEST(Consolidate, EqualsTheGatheredWeights) {
+  RunSetup s;
+  s.stage = 3;
+  const std::string dir = dir_for("consolidate");
+  Net a = make_net(1);
+  auto ea = make_engine(s, a);
+  train(ea, a, 0, 3, *g_world);
+  ea.save_checkpoint(dir);
+  const auto gathered = weights(ea);
+  if (g_world->rank() == 0) {
+    const std::string out = dir + "/full.safetensors";
+    zero::ckpt::consolidate(dir, zero::ckpt::read_latest(dir), out);
+    zero::ckpt::SafetensorsFile file(out);
+    for (const auto& [name, t] : gathered) {
+      if (name == "head.weight") continue;  // tied: stored once, as emb.weight
+      ASSERT_TRUE(file.entries().count(name)) << name;
+      const auto& e = file.entries().at(name);
+      at::Tensor values = torch::empty(t.sizes(), at::kFloat);
+      file.read(name, 0, e.end - e.begin, values.data_ptr());
+      EXPECT_TRUE(torch::equal(values, t.to(at::kFloat))) << name;
+    }
+  }
+  g_world->barrier();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  g_world = zero::comm::init_process_group();
+  // Rank 0 picks a fresh folder and tells the others.
+  at::Tensor name = torch::zeros({256}, at::kByte);
+  if (g_world->rank() == 0) {
+    std::string dir = (fs::temp_directory_path() / "zero_test_ckpt_XXXXXX").string();
+    if (!mkdtemp(dir.data())) return 1;
+    std::memcpy(name.data_ptr(), dir.data(), dir.size());
+  }
+  g_world->broadcast(name, 0);
+  g_root = reinterpret_cast<const char*>(name.data_ptr());
+  const int rc = RUN_ALL_TESTS();
+  g_world->barrier();
+  if (g_world->rank() == 0) fs::remove_all(g_root);
+  g_world.reset();
+  return rc;
+}

@@ -1,0 +1,212 @@
+// zero-ckpt: inspects and verifies sharded zero checkpoints and consolidates
+// one into a single fp32 safetensors file. Torch-free.
+//
+//   zero-ckpt inspect DIR [--tag T]
+//   zero-ckpt consolidate DIR [--tag T] --out FILE.safetensors
+//
+// Exit status: 0 ok, 1 a checkpoint problem (checksum mismatch, missing file,
+// unreadable manifest), 2 bad usage.
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckpt/checkpoint.h"
+#include "zero/error.h"
+
+namespace {
+
+namespace ck = zero::ckpt;
+
+const char* const kUsage =
+    "usage: zero-ckpt inspect DIR [--tag T]\n"
+    "       zero-ckpt consolidate DIR [--tag T] --out FILE.safetensors\n"
+    "\n"
+    "Works on a checkpoint directory written by zero's Engine::save_checkpoint:\n"
+    "DIR/latest names the newest complete tag, DIR/<tag>/manifest.json describes it\n"
+    "and DIR/<tag>/rank<r>.safetensors hold each rank's fragments.\n"
+    "\n"
+    "  inspect      list the tags and the latest one; for the chosen tag print the\n"
+    "               format version, world size, ZeRO stage, dtype, optimizer and its\n"
+    "               states, parameter count and elements, and every file with its\n"
+    "               size and checksum status (\"ok\", \"MISMATCH\" or \"MISSING\"); every\n"
+    "               file is hashed in full\n"
+    "  consolidate  write the full fp32 weights of every parameter (and the buffers;\n"
+    "               floating ones as fp32) to one safetensors file, named as in the\n"
+    "               model (e.g. \"fc1.weight\"); works for any world size and stage\n"
+    "\n"
+    "  --tag T      the tag to use (default: the one DIR/latest names)\n"
+    "  --out FILE   the safetensors file consolidate writes (replaced atomically)\n"
+    "  -h, --help   show this help\n"
+    "\n"
+    "Exit status: 0 ok, 1 a checkpoint problem (checksum mismatch, missing file,\n"
+    "damaged manifest), 2 bad usage.\n";
+
+struct UsageError {
+  std::string message;
+};
+
+struct Options {
+  std::string command;
+  std::string dir;
+  std::optional<std::string> tag;
+  std::optional<std::string> out;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  std::vector<std::string> positional;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&](const std::string& flag) -> std::string {
+      if (a.size() > flag.size() && a.compare(0, flag.size() + 1, flag + "=") == 0) return a.substr(flag.size() + 1);
+      if (i + 1 >= argc) throw UsageError{flag + " needs a value"};
+      return argv[++i];
+    };
+    if (a == "--tag" || a.rfind("--tag=", 0) == 0) {
+      o.tag = value("--tag");
+      if (o.tag->empty()) throw UsageError{"--tag needs a non-empty value"};
+    } else if (a == "--out" || a.rfind("--out=", 0) == 0) {
+      o.out = value("--out");
+      if (o.out->empty()) throw UsageError{"--out needs a non-empty value"};
+    } else if (a.size() > 1 && a[0] == '-') {
+      throw UsageError{"unknown option " + a};
+    } else {
+      positional.push_back(a);
+    }
+  }
+  if (positional.empty()) throw UsageError{"no command given (inspect or consolidate)"};
+  o.command = positional[0];
+  if (o.command != "inspect" && o.command != "consolidate")
+    throw UsageError{"unknown command \"" + o.command + "\" (inspect or consolidate)"};
+  if (positional.size() < 2) throw UsageError{o.command + " needs the checkpoint directory DIR"};
+  if (positional.size() > 2) throw UsageError{"unexpected argument \"" + positional[2] + "\""};
+  o.dir = positional[1];
+  if (o.command == "consolidate" && !o.out) throw UsageError{"consolidate needs --out FILE.safetensors"};
+  if (o.command == "inspect" && o.out) throw UsageError{"--out is for consolidate, not inspect"};
+  return o;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+int inspect(const Options& o) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(o.dir, ec)) throw zero::CheckpointError("checkpoint directory " + o.dir + " does not exist");
+  const std::vector<std::string> tags = ck::list_tags(o.dir);
+  std::string latest, latest_error;
+  try {
+    latest = ck::read_latest(o.dir);
+  } catch (const zero::CheckpointError& e) {
+    latest_error = e.what();
+  }
+  std::cout << "checkpoint directory: " << o.dir << "\n";
+  std::cout << "tags: " << (tags.empty() ? "none" : join(tags)) << "\n";
+  std::cout << "latest: "
+            << (!latest.empty()                                         ? latest
+                : !std::filesystem::exists(ck::tag_dir(o.dir, "latest"), ec) ? std::string("none")
+                                                                         : "unusable: " + latest_error)
+            << "\n";
+  std::string tag;
+  if (o.tag) {
+    tag = *o.tag;
+  } else if (!latest.empty()) {
+    tag = latest;
+  } else {
+    std::cout.flush();
+    throw zero::CheckpointError(latest_error);
+  }
+
+  const ck::Manifest m = ck::read_manifest(o.dir, tag);
+  int64_t elements = 0, trainable_elements = 0, trainable = 0;
+  for (const auto& p : m.params) {
+    int64_t n = 1;
+    for (int64_t d : p.shape) n *= d;
+    elements += n;
+    if (p.trainable) {
+      ++trainable;
+      trainable_elements += n;
+    }
+  }
+  std::cout << "tag: " << tag << "\n";
+  std::cout << "  format: " << m.format << " version " << m.version << "\n";
+  std::cout << "  world size: " << m.world_size << "\n";
+  std::cout << "  stage: " << m.stage << "\n";
+  std::cout << "  dtype: " << m.dtype << "\n";
+  std::cout << "  optimizer: " << (m.optimizer.empty() ? "none" : m.optimizer)
+            << " (states: " << (m.states.empty() ? "none" : join(m.states)) << ")\n";
+  std::cout << "  parameters: " << m.params.size() << " (" << trainable << " trainable, " << m.params.size() - trainable
+            << " frozen), " << elements << " elements (" << trainable_elements << " trainable)\n";
+  std::cout << "  buffers: " << m.buffers.size() << "\n";
+  if (!m.engine.empty()) std::cout << "  engine: " << m.engine.dump() << "\n";
+  std::cout << "  files:\n";
+  int ok = 0;
+  for (const auto& f : m.files) {
+    const std::string path = ck::tag_dir(o.dir, tag) + "/" + f.name;
+    std::cout << "    " << f.name << "  rank " << f.rank << "  " << f.bytes << " bytes  xxh3 " << f.xxh3 << "  ";
+    if (!std::filesystem::exists(path, ec)) {
+      std::cout << "MISSING\n";
+      continue;
+    }
+    ck::FileInfo actual;
+    try {
+      actual = ck::hash_file(path);
+    } catch (const zero::CheckpointError& e) {
+      std::cout << "UNREADABLE (" << e.what() << ")\n";
+      continue;
+    }
+    if (actual.bytes == f.bytes && actual.xxh3 == f.xxh3) {
+      std::cout << "ok\n";
+      ++ok;
+    } else {
+      std::cout << "MISMATCH (file has " << actual.bytes << " bytes, xxh3 " << actual.xxh3 << ")\n";
+    }
+  }
+  const int total = static_cast<int>(m.files.size());
+  std::cout << "  " << ok << " of " << total << " files ok" << (ok == total ? "" : ": the checkpoint is damaged") << "\n";
+  return ok == total ? 0 : 1;
+}
+
+int consolidate(const Options& o) {
+  const std::string tag = o.tag ? *o.tag : ck::read_latest(o.dir);
+  const int64_t n = ck::consolidate(o.dir, tag, *o.out);
+  ck::FileInfo info = ck::hash_file(*o.out);
+  std::cout << "wrote " << n << " tensors of " << ck::tag_dir(o.dir, tag) << " to " << *o.out << " (" << info.bytes
+            << " bytes, xxh3 " << info.xxh3 << ")\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "-h" || a == "--help" || (i == 1 && a == "help")) {
+      std::cout << kUsage;
+      return 0;
+    }
+  }
+  Options o;
+  try {
+    o = parse(argc, argv);
+  } catch (const UsageError& e) {
+    std::cerr << "zero-ckpt: " << e.message << "\n\n" << kUsage;
+    return 2;
+  }
+  try {
+    return o.command == "inspect" ? inspect(o) : consolidate(o);
+  } catch (const zero::Error& e) {
+    std::cout.flush();
+    std::cerr << "zero-ckpt: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cout.flush();
+    std::cerr << "zero-ckpt: error: " << e.what() << "\n";
+    return 1;
+  }
+}
