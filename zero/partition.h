@@ -84,6 +84,7 @@ struct Bucket {
   at::Tensor staging_base;      // a pooled buffer of the largest bucket's size
   at::Tensor reduced;           // reduce-scatter output, added to the partition
   int swap_id = -1;             // offload_param "nvme": the shard's id in the parameter store
+  bool grad_on_host = false;    // offload: its reduced gradients were copied to the host at the boundary
   at::Tensor gather_input;      // the shard on the parameters' device while a gather runs
 };
 

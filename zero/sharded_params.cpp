@@ -1,6 +1,7 @@
 // ShardedParams: flat buffers, gradient buckets and their collectives for
 // ZeRO stages 0-2 (Note [Flat layout] in partition.h).
 #include <torch/csrc/autograd/variable.h>
+#include <torch/cuda.h>
 
 #include <set>
 #include <sstream>
@@ -250,6 +251,13 @@ void ShardedParams::finish(Bucket& b) {
     b.reduced = at::Tensor();
     staging_pool_.push_back(b.staging_base);
     b.staging = b.staging_base = at::Tensor();
+    // Offload: at the boundary the bucket's part of the partition is final;
+    // it leaves for the host while backward goes on (Note [Offload copies]).
+    const size_t k = &b - buckets_.data();
+    if (boundary_ && !master_grads_.empty() && master_grads_[k].defined()) {
+      master_grads_[k].copy_(partition_slice(b), /*non_blocking=*/true);
+      b.grad_on_host = true;
+    }
   }
 }
 
@@ -302,8 +310,12 @@ void ShardedParams::end_backward() {
 }
 
 void ShardedParams::attach_master_grads() {
+  // Copies to the host started during backward must land before the host reads them.
+  bool pending_copies = false;
+  for (const auto& b : buckets_) pending_copies = pending_copies || (b.grad_on_host && b.full.is_cuda());
+  if (pending_copies) torch::cuda::synchronize();
   for (size_t k = 0; k < buckets_.size(); ++k) {
-    const Bucket& b = buckets_[k];
+    Bucket& b = buckets_[k];
     at::Tensor grad;
     if (options_.stage == 0) {
       grad = flat_grads_.slice(0, b.offset, b.offset + b.numel);
@@ -314,7 +326,9 @@ void ShardedParams::attach_master_grads() {
       grad = partition_slice(b);
     }
     if (!master_grads_.empty() && master_grads_[k].defined()) {
-      master_grads_[k].copy_(grad);  // to the host optimizer, in fp32 (Note [Offload copies])
+      // To the host optimizer, in fp32 (Note [Offload copies]); stages 2-3
+      // copied it when the bucket was reduced.
+      if (!b.grad_on_host) master_grads_[k].copy_(grad);
       grad = master_grads_[k];
     }
     master_flat_[k].mutable_grad() = grad.scalar_type() == at::kFloat ? grad : grad.to(at::kFloat);
@@ -323,6 +337,7 @@ void ShardedParams::attach_master_grads() {
 
 void ShardedParams::detach_master_grads() {
   for (auto& m : master_flat_) m.mutable_grad() = at::Tensor();
+  for (auto& b : buckets_) b.grad_on_host = false;
 }
 
 // One device-to-host read per call, not one per bucket.
