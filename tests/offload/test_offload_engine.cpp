@@ -149,8 +149,8 @@ TEST(OffloadParity, ParamNvmeStage3Bf16) { expect_parity({3, "bf16", 1, 0.5, kAd
 TEST(OffloadParity, ParamAndOptimizerNvmeStage3) { expect_parity({3, "fp32", 2, 0.0, kAdamW}, "all nvme", "all_nvme"); }
 
 // fp16 with an overflow on one rank: both runs skip the same step.
-TEST(OffloadParity, Fp16OverflowSkipping) {
-  auto run = [](bool offload) {
+void fp16_parity(int stage, const std::string& offload_json) {
+  auto run = [&](bool offload) {
     torch::manual_seed(3);
     auto w = torch::randn({37}) * 0.1;
     struct Elementwise : torch::nn::Module {
@@ -160,8 +160,8 @@ TEST(OffloadParity, Fp16OverflowSkipping) {
     auto model = std::make_shared<Elementwise>(w);
     std::string json = R"({"train_micro_batch_size_per_gpu": 4, "steps_per_print": 1000000,
       "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "fp16": {"enabled": true, "initial_scale_power": 8},
-      "zero_optimization": {"stage": 2, "reduce_bucket_size": 16)";
-    if (offload) json += R"(, "offload_optimizer": {"device": "cpu"})";
+      "zero_optimization": {"stage": )" + std::to_string(stage) + R"(, "reduce_bucket_size": 16, "sub_group_size": 20)";
+    if (offload) json += offload_json;
     zero::InitOptions options;
     options.group = g_world;
     auto engine = zero::initialize(zero::Config::from_json(json + "}}"), model, options);
@@ -177,6 +177,11 @@ TEST(OffloadParity, Fp16OverflowSkipping) {
   };
   const auto a = run(false), b = run(true);
   EXPECT_LT((a - b).abs().max().item<double>(), 2e-3 * a.abs().max().item<double>());
+}
+
+TEST(OffloadParity, Fp16OverflowSkippingCpu) { fp16_parity(2, R"(, "offload_optimizer": {"device": "cpu"})"); }
+TEST(OffloadParity, Fp16OverflowSkippingNvmeStage3) {
+  fp16_parity(3, R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + nvme_dir() + R"("})");
 }
 
 TEST(OffloadConfig, UnsupportedOptimizerIsAClearError) {
