@@ -33,15 +33,18 @@
 //   forward    from the end of step() to backward(): batch, forward, and at
 //              stage 3 the gathers (with offload_param nvme: the reads of the
 //              shards from disk, waited for in the gather)
-//   backward   backward with the gradient reductions it overlaps
-//   reduce     waiting for the last reductions after backward
+//   backward   backward with the gradient reductions it overlaps; with
+//              offload_optimizer at stages 2-3, also the copy of each reduced
+//              gradient bucket into the host optimizer's fp32 buffers (what
+//              is device-to-host on an accelerator), made as the bucket's
+//              reduction finishes
+//   reduce     waiting for the last reductions (and their copies) after backward
 //   step       the optimizer step without the gather (norm, clip, update);
 //              of which "host kern." (the host optimizer's SIMD kernels) and
 //              "nvme wait" (offload_optimizer nvme: waiting for the reads and
 //              writes of master weights and Adam states); "step rest" is what
-//              is left: with offload_optimizer, the copy of the reduced
-//              gradients into the host optimizer's fp32 buffers (what is
-//              device-to-host on an accelerator), the gradient norm, clipping
+//              is left: the gradient norm and its all-reduce, clipping (and
+//              at stage 1 the gradient copy to the host)
 //   gather     publishing the updated parameters: with offload, the copy of
 //              the host optimizer's output to the parameters' device (host-to-
 //              device on an accelerator), then the all-gather (persistent
@@ -50,7 +53,8 @@
 // Without offload the optimizer is torch::optim::AdamW on the partition, all
 // of it in "step rest". On CPU ranks there is no device memory: "device-to-
 // host" and "host-to-device" are host-memory copies here (the output says
-// so). The engine does not time them apart, so the program also times, in
+// so). The engine does not time the copy, the norm or the clipping apart,
+// so the program also times, in
 // the same run on each rank's partition size (Ψ/N elements), the gradient
 // copy into fp32, the norm, the clipping multiply and a torch::optim::AdamW
 // step, as references for what "step rest" is made of.
@@ -97,6 +101,7 @@ const Variant kVariants[] = {
 struct Result {
   const Variant* variant = nullptr;
   std::vector<double> times;                      // wall clock of each measured step, the slowest rank's
+  std::vector<double> round_medians;              // the median of each round's steps
   double mean = 0, median = 0, min = 0, max = 0;  // of `times`
   double forward = 0, backward = 0, reduce = 0, step = 0, host_step = 0, nvme_wait = 0, gather = 0;
   double host_bytes = 0, nvme_bytes = 0;  // max over ranks
@@ -229,6 +234,7 @@ void merge(Result& into, const Result& r, int rounds_before) {
     into.loss = r.loss;
     into.times.insert(into.times.end(), r.times.begin(), r.times.end());
   }
+  into.round_medians.push_back(median(r.times));
   double sum = 0;
   for (double t : into.times) sum += t;
   into.mean = sum / into.times.size();
@@ -312,10 +318,10 @@ std::string table(const zero_bench::Flags& flags, const std::string& dtype, int 
               (long long)flags.num("aio-block"), (long long)flags.num("aio-depth"), (long long)flags.num("rounds"),
       (long long)flags.num("steps"),
               (long long)flags.num("warmup"), nvme_dir.c_str());
-  add(out, "| variant | stage | offload opt / param | ms/step mean | median | x ref (median) | forward | backward "
-              "| reduce | step | host kern. | nvme wait | step rest (D2H copy, norm, clip) | gather (H2D, all-gather) "
+  add(out, "| variant | stage | offload opt / param | ms/step mean | median | per round | x ref (median) | forward | backward "
+              "| reduce | step | host kern. | nvme wait | step rest (norm, clip) | gather (H2D, all-gather) "
               "| host MB | NVMe MB | last loss |\n");
-  add(out, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  add(out, "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const Result& r : results) {
     double ref = NAN;
     for (const Result& o : results) {
@@ -324,18 +330,21 @@ std::string table(const zero_bench::Flags& flags, const std::string& dtype, int 
         ref = o.median;
     }
     const double rest = r.step - r.host_step - r.nvme_wait;
+    std::string rounds;
+    for (double m : r.round_medians) add(rounds, "%s%.0f", rounds.empty() ? "" : ", ", m * 1e3);
     char ratio[32] = "-";  // no reference when --variants left it out
     if (!std::isnan(ref)) std::snprintf(ratio, sizeof ratio, "%.3f", r.median / ref);
-    add(out, "| %s | %d | %s / %s | %.1f | %.1f | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | "
+    add(out, "| %s | %d | %s / %s | %.1f | %.1f | %s | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | "
                 "%.1f | %.1f | %.4f |\n",
                 r.variant->name, r.variant->stage, r.variant->offload_optimizer, r.variant->offload_param,
-                r.mean * 1e3, r.median * 1e3, ratio, r.forward * 1e3, r.backward * 1e3, r.reduce * 1e3,
+                r.mean * 1e3, r.median * 1e3, rounds.c_str(), ratio, r.forward * 1e3, r.backward * 1e3, r.reduce * 1e3,
                 r.step * 1e3, r.host_step * 1e3, r.nvme_wait * 1e3, rest * 1e3, r.gather * 1e3, r.host_bytes / 1e6,
                 r.nvme_bytes / 1e6, r.loss);
   }
-  add(out, "\nCPU ranks have no device memory: \"D2H\" is the copy of the reduced gradients into the host "
-              "optimizer's fp32 buffers (inside \"step rest\"), \"H2D\" the copy of its output into the parameters "
-              "(inside \"gather\"), both host-memory copies here. host kern. and nvme wait are parts of step; "
+  add(out, "\nCPU ranks have no device memory: \"D2H\", the copy of the reduced gradients into the host "
+              "optimizer's fp32 buffers, is made as each bucket's reduction finishes (inside backward and reduce at "
+              "stages 2-3), \"H2D\", the copy of its output into the parameters, inside gather; both are "
+              "host-memory copies here. host kern. and nvme wait are parts of step; "
               "without offload the optimizer is torch::optim::AdamW, counted in step rest. offload_param nvme's reads "
               "are waited for in forward/backward (stage 3 gathers) and its writes in gather.\n\n"
               "References, same run, one rank's partition (%.1f M elements, in pieces of reduce_bucket_size / N "

@@ -424,6 +424,7 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
   for (auto& w : publishing) {
     if (w) w->wait();
   }
+  s.sharded->wait_param_writes();
 
   attempt([&] {
     if (restore_states && !m.states.empty()) {

@@ -85,6 +85,7 @@ struct Bucket {
   at::Tensor reduced;           // reduce-scatter output, added to the partition
   int swap_id = -1;             // offload_param "nvme": the shard's id in the parameter store
   bool grad_on_host = false;    // offload: its reduced gradients were copied to the host at the boundary
+  bool read_pending = false;    // offload_param "nvme": a prefetch's read is in flight, its all-gather not started
   at::Tensor gather_input;      // the shard on the parameters' device while a gather runs
 };
 
@@ -133,6 +134,8 @@ class ShardedParams {
   // publish() of one bucket (index into buckets()): the all-gather it
   // started, if any, for the caller to wait on.
   comm::WorkHandle publish_bucket(size_t k, bool copies_fresh = false);
+  // offload_param "nvme": waits for the shard writes publish_bucket started.
+  void wait_param_writes();
   // Per bucket, the training-dtype host tensor the host optimizer writes
   // (offload in mixed precision; empty otherwise).
   const std::vector<at::Tensor>& offload_copies() const { return offload_copies_; }
@@ -143,6 +146,7 @@ class ShardedParams {
 
   // Stage 3 (Note [Stage 3 storage]).
   void gather(Bucket& bucket, bool async);
+  void start_gather(Bucket& bucket);  // the all-gather, once the shard is in memory
   void wait_gathered(Bucket& bucket);
   void release(Bucket& bucket);
   void release_all_unpersistent();
@@ -218,6 +222,7 @@ class ShardedParams {
   std::vector<at::Tensor> master_grads_;   // offload: per bucket, host fp32 gradients
   std::vector<at::Tensor> offload_copies_; // Note [Offload copies]
   std::unique_ptr<offload::SwappedTensors> param_store_;  // offload_param "nvme"
+  std::vector<int> param_writes_;                         // shard writes in flight
   std::shared_ptr<UnitScheduler> scheduler_;  // stage 3
   std::vector<UnitBase*> units_;
   bool in_backward_ = false;

@@ -365,6 +365,7 @@ void ShardedParams::publish(bool copies_fresh) {
   for (auto& w : works) {
     if (w) w->wait();
   }
+  wait_param_writes();
 }
 
 comm::WorkHandle ShardedParams::publish_bucket(size_t k, bool copies_fresh) {
@@ -386,11 +387,16 @@ comm::WorkHandle ShardedParams::publish_bucket(size_t k, bool copies_fresh) {
     if (b.swap_id >= 0) param_store_->materialize({b.swap_id});
     b.shard.copy_(updated());
     if (b.swap_id >= 0) {
-      param_store_->swap_out({b.swap_id});
-      param_store_->wait_out({b.swap_id});
+      param_store_->swap_out({b.swap_id});  // waited for by wait_param_writes()
+      param_writes_.push_back(b.swap_id);
     }
   }
   return nullptr;
+}
+
+void ShardedParams::wait_param_writes() {
+  if (param_store_) param_store_->wait_out(param_writes_);
+  param_writes_.clear();
 }
 
 int64_t ShardedParams::offloaded_param_bytes(bool nvme) const {
@@ -431,13 +437,29 @@ void ShardedParams::gather(Bucket& b, bool async) {
   if (b.gathered) return;
   refill_storage(b.full);
   b.gathered = true;
-  if (b.swap_id >= 0) param_store_->wait_in({b.swap_id});  // offload_param "nvme": read back first
-  b.gather_input = b.shard.device() == b.full.device() ? b.shard : b.shard.to(b.full.device(), /*non_blocking=*/true);
-  b.gather_work = pg_->all_gather_async(b.full, b.gather_input);
+  if (b.swap_id >= 0) {
+    // offload_param "nvme": the shard is read back first. A prefetch only
+    // starts the read (it overlaps the compute before the unit runs); the
+    // all-gather follows when the unit waits for it.
+    param_store_->swap_in({b.swap_id});
+    b.read_pending = true;
+    if (async) return;
+  }
+  start_gather(b);
   if (!async) wait_gathered(b);
 }
 
+void ShardedParams::start_gather(Bucket& b) {
+  if (b.read_pending) {
+    param_store_->wait_in({b.swap_id});
+    b.read_pending = false;
+  }
+  b.gather_input = b.shard.device() == b.full.device() ? b.shard : b.shard.to(b.full.device(), /*non_blocking=*/true);
+  b.gather_work = pg_->all_gather_async(b.full, b.gather_input);
+}
+
 void ShardedParams::wait_gathered(Bucket& b) {
+  if (b.read_pending) start_gather(b);
   if (!b.gather_work) return;
   b.gather_work->wait();
   b.gather_work.reset();
