@@ -77,14 +77,28 @@ inline int64_t head_count(const float* p, int64_t n) {
 
 inline __mmask16 first_lanes(int64_t k) { return static_cast<__mmask16>((1u << k) - 1u); }
 
+// Software prefetch into L2, 2 KiB ahead of each stream, one line per
+// iteration: ~5-10% more bandwidth than the hardware prefetchers alone on the
+// machine of bench/results/cpu_adam.md. Prefetches never fault, so running
+// past the end of an array is harmless.
+constexpr int64_t kPrefetchAhead = 512;  // floats
+ZERO_INLINE void prefetch_ahead(const float* a) {
+  _mm_prefetch(reinterpret_cast<const char*>(a + kPrefetchAhead), _MM_HINT_T1);
+}
+
 template <bool kL2, bool kDecay, int kCopy>
 void adam_loop(const AdamScalars& s, int64_t n, float* p, const float* g, float* m, float* v,
                uint16_t* copy) {
   const AdamV c(s);
   int64_t i = head_count(p, n);
   if (i > 0) adam16<kL2, kDecay, kCopy>(c, p, g, m, v, copy, first_lanes(i));
-  for (; i + 16 <= n; i += 16)
+  for (; i + 16 <= n; i += 16) {
+    prefetch_ahead(p + i);
+    prefetch_ahead(g + i);
+    prefetch_ahead(m + i);
+    prefetch_ahead(v + i);
     adam16<kL2, kDecay, kCopy>(c, p + i, g + i, m + i, v + i, kCopy ? copy + i : nullptr, 0xFFFF);
+  }
   if (i < n) adam16<kL2, kDecay, kCopy>(c, p + i, g + i, m + i, v + i, kCopy ? copy + i : nullptr, first_lanes(n - i));
 }
 
@@ -114,7 +128,12 @@ void adagrad_loop(const AdagradScalars& s, int64_t n, float* p, const float* g, 
   const AdagradV c(s);
   int64_t i = head_count(p, n);
   if (i > 0) adagrad16<kL2, kCopy>(c, p, g, sum, copy, first_lanes(i));
-  for (; i + 16 <= n; i += 16) adagrad16<kL2, kCopy>(c, p + i, g + i, sum + i, kCopy ? copy + i : nullptr, 0xFFFF);
+  for (; i + 16 <= n; i += 16) {
+    prefetch_ahead(p + i);
+    prefetch_ahead(g + i);
+    prefetch_ahead(sum + i);
+    adagrad16<kL2, kCopy>(c, p + i, g + i, sum + i, kCopy ? copy + i : nullptr, 0xFFFF);
+  }
   if (i < n) adagrad16<kL2, kCopy>(c, p + i, g + i, sum + i, kCopy ? copy + i : nullptr, first_lanes(n - i));
 }
 
