@@ -9,6 +9,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "core/env.h"
 #include "offload/cpu_optimizer_kernels.h"
@@ -199,6 +200,28 @@ void adagrad_step(const AdagradStep& h, int64_t n, float* param, const float* gr
 void adagrad_step(const AdagradStep& h, int64_t n, float* param, const float* grad, float* sum, uint16_t* copy,
                   CopyDtype copy_dtype) {
   adagrad_step(h, n, param, grad, sum, copy, copy_dtype, default_simd());
+}
+
+double sum_of_squares(const float* x, int64_t n) {
+  if (n <= 0) return 0.0;
+  const int64_t tiles = (n + kTile - 1) / kTile;
+  std::vector<double> partial(static_cast<size_t>(tiles));
+  for_tiles(n, [&](int64_t off, int64_t count) {
+    // Whole tiles: one sum per tile, eight independent accumulators in it.
+    for (int64_t t = off / kTile; t * kTile < off + count; ++t) {
+      const int64_t begin = t * kTile, end = std::min(n, begin + kTile);
+      double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t i = begin;
+      for (; i + 8 <= end; i += 8) {
+        for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(x[i + k]) * x[i + k];
+      }
+      for (; i < end; ++i) acc[0] += static_cast<double>(x[i]) * x[i];
+      partial[t] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    }
+  });
+  double total = 0.0;
+  for (double p : partial) total += p;
+  return total;
 }
 
 }  // namespace zero::offload

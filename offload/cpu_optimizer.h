@@ -55,4 +55,9 @@ void adagrad_step(const AdagradStep& h, int64_t n, float* param, const float* gr
 void adagrad_step(const AdagradStep& h, int64_t n, float* param, const float* grad, float* sum,
                   uint16_t* copy, CopyDtype copy_dtype, Simd simd);
 
+// Sum of x[i]^2 in double (for the gradient norm of host gradients): one
+// pass, parallel over tiles, the tiles' sums added in tile order so that the
+// result does not depend on the thread count. Not finite when any element is not.
+double sum_of_squares(const float* x, int64_t n);
+
 }  // namespace zero::offload

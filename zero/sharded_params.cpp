@@ -7,6 +7,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "offload/cpu_optimizer.h"
 #include "zero/error.h"
 #include "zero/partition.h"
 
@@ -343,9 +344,17 @@ void ShardedParams::detach_master_grads() {
 // One device-to-host read per call, not one per bucket.
 double ShardedParams::local_grad_sq_norm() const {
   if (master_flat_.empty()) return 0.0;
+  double host = 0.0;  // host fp32 gradients (offload, CPU ranks): one fused pass
   at::Tensor sum = at::zeros({}, master_flat_.front().options().dtype(at::kDouble));
-  for (const auto& m : master_flat_) sum += m.grad().pow(2).sum(at::kDouble);
-  return sum.item<double>();
+  for (const auto& m : master_flat_) {
+    const at::Tensor& g = m.grad();
+    if (g.is_cpu() && g.scalar_type() == at::kFloat && g.is_contiguous()) {
+      host += offload::sum_of_squares(g.data_ptr<float>(), g.numel());
+    } else {
+      sum += g.pow(2).sum(at::kDouble);
+    }
+  }
+  return host + sum.item<double>();
 }
 
 bool ShardedParams::local_grads_finite() const {

@@ -574,3 +574,27 @@ TEST(CpuOptimizers, BadArgumentsThrow) {
 }
 
 }  // namespace
+
+// The gradient norm's sum of squares: against a sequential double sum (to
+// rounding), the same bits for 1 and many threads, and not finite with an inf.
+TEST(CpuOptimizers, SumOfSquares) {
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{17}, int64_t{1023}, int64_t{(1 << 20) + 3}}) {
+    at::Tensor x = torch::randn({n}, at::detail::createCPUGenerator(n));
+    const float* p = x.data_ptr<float>();
+    double reference = 0.0;
+    for (int64_t i = 0; i < n; ++i) reference += static_cast<double>(p[i]) * p[i];
+    double one = 0.0, many = 0.0;
+    {
+      tbb::global_control gc(tbb::global_control::max_allowed_parallelism, 1);
+      one = zero::offload::sum_of_squares(p, n);
+    }
+    {
+      tbb::task_arena arena(4);
+      arena.execute([&] { many = zero::offload::sum_of_squares(p, n); });
+    }
+    EXPECT_NEAR(one, reference, 1e-12 * reference) << n;
+    EXPECT_EQ(one, many) << n;
+    x[n / 2] = INFINITY;
+    EXPECT_FALSE(std::isfinite(zero::offload::sum_of_squares(p, n))) << n;
+  }
+}
