@@ -187,10 +187,12 @@ class FragmentReader {
   void read_f32(const std::string& kind, const std::string& param, int64_t start, int64_t length,
                 float* dst);
   // Shared verification for a load by many ranks: hashes the files written
-  // by `ranks` now and skips the hash of the others (their sizes are still
-  // checked), which other ranks verify; the callers agree on the outcome.
-  // Each file is then read from disk once for its hash, whoever reads from it.
+  // by `ranks` (on a helper thread, while fragments are read) and skips the
+  // hash of the others (their sizes are still checked), which other ranks
+  // verify; the callers agree on the outcome. finish_verification() waits
+  // for the hashes and throws the first mismatch.
   void verify_only(const std::vector<int>& ranks);
+  void finish_verification();
   // Whole "module/<name>" or "rng/<name>" tensor from the file of `rank`.
   bool has(int rank, const std::string& tensor_name);
   TensorData read_whole(int rank, const std::string& tensor_name, std::vector<uint8_t>& storage);

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <future>
 #include <cerrno>
 #include <cstring>
 #include <set>
@@ -48,6 +49,7 @@ struct FragmentReader::Impl {
   std::map<int, size_t> slot_of_rank;
   std::map<std::string, int64_t> numel;  // parameter -> elements
   bool indexed = false;
+  std::vector<std::future<void>> hashing;  // verify_only's hashes in flight
   std::map<std::pair<std::string, std::string>, std::vector<Fragment>> index;  // (kind, param)
 
   SafetensorsFile& open(size_t i) {
@@ -141,10 +143,31 @@ void FragmentReader::verify_only(const std::vector<int>& ranks) {
   for (auto& slot : I.slots) {
     if (std::find(ranks.begin(), ranks.end(), slot.info.rank) == ranks.end()) slot.verified = true;  // someone else's
   }
+  // The hashes run on a helper thread while the caller reads fragments (the
+  // file is read from disk once: whichever comes second finds it cached).
   for (int r : ranks) {
     auto it = I.slot_of_rank.find(r);
-    if (it != I.slot_of_rank.end()) I.open_for_data(it->second);
+    if (it == I.slot_of_rank.end() || !I.verify) continue;
+    Impl::Slot& slot = I.slots[it->second];
+    const SafetensorsFile* file = &I.open(it->second);
+    slot.verified = true;
+    const FileInfo expected = slot.info;
+    I.hashing.push_back(std::async(std::launch::async, [file, expected] { file->verify(expected); }));
   }
+}
+
+void FragmentReader::finish_verification() {
+  Impl& I = *impl_;
+  std::exception_ptr first;
+  for (auto& h : I.hashing) {
+    try {
+      h.get();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  I.hashing.clear();
+  if (first) std::rethrow_exception(first);
 }
 
 FragmentReader::FragmentReader(const std::string& dir, const Manifest& manifest, bool verify)
@@ -169,7 +192,11 @@ FragmentReader::FragmentReader(const std::string& dir, const Manifest& manifest,
   }
 }
 
-FragmentReader::~FragmentReader() = default;
+FragmentReader::~FragmentReader() {
+  for (auto& h : impl_->hashing) {  // the hashes use the files: done before they close
+    if (h.valid()) h.wait();
+  }
+}
 
 void FragmentReader::read_f32(const std::string& kind, const std::string& param, int64_t start, int64_t length,
                               float* dst) {

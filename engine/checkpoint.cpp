@@ -427,6 +427,7 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
   s.sharded->wait_param_writes();
 
   attempt([&] {
+    reader->finish_verification();  // before anything else is taken from the files
     if (restore_states && !m.states.empty()) {
       engine::set_step_count(*s.optimizer, s.config.optimizer, masters, m.engine.value("optimizer_steps", int64_t{0}));
     }
