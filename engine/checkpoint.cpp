@@ -119,11 +119,6 @@ void maybe_inject_fault(int rank) {
   if (fault == "kill-after-write:" + std::to_string(rank)) std::raise(SIGKILL);
 }
 
-std::string xxh3_hex(uint64_t h) {
-  char text[17];
-  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(h));
-  return text;
-}
 
 at::Generator cpu_generator() { return at::detail::getDefaultCPUGenerator(); }
 
@@ -247,7 +242,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in, 
       for (const auto& [name, t] : model.buffers) m.buffers.push_back(name);
       for (int r = 0; r < pg.size(); ++r) {
         m.files.push_back({ckpt::rank_file_name(r), r, static_cast<uint64_t>(all[3 * r + 1].item<int64_t>()),
-                           xxh3_hex(static_cast<uint64_t>(all[3 * r + 2].item<int64_t>()))});
+                           ckpt::xxh3_hex(static_cast<uint64_t>(all[3 * r + 2].item<int64_t>()))});
       }
       json e;
       e["global_steps"] = s.global_steps;

@@ -3,22 +3,12 @@
 #include <chrono>
 #include <sstream>
 
+#include "engine/optimizer.h"
 #include "offload/cpu_optimizer.h"
 #include "zero/error.h"
 
 namespace zero::engine {
 namespace {
-
-template <typename Key = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type>
-Key state_key(const at::Tensor& t) {  // torch::optim's key: a string in LibTorch 1.13, the pointer in 2.x
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream key;
-    key << t.unsafeGetTensorImpl();
-    return key.str();
-  } else {
-    return t.unsafeGetTensorImpl();
-  }
-}
 
 void check_host_fp32(const at::Tensor& t, const char* what) {
   if (!t.is_cpu() || t.scalar_type() != at::kFloat || !t.is_contiguous()) {

@@ -37,20 +37,6 @@ int64_t bytes_of(torch::optim::Optimizer& optimizer, Fields fields) {
 
 bool is_adam(const OptimizerConfig& c) { return c.type == "Adam" || c.type == "AdamW"; }
 
-// torch::optim keys its state by the parameter's TensorImpl: as a string
-// in LibTorch 1.13, as the pointer itself in LibTorch 2.x.
-using StateMap = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
-template <typename Key = StateMap::key_type>
-Key state_key(const at::Tensor& t) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream key;
-    key << t.unsafeGetTensorImpl();
-    return key.str();
-  } else {
-    return t.unsafeGetTensorImpl();
-  }
-}
-
 template <typename State>
 State* find_state(torch::optim::Optimizer& optimizer, const at::Tensor& t) {
   auto it = optimizer.state().find(state_key(t));

@@ -8,12 +8,28 @@
 #include <array>
 #include <functional>
 #include <optional>
+#include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "zero/config.h"
 
 namespace zero::engine {
+
+// torch::optim keys its state by the parameter's TensorImpl: as a string in
+// LibTorch 1.13, as the pointer itself in LibTorch 2.x.
+using OptimizerStateMap = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
+template <typename Key = OptimizerStateMap::key_type>
+Key state_key(const at::Tensor& t) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;
+    key << t.unsafeGetTensorImpl();
+    return key.str();
+  } else {
+    return t.unsafeGetTensorImpl();
+  }
+}
 
 struct OptimizerGroup {
   std::vector<at::Tensor> tensors;
