@@ -50,6 +50,20 @@ void convert_to_f32(DType d, const void* src, size_t n, float* dst);
 // "0123456789abcdef": 16 lowercase hex digits, as FileInfo::xxh3 spells them.
 std::string xxh3_hex(uint64_t hash);
 
+// XXH3-64 over bytes fed in order: the checksum of FileInfo::xxh3.
+class Xxh3 {
+ public:
+  Xxh3();
+  ~Xxh3();
+  Xxh3(const Xxh3&) = delete;
+  Xxh3& operator=(const Xxh3&) = delete;
+  void update(const void* p, size_t n);
+  uint64_t digest() const;
+
+ private:
+  void* state_;  // XXH3_state_t; xxhash.h stays out of this header
+};
+
 // A tensor to write (data borrowed) or one read back (data owned).
 struct TensorData {
   std::string name;
@@ -106,11 +120,17 @@ class SafetensorsFile {
   const std::map<std::string, Entry>& entries() const { return entries_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   uint64_t file_bytes() const;
+  // Where the data section starts in the file (Entry offsets are relative to it).
+  uint64_t data_start() const { return data_start_; }
   // Copies bytes [byte_offset, byte_offset + bytes) of tensor `name` into dst.
   void read(const std::string& name, uint64_t byte_offset, uint64_t bytes, void* dst) const;
+  // Copies bytes [offset, offset + bytes) of the file (header included) into dst.
+  void read_raw(uint64_t offset, uint64_t bytes, void* dst) const;
   // Hashes the whole file; throws CheckpointError naming the file, the
   // expected and the actual checksum and size when they differ.
   void verify(const FileInfo& expected) const;
+  // The same check for a hash computed elsewhere over the whole file.
+  void check_hash(const FileInfo& expected, uint64_t actual) const;
 
  private:
   std::string path_;
@@ -187,11 +207,16 @@ class FragmentReader {
   void read_f32(const std::string& kind, const std::string& param, int64_t start, int64_t length,
                 float* dst);
   // Shared verification for a load by many ranks: hashes the files written
-  // by `ranks` (on a helper thread, while fragments are read) and skips the
-  // hash of the others (their sizes are still checked), which other ranks
-  // verify; the callers agree on the outcome. finish_verification() waits
-  // for the hashes and throws the first mismatch.
+  // by `ranks` and skips the hash of the others (their sizes are still
+  // checked), which other ranks verify; the callers agree on the outcome.
+  // The files of `ranks` are hashed from the data as it is read (see Note
+  // [Hashing while reading] in fragments.cpp): the bytes read_f32 copies
+  // into dst are hashed from dst on a helper thread, so dst must stay
+  // allocated and unchanged until wait_for_hashes(), finish_verification()
+  // or the destructor returns. finish_verification() reads and hashes what
+  // was not read, waits, and throws the first mismatch.
   void verify_only(const std::vector<int>& ranks);
+  void wait_for_hashes();
   void finish_verification();
   // Whole "module/<name>" or "rng/<name>" tensor from the file of `rank`.
   bool has(int rank, const std::string& tensor_name);

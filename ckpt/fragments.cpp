@@ -5,13 +5,25 @@
 // Files are opened lazily. Building the fragment index (first read_f32)
 // parses the header of every rank file, which is cheap; a file's data is
 // hashed against the manifest (verify) only when data is first read from it.
+//
+// Note [Hashing while reading]: a load reads each byte of a file once. For
+// the files a rank verifies (verify_only), every read that continues where
+// the hash has got to is hashed from the caller's buffer on a helper thread
+// while the next one is read; a read that skips ahead first reads and
+// hashes the bytes skipped; one that goes back is not hashed again.
+// finish_verification() reads and hashes the rest of the file. The engine
+// saves fragments in the order it loads them at the same world size, so
+// there the whole file is read once and hashed as it arrives.
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <future>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include "ckpt/checkpoint.h"
 #include "zero/error.h"
@@ -24,6 +36,64 @@ namespace {
 
 std::string range_string(int64_t a, int64_t b) { return "[" + std::to_string(a) + ", " + std::to_string(b) + ")"; }
 
+// Spans of memory hashed in the order pushed, on one helper thread started
+// at the first push.
+class HashPipeline {
+ public:
+  ~HashPipeline() {
+    drain();  // the spans point into the caller's memory: done before it goes
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    work_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  // Hashes [p, p + n) into `hash`; `owned`, when given, holds the bytes.
+  void push(Xxh3* hash, const void* p, size_t n, std::vector<char> owned = {}) {
+    if (n == 0) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+      spans_.push_back({hash, static_cast<const char*>(p), n, std::move(owned)});
+    }
+    work_.notify_one();
+  }
+  // Returns when every span pushed so far is hashed.
+  void drain() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    idle_.wait(lock, [this] { return spans_.empty() && !busy_; });
+  }
+
+ private:
+  struct Span {
+    Xxh3* hash;
+    const char* p;
+    size_t n;
+    std::vector<char> owned;
+  };
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      work_.wait(lock, [this] { return stop_ || !spans_.empty(); });
+      if (spans_.empty()) return;  // stop_ and nothing left
+      Span span = std::move(spans_.front());
+      spans_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      span.hash->update(span.owned.empty() ? span.p : span.owned.data(), span.n);
+      lock.lock();
+      busy_ = false;
+      if (spans_.empty()) idle_.notify_all();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable work_, idle_;
+  std::deque<Span> spans_;
+  bool busy_ = false, stop_ = false;
+  std::thread thread_;
+};
+
 }  // namespace
 
 struct FragmentReader::Impl {
@@ -31,12 +101,15 @@ struct FragmentReader::Impl {
     FileInfo info;
     std::string path;
     std::unique_ptr<SafetensorsFile> file;
-    bool verified = false;
+    bool verified = false;  // hashed, being hashed while read, or someone else's
+    std::unique_ptr<Xxh3> stream;  // hashing while reading: bytes [0, hashed) fed
+    uint64_t hashed = 0;
   };
   struct Fragment {
     int64_t offset = 0, length = 0;
     size_t slot = 0;
     std::string tensor;
+    uint64_t begin = 0;  // of its bytes in the file
     DType dtype = DType::F32;
   };
 
@@ -49,8 +122,8 @@ struct FragmentReader::Impl {
   std::map<int, size_t> slot_of_rank;
   std::map<std::string, int64_t> numel;  // parameter -> elements
   bool indexed = false;
-  std::vector<std::future<void>> hashing;  // verify_only's hashes in flight
   std::map<std::pair<std::string, std::string>, std::vector<Fragment>> index;  // (kind, param)
+  HashPipeline hashing;  // last member: destroyed (drained) first
 
   SafetensorsFile& open(size_t i) {
     Slot& s = slots[i];
@@ -81,6 +154,36 @@ struct FragmentReader::Impl {
     return f;
   }
 
+  // Note [Hashing while reading]: file bytes [at, at + n) were just read into
+  // `data`; `stable` when data stays as it is until the hashes are waited for.
+  void hash_read(size_t i, uint64_t at, uint64_t n, const void* data, bool stable) {
+    Slot& s = slots[i];
+    if (!s.stream || at + n <= s.hashed) return;
+    if (at > s.hashed) hash_from_file(i, at);
+    const uint64_t skip = s.hashed - at;
+    const char* p = static_cast<const char*>(data) + skip;
+    const size_t count = static_cast<size_t>(n - skip);
+    if (stable) {
+      hashing.push(s.stream.get(), p, count);
+    } else {
+      hashing.push(s.stream.get(), nullptr, count, std::vector<char>(p, p + count));
+    }
+    s.hashed = at + n;
+  }
+
+  // Reads and hashes the bytes of file i from where the hash has got to up to `to`.
+  void hash_from_file(size_t i, uint64_t to) {
+    constexpr uint64_t kPiece = uint64_t(16) << 20;
+    Slot& s = slots[i];
+    while (s.hashed < to) {
+      std::vector<char> piece(static_cast<size_t>(std::min(kPiece, to - s.hashed)));
+      s.file->read_raw(s.hashed, piece.size(), piece.data());
+      const size_t n = piece.size();
+      s.hashed += n;
+      hashing.push(s.stream.get(), nullptr, n, std::move(piece));
+    }
+  }
+
   void build_index() {
     if (indexed) return;
     for (size_t i = 0; i < slots.size(); ++i) {
@@ -106,6 +209,7 @@ struct FragmentReader::Impl {
         fr.length = entry.shape[0];
         fr.slot = i;
         fr.tensor = name;
+        fr.begin = f.data_start() + entry.begin;
         fr.dtype = entry.dtype;
         index[{kind, param}].push_back(std::move(fr));
       }
@@ -143,30 +247,35 @@ void FragmentReader::verify_only(const std::vector<int>& ranks) {
   for (auto& slot : I.slots) {
     if (std::find(ranks.begin(), ranks.end(), slot.info.rank) == ranks.end()) slot.verified = true;  // someone else's
   }
-  // The hashes run on a helper thread while the caller reads fragments (the
-  // file is read from disk once: whichever comes second finds it cached).
   for (int r : ranks) {
     auto it = I.slot_of_rank.find(r);
     if (it == I.slot_of_rank.end() || !I.verify) continue;
     Impl::Slot& slot = I.slots[it->second];
-    const SafetensorsFile* file = &I.open(it->second);
+    I.open(it->second);
     slot.verified = true;
-    const FileInfo expected = slot.info;
-    I.hashing.push_back(std::async(std::launch::async, [file, expected] { file->verify(expected); }));
+    slot.stream = std::make_unique<Xxh3>();
+    slot.hashed = 0;
   }
 }
 
+void FragmentReader::wait_for_hashes() { impl_->hashing.drain(); }
+
 void FragmentReader::finish_verification() {
   Impl& I = *impl_;
+  for (size_t i = 0; i < I.slots.size(); ++i) {
+    if (I.slots[i].stream) I.hash_from_file(i, I.slots[i].info.bytes);
+  }
+  I.hashing.drain();
   std::exception_ptr first;
-  for (auto& h : I.hashing) {
+  for (auto& slot : I.slots) {
+    if (!slot.stream) continue;
     try {
-      h.get();
+      slot.file->check_hash(slot.info, slot.stream->digest());
     } catch (...) {
       if (!first) first = std::current_exception();
     }
+    slot.stream.reset();
   }
-  I.hashing.clear();
   if (first) std::rethrow_exception(first);
 }
 
@@ -192,11 +301,7 @@ FragmentReader::FragmentReader(const std::string& dir, const Manifest& manifest,
   }
 }
 
-FragmentReader::~FragmentReader() {
-  for (auto& h : impl_->hashing) {  // the hashes use the files: done before they close
-    if (h.valid()) h.wait();
-  }
-}
+FragmentReader::~FragmentReader() = default;  // Impl drains the hashes before the files close
 
 void FragmentReader::read_f32(const std::string& kind, const std::string& param, int64_t start, int64_t length,
                               float* dst) {
@@ -232,9 +337,11 @@ void FragmentReader::read_f32(const std::string& kind, const std::string& param,
     const uint64_t byte_off = static_cast<uint64_t>(cursor - f.offset) * esize;
     if (f.dtype == DType::F32) {
       file.read(f.tensor, byte_off, static_cast<uint64_t>(count) * 4, dst + (cursor - start));
+      I.hash_read(f.slot, f.begin + byte_off, static_cast<uint64_t>(count) * 4, dst + (cursor - start), true);
     } else {
       tmp.resize(static_cast<size_t>(count) * esize);
       file.read(f.tensor, byte_off, tmp.size(), tmp.data());
+      I.hash_read(f.slot, f.begin + byte_off, tmp.size(), tmp.data(), false);
       convert_to_f32(f.dtype, tmp.data(), static_cast<size_t>(count), dst + (cursor - start));
     }
     cursor = to;
@@ -270,6 +377,7 @@ TensorData FragmentReader::read_whole(int rank, const std::string& tensor_name, 
   t.bytes = e->second.end - e->second.begin;
   storage.resize(t.bytes);
   f.read(tensor_name, 0, t.bytes, storage.data());
+  I.hash_read(it->second, f.data_start() + e->second.begin, t.bytes, storage.data(), false);
   t.data = storage.data();
   return t;
 }

@@ -54,23 +54,6 @@ std::string base_name(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-// XXH3-64 streaming state, freed on every path out.
-class Hasher {
- public:
-  Hasher() : state_(XXH3_createState()) {
-    if (!state_ || XXH3_64bits_reset(state_) == XXH_ERROR) fail("cannot initialise the XXH3 hash state");
-  }
-  ~Hasher() { XXH3_freeState(state_); }
-  Hasher(const Hasher&) = delete;
-  Hasher& operator=(const Hasher&) = delete;
-  void update(const void* p, size_t n) {
-    if (n) XXH3_64bits_update(state_, p, n);
-  }
-  uint64_t digest() const { return XXH3_64bits_digest(state_); }
-
- private:
-  XXH3_state_t* state_;
-};
 
 std::string hint_for(int e) {
   switch (e) {
@@ -104,7 +87,7 @@ class AtomicWriter {
   AtomicWriter(const AtomicWriter&) = delete;
   AtomicWriter& operator=(const AtomicWriter&) = delete;
 
-  void write(const void* data, size_t n, Hasher* hasher) {
+  void write(const void* data, size_t n, Xxh3* hasher) {
     const char* p = static_cast<const char*>(data);
     while (n > 0) {
       size_t chunk = std::min(n, kChunk);
@@ -231,6 +214,21 @@ float f16_to_f32(uint16_t h) {
 
 }  // namespace
 
+// ---- XXH3 --------------------------------------------------------------------
+
+Xxh3::Xxh3() : state_(XXH3_createState()) {
+  if (!state_ || XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_)) == XXH_ERROR)
+    fail("cannot initialise the XXH3 hash state");
+}
+
+Xxh3::~Xxh3() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+
+void Xxh3::update(const void* p, size_t n) {
+  if (n) XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), p, n);
+}
+
+uint64_t Xxh3::digest() const { return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_)); }
+
 // ---- dtypes ------------------------------------------------------------------
 
 const char* dtype_name(DType d) {
@@ -324,7 +322,7 @@ FileInfo hash_file(const std::string& path) {
   info.name = path;
   info.bytes = static_cast<uint64_t>(st.st_size);
   try {
-    Hasher h;
+    Xxh3 h;
     std::vector<char> buf(std::min<uint64_t>(info.bytes, kChunk));
     for (uint64_t off = 0; off < info.bytes;) {
       size_t n = static_cast<size_t>(std::min<uint64_t>(info.bytes - off, kChunk));
@@ -382,7 +380,7 @@ FileInfo write_safetensors(const std::string& path, const std::vector<TensorData
 
   const uint64_t total = 8 + text.size() + offset;
   AtomicWriter w(path, total);
-  Hasher h;
+  Xxh3 h;
   w.write(len, 8, &h);
   w.write(text.data(), text.size(), &h);
   for (const TensorData& t : tensors) w.write(t.data, t.bytes, &h);
@@ -521,7 +519,7 @@ void SafetensorsFile::verify(const FileInfo& expected) const {
     fail("size mismatch: " + path_ + " has " + std::to_string(now) + " bytes, the manifest says " +
          std::to_string(expected.bytes) + " (xxh3 " + expected.xxh3 +
          "); the file was truncated or replaced: restore it or load another tag");
-  Hasher h;
+  Xxh3 h;
   std::vector<char> buf(std::min<uint64_t>(now, kChunk));
   for (uint64_t off = 0; off < now;) {
     size_t n = static_cast<size_t>(std::min<uint64_t>(now - off, kChunk));
@@ -529,11 +527,22 @@ void SafetensorsFile::verify(const FileInfo& expected) const {
     h.update(buf.data(), n);
     off += n;
   }
-  const std::string actual = xxh3_hex(h.digest());
+  check_hash(expected, h.digest());
+}
+
+void SafetensorsFile::check_hash(const FileInfo& expected, uint64_t actual_hash) const {
+  const std::string actual = xxh3_hex(actual_hash);
   if (actual != expected.xxh3)
-    fail("checksum mismatch: " + path_ + " has xxh3 " + actual + " (" + std::to_string(now) +
+    fail("checksum mismatch: " + path_ + " has xxh3 " + actual + " (" + std::to_string(file_bytes_) +
          " bytes), the manifest says " + expected.xxh3 + " (" + std::to_string(expected.bytes) +
          " bytes); the file is corrupt: restore it or load another tag");
+}
+
+void SafetensorsFile::read_raw(uint64_t offset, uint64_t bytes, void* dst) const {
+  if (offset > file_bytes_ || bytes > file_bytes_ - offset)
+    fail("reading bytes [" + std::to_string(offset) + ", " + std::to_string(offset + bytes) + ") of " + path_ +
+         ": the file has " + std::to_string(file_bytes_) + " bytes");
+  pread_all(fd_, dst, bytes, offset, path_);
 }
 
 }  // namespace zero::ckpt

@@ -179,14 +179,21 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in, 
       kinds.push_back(kind);
     }
   }
-  // At stage 0 every rank holds everything: rank 0 writes it.
+  // At stage 0 every rank holds everything: rank 0 writes it. The order,
+  // bucket by bucket and within a bucket kind by kind, is the order a load
+  // at the same world size reads in (Note [Hashing while reading]).
   if (s.sharded->owners() > 1 || rank == 0) {
-    for (const auto& f : s.sharded->fragments()) {
-      const std::string& name = s.sharded->param(f.param).name;
-      add(fragment_name("fp32", name, f.param_offset), masters[f.bucket].slice(0, f.start, f.start + f.length));
-      for (const auto& kind : kinds) {
-        at::Tensor state = engine::state_tensor(*s.optimizer, s.config.optimizer, masters[f.bucket], kind, false);
-        add(fragment_name(kind, name, f.param_offset), state.slice(0, f.start, f.start + f.length));
+    const auto fragments = s.sharded->fragments();
+    std::vector<std::string> all_kinds{"fp32"};
+    all_kinds.insert(all_kinds.end(), kinds.begin(), kinds.end());
+    for (size_t k = 0; k < masters.size(); ++k) {
+      for (const auto& kind : all_kinds) {
+        const at::Tensor source = kind == "fp32" ? masters[k]
+                                                 : engine::state_tensor(*s.optimizer, s.config.optimizer, masters[k], kind, false);
+        for (const auto& f : fragments) {
+          if (f.bucket != static_cast<int64_t>(k)) continue;
+          add(fragment_name(kind, s.sharded->param(f.param).name, f.param_offset), source.slice(0, f.start, f.start + f.length));
+        }
       }
     }
   }
@@ -387,6 +394,7 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
   if (restore_states) all_kinds.insert(all_kinds.end(), m.states.begin(), m.states.end());
   std::vector<comm::WorkHandle> publishing;
   for (size_t k = 0; k < masters.size(); ++k) {
+    std::vector<at::Tensor> staged;  // host copies being hashed (see verify_only)
     attempt([&] {
       for (const auto& kind : all_kinds) {
         at::Tensor target = kind == "fp32" ? masters[k]
@@ -396,6 +404,7 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
         // (which keeps the padding as it is).
         const bool direct = target.is_cpu() && target.is_contiguous();
         at::Tensor cpu = direct ? target : target.to(at::kCPU).contiguous();
+        if (!direct) staged.push_back(cpu);
         for (const auto& f : fragments) {
           if (f.bucket != static_cast<int64_t>(k)) continue;
           const std::string& name = s.sharded->param(f.param).name;
@@ -414,15 +423,18 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
         }
       }
     });
+    if (reader && !staged.empty()) reader->wait_for_hashes();
     publishing.push_back(s.sharded->publish_bucket(k));  // the loaded master weights become the parameters
   }
+  // Checked while the last buckets are gathered, before anything else is
+  // taken from the files.
+  attempt([&] { reader->finish_verification(); });
   for (auto& w : publishing) {
     if (w) w->wait();
   }
   s.sharded->wait_param_writes();
 
   attempt([&] {
-    reader->finish_verification();  // before anything else is taken from the files
     if (restore_states && !m.states.empty()) {
       engine::set_step_count(*s.optimizer, s.config.optimizer, masters, m.engine.value("optimizer_steps", int64_t{0}));
     }
@@ -439,6 +451,12 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
       t.copy_(values.view(t.sizes()));
     }
     if (restore_training) {
+      if (mid_accumulation) {
+        ckpt::TensorData d = reader->read_whole(pg.rank(), "accum/grads", storage);
+        s.sharded->restore_accumulated_grads(torch::from_blob(const_cast<void*>(d.data), d.shape, from_ckpt(d.dtype)));
+      } else {
+        s.sharded->zero_grads();
+      }
       const std::string rng = "rng/cpu";
       if (pg.rank() < m.world_size && reader->has(pg.rank(), rng)) {
         ckpt::TensorData d = reader->read_whole(pg.rank(), rng, storage);
@@ -447,14 +465,9 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
         std::lock_guard<std::mutex> lock(gen.mutex());
         gen.set_state(state);
       }
-      if (mid_accumulation) {
-        ckpt::TensorData d = reader->read_whole(pg.rank(), "accum/grads", storage);
-        s.sharded->restore_accumulated_grads(torch::from_blob(const_cast<void*>(d.data), d.shape, from_ckpt(d.dtype)));
-      } else {
-        s.sharded->zero_grads();
-      }
     }
   });
+  if (reader) reader->wait_for_hashes();  // they read the targets
   if (s.nvme) s.nvme->swap_out_all();
   agree(pg, error, "load_checkpoint: " + where);
 

@@ -796,6 +796,68 @@ TEST_F(CkptTest, CorruptRankFileFailsOnlyWhenItsDataIsRead) {
   EXPECT_CONTAINS(e, rank1);
 }
 
+// Note [Hashing while reading]: whatever order the fragments are read in
+// (the file's, backwards, some skipped, ranges cut anywhere), the files this
+// reader verifies hash to the manifest's checksum, and a flipped byte is
+// found whether the reads went over it or not.
+TEST_F(CkptTest, HashingWhileReadingMatchesTheManifestInAnyReadOrder) {
+  Model model;
+  using Read = std::tuple<std::string, std::string, int64_t, int64_t>;  // kind, param, start, length
+  std::vector<Read> file_order, backwards, partial;
+  for (const auto& kind : model.kinds)
+    for (const auto& p : model.trainable) {
+      for (int64_t s = 0; s < p.numel; s += 6) file_order.emplace_back(kind, p.name, s, std::min<int64_t>(6, p.numel - s));
+    }
+  backwards.assign(file_order.rbegin(), file_order.rend());
+  for (size_t i = 0; i < file_order.size(); i += 3) partial.push_back(file_order[i]);
+  int layout = 0;
+  for (const auto& bounds : {kOneRank, kThreeRanks}) {
+    const std::string tag = "h" + std::to_string(layout++);
+    const Manifest m = model.write(dir_, tag, bounds);
+    std::vector<int> all_ranks;
+    for (int r = 0; r < m.world_size; ++r) all_ranks.push_back(r);
+    auto run = [&](const std::vector<Read>& reads, std::vector<std::vector<float>>& outs) {
+      FragmentReader reader(dir_, m);
+      reader.verify_only(all_ranks);
+      outs.clear();
+      for (const auto& [kind, param, start, length] : reads) {
+        outs.emplace_back(static_cast<size_t>(length));  // kept until the hashes are done
+        reader.read_f32(kind, param, start, length, outs.back().data());
+      }
+      std::vector<uint8_t> storage;
+      reader.read_whole(0, "module/scale16", storage);
+      reader.finish_verification();
+    };
+    for (const auto* reads : {&file_order, &backwards, &partial}) {
+      std::vector<std::vector<float>> outs;
+      ASSERT_NO_THROW(run(*reads, outs)) << tag;
+      for (size_t i = 0; i < reads->size(); ++i) {
+        const auto& [kind, param, start, length] = (*reads)[i];
+        for (int64_t e = 0; e < length; ++e) ASSERT_EQ(outs[i][e], model.ref.at({kind, param})[start + e]);
+      }
+    }
+    // A byte flipped in fragment data that every order reads, and one in the rng tensor that none reads.
+    const std::string last = tag_dir(dir_, tag) + "/" + rank_file_name(0);
+    uint64_t read_at = 0, unread_at = 0;
+    {
+      SafetensorsFile f(last);
+      read_at = f.data_start() + f.entries().at("fp32/fc1.weight/0").begin + 5;
+      unread_at = f.data_start() + f.entries().at("rng/cpu").begin + 7;
+    }
+    for (uint64_t at : {read_at, unread_at}) {
+      const std::string good = slurp(last);
+      flip_byte(last, at);
+      for (const auto* reads : {&file_order, &partial}) {
+        std::vector<std::vector<float>> outs;
+        const std::string e = error_of([&] { run(*reads, outs); });
+        EXPECT_CONTAINS(e, "checksum mismatch");
+        EXPECT_CONTAINS(e, last);
+      }
+      spit(last, good);
+    }
+  }
+}
+
 TEST_F(CkptTest, WholeTensorsByRank) {
   Model model;
   Manifest m = model.write(dir_, "t", kTwoRanks);
