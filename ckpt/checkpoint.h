@@ -24,6 +24,7 @@
 // `latest` is replaced only after every file is durable: temporary name,
 // fsync, rename, fsync of the directory.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -96,8 +97,13 @@ void write_file_durably(const std::string& path, const std::string& content);
 // name = the last component of `path` and rank = 0 (the caller sets the rank).
 // Data starts at a multiple of 8 bytes (the header is padded with spaces) and
 // tensors follow each other in the order given, without gaps.
+// With `fetch`, tensor i's bytes are fetch(i) instead of tensors[i].data
+// (which may then be null): asked for just before they are written, in
+// order, and used only until the next call, so that the caller can bring
+// the data in piece by piece (NVMe offload).
+using FetchData = std::function<const void*(size_t index)>;
 FileInfo write_safetensors(const std::string& path, const std::vector<TensorData>& tensors,
-                           const std::map<std::string, std::string>& metadata = {});
+                           const std::map<std::string, std::string>& metadata = {}, const FetchData& fetch = {});
 
 // A safetensors file opened for reading tensors by byte range.
 class SafetensorsFile {

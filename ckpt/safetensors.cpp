@@ -348,7 +348,7 @@ void write_file_durably(const std::string& path, const std::string& content) {
 // ---- writing -----------------------------------------------------------------
 
 FileInfo write_safetensors(const std::string& path, const std::vector<TensorData>& tensors,
-                           const std::map<std::string, std::string>& metadata) {
+                           const std::map<std::string, std::string>& metadata, const FetchData& fetch) {
   nlohmann::json header = nlohmann::json::object();
   uint64_t offset = 0;
   for (const TensorData& t : tensors) {
@@ -362,7 +362,7 @@ FileInfo write_safetensors(const std::string& path, const std::vector<TensorData
     if (want != t.bytes)
       fail(what + " has shape " + shape_string(t.shape) + " of " + dtype_name(t.dtype) + " (" + std::to_string(want) +
            " bytes) but " + std::to_string(t.bytes) + " bytes of data");
-    if (t.bytes && !t.data) fail(what + ": no data pointer");
+    if (t.bytes && !t.data && !fetch) fail(what + ": no data pointer");
     header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
     offset += t.bytes;
   }
@@ -383,7 +383,11 @@ FileInfo write_safetensors(const std::string& path, const std::vector<TensorData
   Xxh3 h;
   w.write(len, 8, &h);
   w.write(text.data(), text.size(), &h);
-  for (const TensorData& t : tensors) w.write(t.data, t.bytes, &h);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const void* data = fetch ? fetch(i) : tensors[i].data;
+    if (tensors[i].bytes && !data) fail("writing " + path + ": no data for tensor \"" + tensors[i].name + "\"");
+    w.write(data, tensors[i].bytes, &h);
+  }
   w.commit();
 
   FileInfo info;

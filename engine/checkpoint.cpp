@@ -122,6 +122,78 @@ void maybe_inject_fault(int rank) {
 
 at::Generator cpu_generator() { return at::detail::getDefaultCPUGenerator(); }
 
+// NVMe offload (ZeRO-Infinity): a checkpoint brings the master weights and
+// optimizer states in one bucket at a time, reading the next bucket
+// meanwhile, and lets each go once used, so that it needs the host memory
+// of two buckets rather than of the rank's whole partition. A save lets
+// them go as they are (their files are current); a load writes them back.
+class NvmeWindow {
+ public:
+  NvmeWindow(offload::SwappedTensors* store, std::vector<std::vector<int>> ids, bool write_back)
+      : store_(store), ids_(std::move(ids)), write_back_(write_back) {}
+  ~NvmeWindow() {
+    try {
+      finish();
+    } catch (const std::exception& e) {  // an error of the caller's is already on its way
+      log::warn("ckpt", std::string("NVMe offload after a failed checkpoint: ") + e.what());
+    }
+  }
+  // Bucket k resident (the one before let go, the one after being read).
+  void enter(size_t k) {
+    if (!store_ || current_ == static_cast<int64_t>(k)) return;
+    if (current_ >= 0) leave(static_cast<size_t>(current_));
+    current_ = static_cast<int64_t>(k);
+    if (k + 1 < ids_.size()) store_->swap_in(ids_[k + 1]);
+    try {
+      store_->wait_in(ids_[k]);
+    } catch (...) {
+      store_->materialize(ids_[k]);  // memory for the collectives that follow; the error is reported
+      throw;
+    }
+  }
+  // Nothing resident or in flight any more.
+  void finish() {
+    if (!store_) return;
+    current_ = -1;
+    if (write_back_) {
+      store_->swap_out_all();
+    } else {
+      for (const auto& ids : ids_) store_->drop(ids);
+    }
+  }
+
+ private:
+  void leave(size_t k) {
+    if (!write_back_) {
+      store_->drop(ids_[k]);
+      return;
+    }
+    store_->swap_out(ids_[k]);
+    if (k > 0) store_->wait_out(ids_[k - 1]);
+  }
+  offload::SwappedTensors* store_;
+  std::vector<std::vector<int>> ids_;  // per bucket: its master weights and states
+  bool write_back_;
+  int64_t current_ = -1;
+};
+
+// The NVMe store's ids of each bucket's master weights and optimizer states.
+std::vector<std::vector<int>> nvme_ids(const offload::SwappedTensors* store, torch::optim::Optimizer& optimizer,
+                                       const OptimizerConfig& config, const std::vector<at::Tensor>& masters) {
+  std::vector<std::vector<int>> ids;
+  if (!store) return ids;
+  for (const auto& master : masters) {
+    ids.emplace_back();
+    std::vector<at::Tensor> tensors{master};
+    for (const auto& kind : engine::state_kinds(config)) tensors.push_back(engine::state_tensor(optimizer, config, master, kind, false));
+    for (const auto& t : tensors) {
+      const int id = t.defined() ? store->find(t) : -1;
+      if (id >= 0) ids.back().push_back(id);
+    }
+  }
+  return ids;
+}
+
 }  // namespace
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in, const std::string& client_state) {
@@ -153,24 +225,23 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in, 
   }
   agree(pg, error, "save_checkpoint: preparing " + staging.string());
 
-  // NVMe offload: the master weights and states come back for the save.
-  struct Resident {
-    offload::SwappedTensors* store;
-    explicit Resident(offload::SwappedTensors* s) : store(s) {
-      if (store) store->swap_in_all();
-    }
-    ~Resident() {
-      if (store) store->swap_out_all();
-    }
-  } resident(s.nvme.get());
-
-  // This rank's tensors (borrowed by the writer: `keep` holds them).
+  // This rank's tensors. Whole tensors are borrowed by the writer (`keep`
+  // holds them); the fragments' bytes are fetched as the writer reaches
+  // them (Source), one bucket at a time for NVMe offload and for device
+  // tensors (one host copy at a time).
   std::vector<at::Tensor> keep;
   std::vector<ckpt::TensorData> tensors;
+  struct Source {
+    at::Tensor tensor;  // undefined: tensors[i].data
+    int64_t start = 0;
+    size_t bucket = 0;
+  };
+  std::vector<Source> sources;
   auto add = [&](const std::string& name, const at::Tensor& t) {
     at::Tensor cpu = t.detach().to(at::kCPU).contiguous();
     keep.push_back(cpu);
     tensors.push_back({name, to_ckpt(cpu.scalar_type()), cpu.sizes().vec(), cpu.data_ptr(), cpu.nbytes()});
+    sources.emplace_back();
   };
   const auto& masters = s.sharded->master_tensors();
   std::vector<std::string> kinds;
@@ -190,13 +261,30 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in, 
       for (const auto& kind : all_kinds) {
         const at::Tensor source = kind == "fp32" ? masters[k]
                                                  : engine::state_tensor(*s.optimizer, s.config.optimizer, masters[k], kind, false);
+        TORCH_CHECK(source.scalar_type() == at::kFloat, "fp32 master weights and optimizer states expected");
         for (const auto& f : fragments) {
           if (f.bucket != static_cast<int64_t>(k)) continue;
-          add(fragment_name(kind, s.sharded->param(f.param).name, f.param_offset), source.slice(0, f.start, f.start + f.length));
+          tensors.push_back({fragment_name(kind, s.sharded->param(f.param).name, f.param_offset), ckpt::DType::F32,
+                             {f.length}, nullptr, static_cast<size_t>(f.length) * sizeof(float)});
+          sources.push_back({source, f.start, k});
         }
       }
     }
   }
+  NvmeWindow window(s.nvme.get(), nvme_ids(s.nvme.get(), *s.optimizer, s.config.optimizer, masters), false);
+  at::Tensor staged;  // host copy of the device tensor being written
+  const c10::TensorImpl* staged_from = nullptr;
+  auto fetch = [&](size_t i) -> const void* {
+    const Source& src = sources[i];
+    if (!src.tensor.defined()) return tensors[i].data;
+    window.enter(src.bucket);
+    if (src.tensor.is_cpu()) return src.tensor.data_ptr<float>() + src.start;
+    if (staged_from != src.tensor.unsafeGetTensorImpl()) {
+      staged = src.tensor.detach().to(at::kCPU).contiguous();
+      staged_from = src.tensor.unsafeGetTensorImpl();
+    }
+    return staged.data_ptr<float>() + src.start;
+  };
   const ModelTensors model = describe(*s.module);
   if (rank == 0) {
     for (const auto& [name, t] : model.frozen) add("module/" + name, t);
@@ -213,7 +301,8 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in, 
   ckpt::FileInfo info;
   try {
     info = ckpt::write_safetensors((staging / ckpt::rank_file_name(rank)).string(), tensors,
-                                   {{"format", ckpt::kFormatName}, {"rank", std::to_string(rank)}});
+                                   {{"format", ckpt::kFormatName}, {"rank", std::to_string(rank)}}, fetch);
+    window.finish();
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -360,7 +449,6 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
       error = e.what();
     }
   };
-  if (s.nvme) s.nvme->swap_in_all();  // NVMe offload: filled here, written back below
   std::unique_ptr<ckpt::FragmentReader> reader;
   attempt([&] {
     reader = std::make_unique<ckpt::FragmentReader>(dir, m);
@@ -393,8 +481,14 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
   std::vector<std::string> all_kinds{"fp32"};
   if (restore_states) all_kinds.insert(all_kinds.end(), m.states.begin(), m.states.end());
   std::vector<comm::WorkHandle> publishing;
+  NvmeWindow window(s.nvme.get(), nvme_ids(s.nvme.get(), *s.optimizer, s.config.optimizer, masters), true);
   for (size_t k = 0; k < masters.size(); ++k) {
     std::vector<at::Tensor> staged;  // host copies being hashed (see verify_only)
+    try {
+      window.enter(k);  // NVMe offload: the bucket comes back (and goes back to disk below)
+    } catch (const std::exception& e) {
+      if (error.empty()) error = e.what();
+    }
     attempt([&] {
       for (const auto& kind : all_kinds) {
         at::Tensor target = kind == "fp32" ? masters[k]
@@ -423,8 +517,8 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
         }
       }
     });
-    if (reader && !staged.empty()) reader->wait_for_hashes();
     publishing.push_back(s.sharded->publish_bucket(k));  // the loaded master weights become the parameters
+    if (reader && (!staged.empty() || s.nvme)) reader->wait_for_hashes();  // they read the memory about to go
   }
   // Checked while the last buckets are gathered, before anything else is
   // taken from the files.
@@ -468,7 +562,7 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
     }
   });
   if (reader) reader->wait_for_hashes();  // they read the targets
-  if (s.nvme) s.nvme->swap_out_all();
+  attempt([&] { window.finish(); });
   agree(pg, error, "load_checkpoint: " + where);
 
   if (restore_training) {

@@ -60,6 +60,7 @@ std::string MemoryReport::describe() const {
   out << " (total " << human_bytes(total()) << ")";
   if (host_offloaded > 0) out << "; offloaded to host " << human_bytes(host_offloaded);
   if (nvme_offloaded > 0) out << ", to NVMe " << human_bytes(nvme_offloaded);
+  if (nvme_host_peak > 0) out << " (host peak " << human_bytes(nvme_host_peak) << ")";
   return out.str();
 }
 
@@ -238,6 +239,7 @@ void Engine::Impl::build_params(InitOptions& options) {
       }
     }
     nvme->swap_out_all();
+    nvme->reset_peak();  // initialize held everything once; from here on the pipeline bounds it
     host_optimizer->use_store(nvme.get(), std::move(ids), config.zero_optimization.sub_group_size);
   }
 }
@@ -418,6 +420,7 @@ MemoryReport Engine::Impl::memory() const {
     if (nvme) {
       r.nvme_offloaded += nvme->nvme_bytes();
       r.host_offloaded += nvme->resident_bytes() + r.offload_buffers;
+      r.nvme_host_peak = nvme->peak_resident_bytes();
     } else {
       r.host_offloaded += r.fp32_master + r.optimizer_states + r.offload_buffers;
     }

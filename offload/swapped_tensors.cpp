@@ -1,5 +1,6 @@
 #include "offload/swapped_tensors.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "zero/error.h"
@@ -49,6 +50,8 @@ void SwappedTensors::allocate(Entry& e) {
   storage->set_data_ptr_noswap(at::DataPtr(p, p, &free_aligned, at::Device(at::kCPU)));
   storage->set_nbytes(e.bytes);
   e.resident = true;
+  resident_ += static_cast<int64_t>(e.bytes);
+  peak_ = std::max(peak_, resident_);
 }
 
 void SwappedTensors::free_memory(Entry& e) {
@@ -56,6 +59,7 @@ void SwappedTensors::free_memory(Entry& e) {
   storage->set_data_ptr_noswap(at::DataPtr(nullptr, at::Device(at::kCPU)));
   storage->set_nbytes(0);
   e.resident = false;
+  resident_ -= static_cast<int64_t>(e.bytes);
 }
 
 void SwappedTensors::swap_in(const std::vector<int>& ids) {
@@ -130,19 +134,20 @@ void SwappedTensors::swap_out_all() {
   wait_out(all);
 }
 
+int SwappedTensors::find(const at::Tensor& tensor) const {
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (entries_[i].tensor.unsafeGetTensorImpl() == tensor.unsafeGetTensorImpl()) return static_cast<int>(i);
+  }
+  return -1;
+}
+
 int64_t SwappedTensors::nvme_bytes() const {
   int64_t bytes = 0;
   for (const auto& e : entries_) bytes += static_cast<int64_t>(e.bytes);
   return bytes;
 }
 
-int64_t SwappedTensors::resident_bytes() const {
-  int64_t bytes = 0;
-  for (const auto& e : entries_) {
-    if (e.resident) bytes += static_cast<int64_t>(e.bytes);
-  }
-  return bytes;
-}
+int64_t SwappedTensors::resident_bytes() const { return resident_; }
 
 bool SwappedTensors::direct_io() const { return swapper_->direct_io(); }
 

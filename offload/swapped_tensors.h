@@ -38,9 +38,14 @@ class SwappedTensors {
   void drop(const std::vector<int>& ids);
   void swap_in_all();   // and wait
   void swap_out_all();  // and wait
+  // The id `tensor` (the same TensorImpl) was added under, or -1.
+  int find(const at::Tensor& tensor) const;
 
   int64_t nvme_bytes() const;      // bytes kept on disk
   int64_t resident_bytes() const;  // bytes in host memory now
+  // The most bytes in host memory at once since construction or reset_peak().
+  int64_t peak_resident_bytes() const { return peak_; }
+  void reset_peak() { peak_ = resident_; }
   bool direct_io() const;
 
  private:
@@ -58,6 +63,7 @@ class SwappedTensors {
 
   std::unique_ptr<NvmeSwapper> swapper_;
   std::vector<Entry> entries_;
+  int64_t resident_ = 0, peak_ = 0;
 };
 
 }  // namespace zero::offload

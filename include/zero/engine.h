@@ -49,6 +49,10 @@ struct MemoryReport {
   // states, offload buffers) and on NVMe instead of the accelerator.
   int64_t host_offloaded = 0;
   int64_t nvme_offloaded = 0;
+  // offload_optimizer "nvme": the most host memory its master weights and
+  // optimizer states took at once since initialize (the step's sub-groups
+  // in flight, a checkpoint's buckets); what to size host memory for.
+  int64_t nvme_host_peak = 0;
   int64_t total() const { return params + gradients + fp32_master + optimizer_states + buffers + offload_buffers; }
   std::string describe() const;  // "params 1.2 MB, grads ..., "
 };

@@ -247,6 +247,60 @@ TEST(ExactResume, Stage3NvmeOffloadAccumulation) {
               R"("}, "offload_param": {"device": "nvme", "nvme_path": ")" + nvme + R"("})";
   exact_resume(s, "offload_nvme");
 }
+// ZeRO-Infinity: a save and a load bring the NVMe-offloaded master weights
+// and states into host memory a bucket at a time (the one in use, the next
+// being read, the last being written back), as the optimizer step does with
+// one bucket per sub-group, never the whole partition.
+struct LayerImpl : torch::nn::Module {
+  LayerImpl() { fc = register_module("fc", torch::nn::Linear(16, 16)); }
+  torch::Tensor forward(const torch::Tensor& x) { return x + torch::tanh(fc(x)); }
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(Layer);
+struct ChainImpl : torch::nn::Module {
+  ChainImpl() {
+    for (int i = 0; i < 8; ++i) layers.push_back(register_module("layer" + std::to_string(i), zero::Unit<Layer>(Layer())));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (auto& layer : layers) x = layer(x);
+    return x;
+  }
+  std::vector<zero::Unit<Layer>> layers;
+};
+TORCH_MODULE(Chain);
+
+TEST(NvmeOffload, CheckpointHoldsAFewBucketsInHostMemory) {
+  const std::string nvme = dir_for("nvme_window_swap");
+  fs::create_directories(nvme);
+  const zero::Config config = zero::Config::from_json(
+      R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000000, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+          "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, "sub_group_size": 1,
+          "offload_optimizer": {"device": "nvme", "nvme_path": ")" + nvme + R"("}}})");
+  torch::manual_seed(3);
+  Chain chain;
+  zero::InitOptions options;
+  options.group = g_world;
+  auto engine = zero::initialize(config, chain, options);
+  for (int step = 0; step < 2; ++step) {
+    auto loss = chain->forward(torch::randn({2, 16})).pow(2).mean();
+    engine.backward(loss);
+    engine.step();
+  }
+  const zero::MemoryReport after_steps = engine.memory_report();
+  engine.save_checkpoint(dir_for("nvme_window"), "t");
+  const zero::MemoryReport after_save = engine.memory_report();
+  engine.load_checkpoint(dir_for("nvme_window"), "t");
+  const zero::MemoryReport after_load = engine.memory_report();
+  const int64_t total = after_load.nvme_offloaded;
+  std::cout << "[nvme window] rank " << g_world->rank() << ": on NVMe " << total << " B; host peak after the steps "
+            << after_steps.nvme_host_peak << ", after a save " << after_save.nvme_host_peak << ", after a load "
+            << after_load.nvme_host_peak << " B\n";
+  EXPECT_EQ(after_load.host_offloaded, after_load.offload_buffers) << "everything back on NVMe after the load";
+  EXPECT_LE(after_steps.nvme_host_peak, total / 2) << "the step holds 3 of 8 buckets at most";
+  EXPECT_EQ(after_save.nvme_host_peak, after_steps.nvme_host_peak) << "the save held more than the step";
+  EXPECT_EQ(after_load.nvme_host_peak, after_steps.nvme_host_peak) << "the load held more than the step";
+}
+
 // fp16: LibTorch's CPU kernels lack fp16 matmul, so this model is
 // element-wise. Overflows (an inf in one rank's input) before and after the
 // save exercise the loss scaler's state.

@@ -553,6 +553,47 @@ TEST_F(CkptTest, FailedWriteLeavesThePreviousFileIntactAndNoTmp) {
   EXPECT_FALSE(fs::exists(dir_ + "/m.json.tmp"));
 }
 
+// write_safetensors with `fetch`: each tensor's bytes are asked for once, in
+// order, just before they are written (the caller may reuse the memory after
+// the next call); the file equals the one written from borrowed data; a fetch
+// that throws leaves the previous file intact.
+TEST_F(CkptTest, FetchedTensorsAreAskedForInOrderAndWrittenAsBorrowedOnes) {
+  std::vector<std::vector<float>> values;
+  std::vector<TensorData> borrowed, fetched;
+  for (int i = 0; i < 5; ++i) {
+    values.emplace_back(static_cast<size_t>(3 + 1000 * i));
+    for (size_t e = 0; e < values.back().size(); ++e) values.back()[e] = static_cast<float>(i * 100000 + e);
+  }
+  for (int i = 0; i < 5; ++i) {
+    const std::string name = "fp32/p" + std::to_string(i) + "/0";
+    borrowed.push_back({name, DType::F32, {static_cast<int64_t>(values[i].size())}, values[i].data(), values[i].size() * 4});
+    fetched.push_back({name, DType::F32, {static_cast<int64_t>(values[i].size())}, nullptr, values[i].size() * 4});
+  }
+  const FileInfo reference = write_safetensors(dir_ + "/borrowed.safetensors", borrowed);
+  std::vector<size_t> asked;
+  std::vector<float> window;  // one tensor's bytes at a time, overwritten by the next fetch
+  const std::string path = dir_ + "/fetched.safetensors";
+  const FileInfo info = write_safetensors(path, fetched, {}, [&](size_t i) -> const void* {
+    asked.push_back(i);
+    window = values[i];
+    return window.data();
+  });
+  EXPECT_EQ(asked, (std::vector<size_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(info.xxh3, reference.xxh3);
+  EXPECT_EQ(slurp(path), slurp(dir_ + "/borrowed.safetensors"));
+  const std::string before = slurp(path);
+  const std::string e = error_of([&] {
+    write_safetensors(path, fetched, {}, [&](size_t i) -> const void* {
+      if (i == 3) throw CheckpointError("NVMe read failed for p3");
+      return values[i].data();
+    });
+  });
+  EXPECT_CONTAINS(e, "NVMe read failed for p3");
+  EXPECT_EQ(slurp(path), before);
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_CONTAINS(error_of([&] { write_safetensors(path, fetched); }), "no data pointer");
+}
+
 // ---- manifest, latest, tags ------------------------------------------------------
 
 TEST_F(CkptTest, ManifestRoundTripsThroughJson) {
