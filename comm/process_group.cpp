@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <mutex>
 #include <sstream>
 
 #include "comm/internal.h"
@@ -199,8 +200,21 @@ CudaBackend choose_cuda_backend(const GroupOptions& options) {
 
 }  // namespace
 
+// The world joined from the environment, shared while anyone holds it: a
+// second init_process_group() (zero::initialize after the program's own)
+// returns it instead of starting the rendezvous store on MASTER_PORT again.
+std::mutex g_env_world_mutex;
+std::weak_ptr<ProcessGroup> g_env_world;
+
 std::shared_ptr<ProcessGroup> init_process_group(const GroupOptions& options) {
-  return init_process_group(LaunchInfo::from_env(), options);
+  std::lock_guard<std::mutex> lock(g_env_world_mutex);
+  if (auto world = g_env_world.lock()) {
+    log::debug("comm", "init_process_group: the world joined earlier is still alive; it is returned (its options stay)");
+    return world;
+  }
+  auto world = init_process_group(LaunchInfo::from_env(), options);
+  g_env_world = world;
+  return world;
 }
 
 std::shared_ptr<ProcessGroup> init_process_group(const LaunchInfo& launch, const GroupOptions& options) {

@@ -108,7 +108,9 @@ class ProcessGroup {
 };
 
 // Joins the job described by the environment (see LaunchInfo) and returns
-// the world group. With no launch variables this is a group of one.
+// the world group. With no launch variables this is a group of one. While
+// a world joined this way is alive, calling it again returns that world
+// (options ignored), as torch.distributed's default group is reused.
 std::shared_ptr<ProcessGroup> init_process_group(const GroupOptions& options = {});
 std::shared_ptr<ProcessGroup> init_process_group(const LaunchInfo& launch, const GroupOptions& options = {});
 

@@ -25,6 +25,17 @@ const std::vector<int64_t> kSizes = {1, 7, 1000, 1 << 16 | 3};
 
 std::string name(at::ScalarType t) { return c10::toString(t); }
 
+// zero::initialize after the program's own init_process_group() (the usual
+// order) joins nothing new: the live world comes back, and works.
+TEST(Collectives, SecondInitReturnsTheLiveWorld) {
+  auto again = zero::comm::init_process_group();
+  EXPECT_EQ(again.get(), g_world.get());
+  at::Tensor t = torch::full({3}, static_cast<float>(again->rank() + 1));
+  again->all_reduce(t, zero::comm::ReduceOp::Sum);
+  const int W = again->size();
+  EXPECT_EQ(t[0].item<float>(), static_cast<float>(W * (W + 1) / 2));
+}
+
 TEST(Collectives, AllReduceSumAvgMax) {
   const int W = g_world->size(), R = g_world->rank();
   for (auto dtype : kDtypes) {

@@ -1,0 +1,165 @@
+"""The reference for the offload headline: PyTorch FSDP2 (fully_shard) with
+CPUOffloadPolicy training the same GPT-style model as examples/gpt (pre-LN
+blocks, fused qkv, attention as matmul + float32 softmax, GELU MLP x4,
+learned positions, head tied to the token embedding) on the same batch
+(random tokens, micro x context), bf16 compute with fp32 reduction, AdamW
+(lr 1e-4, betas 0.9/0.95, weight decay 0.01), clipping 1.0.
+
+    python3 bench/gpu/fsdp2_offload.py --depth 32 --width 4096 --heads 32 \
+        --context 1024 --micro 2 --cap-gb 80 --adam foreach --out results.jsonl
+
+Per step: wall time of forward + backward + clip + step (synchronised),
+median over --steps after --warmup. Prints one JSON line ("result": ...)
+like bench_offload_headline and appends it to --out when given. Needs a
+CUDA build of torch >= 2.6 (torch.distributed.fsdp.fully_shard).
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Attention(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        H, D = self.heads, C // self.heads
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in (q, k, v))
+        scores = (q * (1.0 / math.sqrt(D))) @ k.transpose(-2, -1)
+        future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+        probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
+        return self.proj((probs @ v).transpose(1, 2).reshape(B, T, C))
+
+
+class Block(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(width)
+        self.attn = Attention(width, heads)
+        self.ln2 = nn.LayerNorm(width)
+        self.fc = nn.Linear(width, 4 * width)
+        self.out = nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab, context, depth, width, heads):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, width)
+        self.wpe = nn.Embedding(context, width)
+        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(depth))
+        self.ln_f = nn.LayerNorm(width)
+        for name, p in self.named_parameters():  # GPT-2 initialisation
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * depth) if name.endswith(("attn.proj.weight", "out.weight")) else 0.02
+                nn.init.normal_(p, 0.0, std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def forward(self, tokens):
+        T = tokens.shape[1]
+        x = self.wte(tokens) + self.wpe(torch.arange(T, device=tokens.device))
+        for block in self.blocks:
+            x = block(x)
+        return F.linear(self.ln_f(x), self.wte.weight)  # tied head
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--depth", type=int, default=4)
+    ap.add_argument("--width", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--vocab", type=int, default=50304)
+    ap.add_argument("--micro", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--cap-gb", type=float, default=0)
+    ap.add_argument("--adam", choices=["foreach", "fused"], default="foreach")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29533"), ("RANK", "0"), ("WORLD_SIZE", "1")):
+        os.environ.setdefault(key, value)
+    dist.init_process_group("cpu:gloo,cuda:nccl")
+    rank = dist.get_rank()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
+    total = torch.cuda.get_device_properties(device).total_memory
+    if a.cap_gb > 0:
+        torch.cuda.set_per_process_memory_fraction(min(1.0, a.cap_gb * 1e9 / total), device)
+
+    result = {"reference": "fsdp2+CPUOffloadPolicy", "torch": torch.__version__, "adam": a.adam,
+              "ranks": dist.get_world_size(), "depth": a.depth, "width": a.width, "context": a.context,
+              "micro_batch": a.micro, "tokens_per_step": a.micro * a.context * dist.get_world_size(),
+              "cap_bytes": a.cap_gb * 1e9, "device_total_bytes": total, "oom": False}
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    model = GPT(a.vocab, a.context, a.depth, a.width, a.heads)
+    result["params"] = sum(p.numel() for p in model.parameters())
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    offload = CPUOffloadPolicy(pin_memory=True)
+    for block in model.blocks:
+        fully_shard(block, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mp_policy=mp, offload_policy=offload)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.01,
+                              foreach=a.adam == "foreach", fused=a.adam == "fused")
+    result["init_s"] = time.perf_counter() - t0
+
+    gen = torch.Generator().manual_seed(1234 + rank)
+    times = []
+    try:
+        for step in range(a.warmup + a.steps):
+            tokens = torch.randint(0, a.vocab, (a.micro, a.context + 1), generator=gen).to(device)
+            dist.barrier()
+            t = time.perf_counter()
+            logits = model(tokens[:, :-1])
+            loss = F.cross_entropy(logits.float().reshape(-1, a.vocab), tokens[:, 1:].reshape(-1))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optim.step()
+            optim.zero_grad(set_to_none=True)
+            torch.cuda.synchronize(device)
+            took = time.perf_counter() - t
+            if step >= a.warmup:
+                times.append(took)
+            if rank == 0:
+                print(f"step {step}: {took:.3f} s, loss {loss.item():.4f}", flush=True)
+        result["step_s"] = times
+        result["step_s_median"] = statistics.median(times)
+    except torch.OutOfMemoryError as e:
+        result["oom"] = True
+        result["oom_message"] = str(e).splitlines()[0]
+    result["device_peak_bytes"] = torch.cuda.max_memory_allocated(device)
+    import resource
+    result["host_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if rank == 0:
+        line = json.dumps({"result": result})
+        print(line, flush=True)
+        if a.out:
+            with open(a.out, "a") as f:
+                f.write(line + "\n")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

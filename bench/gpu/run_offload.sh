@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The offload headline on one GPU (see bench/offload_headline.cpp): a
+# GPT-style model of about 6.65 B parameters (106 GB of mixed-precision
+# training state) with the CUDA allocator capped at CAP_GB (80), trained
+# with offload_optimizer "cpu"; the same model without offload (expected to
+# run out of memory); and FSDP2 + CPUOffloadPolicy on the same model and
+# batch (bench/gpu/fsdp2_offload.py), all in this one run. A small model
+# goes first as a check that the CUDA path works at all.
+# Same machine requirements as bench/gpu/run.sh. Writes results.jsonl,
+# logs and summary.txt under ${OUT:-gpu-out}.
+#   bash bench/gpu/run_offload.sh
+# Environment: CAP_GB (80), SIZE ("--depth 32 --width 4096 --heads 32
+# --context 1024 --micro 2"), STEPS (3), ADAM ("foreach": FSDP2's AdamW;
+# "foreach fused" runs both), SKIP (names of runs to leave out: small,
+# none, offload, fsdp2).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out="${OUT:-gpu-out}"
+mkdir -p "$out"
+results="$out/results.jsonl"
+deps=/tmp/zero-deps
+if [ -d .debs ]; then
+  mkdir -p "$deps"
+  for f in .debs/*.deb; do dpkg -x "$f" "$deps"; done
+fi
+torch_prefix=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
+nccl_root=$(python3 -c "import nvidia.nccl,os;print(list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
+export NCCL_ROOT="$nccl_root"
+export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu:$deps/usr/lib:${nccl_root:+$nccl_root/lib:}${LD_LIBRARY_PATH:-}"
+[ -e "$nccl_root/lib/libnccl.so" ] || ln -sf libnccl.so.2 "$nccl_root/lib/libnccl.so" 2>/dev/null || true
+
+start=$(date +%s)
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$torch_prefix;$deps/usr" \
+  -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$deps/usr/lib/x86_64-linux-gnu" \
+  -DCMAKE_SHARED_LINKER_FLAGS="-Wl,-rpath-link,$deps/usr/lib/x86_64-linux-gnu" \
+  >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+cmake --build build-gpu -j "$(nproc)" --target bench_offload_headline >"$out/build.log" 2>&1 \
+  || { tail -40 "$out/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - start )) s" | tee "$out/summary.txt"
+
+cap="${CAP_GB:-80}"
+size="${SIZE:---depth 32 --width 4096 --heads 32 --context 1024 --micro 2}"
+steps="${STEPS:-3}"
+skip=" ${SKIP:-} "
+bin=build-gpu/bench/bench_offload_headline
+run() {  # name, timeout s, command...
+  local name=$1 limit=$2; shift 2
+  case "$skip" in *" $name "*) return 0 ;; esac
+  local t=$(date +%s)
+  if timeout "$limit" "$@" >"$out/$name.log" 2>&1; then r=done; else r="FAIL($?)"; fi
+  grep '^{"result"' "$out/$name.log" >>"$results"
+  echo "$name: $r in $(( $(date +%s) - t )) s: $(grep '^{"result"' "$out/$name.log" | head -c 600)" | tee -a "$out/summary.txt"
+  [ "$r" = done ]
+}
+# The CUDA path at a small size, with and without offload: stop here if it fails.
+run small 120 sh -c "ZERO_LOG_LEVEL=warn $bin --device cuda --offload cpu --steps 3 && ZERO_LOG_LEVEL=warn $bin --device cuda --offload none --steps 3" || exit 1
+run none 240 env ZERO_LOG_LEVEL=warn $bin --device cuda --cap-gb "$cap" --offload none --steps "$steps" $size
+run offload 420 env ZERO_LOG_LEVEL=warn $bin --device cuda --cap-gb "$cap" --offload cpu --steps "$steps" $size
+for adam in ${ADAM:-foreach}; do
+  run fsdp2 420 python3 bench/gpu/fsdp2_offload.py --cap-gb "$cap" --adam "$adam" --steps 2 $size
+done
+python3 - "$results" <<'EOF' | tee -a "$out/summary.txt"
+import json, sys
+rows = [json.loads(l)["result"] for l in open(sys.argv[1]) if l.strip()]
+ours = [r for r in rows if r.get("offload") == "cpu" and r.get("params", 0) > 1e9 and not r["oom"]]
+refs = [r for r in rows if r.get("reference") and not r["oom"]]
+for r in rows:
+    name = r.get("reference") or f"zero offload={r['offload']}"
+    print(f"{name} ({r.get('adam', '')}): params {r.get('params', 0)/1e9:.2f} B, oom {r['oom']}, "
+          f"step {r.get('step_s_median', float('nan')):.3f} s, device peak {r.get('device_peak_bytes', -1)/1e9:.1f} GB, "
+          f"host peak {r.get('host_peak_rss_bytes', -1)/1e9:.1f} GB")
+for ref in refs:
+    for o in ours:
+        print(f"FSDP2 ({ref['adam']}) / zero: {ref['step_s_median'] / o['step_s_median']:.2f}x (goal >= 4)")
+EOF
