@@ -20,7 +20,8 @@
 //        independent of world size and stage).
 //   "module/<name>"  a whole tensor in its own shape: frozen parameters and
 //        buffers (written by rank 0 only).
-//   "rng/<name>"     a rank's random generator state (U8).
+//   "rng/<name>"     a rank's random generator state (U8): "rng/cpu", and
+//        "rng/cuda" for its GPU when it trains on one.
 // `latest` is replaced only after every file is durable: temporary name,
 // fsync, rename, fsync of the directory.
 #include <cstdint>

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -121,6 +122,17 @@ void maybe_inject_fault(int rank) {
 
 
 at::Generator cpu_generator() { return at::detail::getDefaultCPUGenerator(); }
+
+// The accelerator the module trains on, whose random generator (dropout on
+// the device) is saved as "rng/<type>" beside the CPU's; nullopt on CPU.
+std::optional<at::Device> accelerator_of(torch::nn::Module& module) {
+  for (const auto& p : module.parameters()) {
+    if (!p.device().is_cpu()) return p.device();
+  }
+  return std::nullopt;
+}
+
+std::string rng_name(const at::Device& device) { return "rng/" + c10::DeviceTypeName(device.type(), /*lower_case=*/true); }
 
 // NVMe offload (ZeRO-Infinity): a checkpoint brings the master weights and
 // optimizer states in one bucket at a time, reading the next bucket
@@ -296,6 +308,11 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in, 
     auto gen = cpu_generator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     add("rng/cpu", gen.get_state());
+  }
+  if (const auto device = accelerator_of(*s.module)) {
+    auto gen = at::globalContext().defaultGenerator(*device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    add(rng_name(*device), gen.get_state());
   }
 
   ckpt::FileInfo info;
@@ -556,6 +573,16 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
         ckpt::TensorData d = reader->read_whole(pg.rank(), rng, storage);
         at::Tensor state = torch::from_blob(const_cast<void*>(d.data), d.shape, at::kByte).clone();
         auto gen = cpu_generator();
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        gen.set_state(state);
+      }
+      // The device's generator when saved from the same kind of device
+      // (a checkpoint from CPU ranks leaves a GPU's as it is).
+      const auto device = accelerator_of(*s.module);
+      if (device && pg.rank() < m.world_size && reader->has(pg.rank(), rng_name(*device))) {
+        ckpt::TensorData d = reader->read_whole(pg.rank(), rng_name(*device), storage);
+        at::Tensor state = torch::from_blob(const_cast<void*>(d.data), d.shape, at::kByte).clone();
+        auto gen = at::globalContext().defaultGenerator(*device);
         std::lock_guard<std::mutex> lock(gen.mutex());
         gen.set_state(state);
       }

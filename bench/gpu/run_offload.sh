@@ -4,8 +4,9 @@
 # training state) with the CUDA allocator capped at CAP_GB (80), trained
 # with offload_optimizer "cpu"; the same model without offload (expected to
 # run out of memory); and FSDP2 + CPUOffloadPolicy on the same model and
-# batch (bench/gpu/fsdp2_offload.py), all in this one run. A small model
-# goes first as a check that the CUDA path works at all.
+# batch (bench/gpu/fsdp2_offload.py), all in this one run. The checkpoint
+# tests on CUDA and a small model go first, as checks that the CUDA path
+# works at all.
 # Same machine requirements as bench/gpu/run.sh. Writes results.jsonl,
 # logs and summary.txt under ${OUT:-gpu-out}.
 #   bash bench/gpu/run_offload.sh
@@ -35,7 +36,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$deps/usr/lib/x86_64-linux-gnu" \
   -DCMAKE_SHARED_LINKER_FLAGS="-Wl,-rpath-link,$deps/usr/lib/x86_64-linux-gnu" \
   >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-cmake --build build-gpu -j "$(nproc)" --target bench_offload_headline >"$out/build.log" 2>&1 \
+cmake --build build-gpu -j "$(nproc)" --target bench_offload_headline test_checkpoint zero-run >"$out/build.log" 2>&1 \
   || { tail -40 "$out/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s" | tee "$out/summary.txt"
 
@@ -53,7 +54,10 @@ run() {  # name, timeout s, command...
   echo "$name: $r in $(( $(date +%s) - t )) s: $(grep '^{"result"' "$out/$name.log" | head -c 600)" | tee -a "$out/summary.txt"
   [ "$r" = done ]
 }
-# The CUDA path at a small size, with and without offload: stop here if it fails.
+# Checkpoints on the GPU (exact resume, a CPU checkpoint loading there), then
+# the CUDA path at a small size, with and without offload: stop if that fails.
+run ckpt_cuda 180 build-gpu/tools/launcher/zero-run --nproc 1 build-gpu/tests/ckpt/test_checkpoint --gtest_filter='Cuda.*:ExactResume.Stage2*:NvmeOffload.*'
+grep -E '\[  (PASSED|FAILED|SKIPPED) \]|Failure' "$out/ckpt_cuda.log" | head -20 | tee -a "$out/summary.txt"
 run small 120 sh -c "ZERO_LOG_LEVEL=warn $bin --device cuda --offload cpu --steps 3 && ZERO_LOG_LEVEL=warn $bin --device cuda --offload none --steps 3" || exit 1
 run none 240 env ZERO_LOG_LEVEL=warn $bin --device cuda --cap-gb "$cap" --offload none --steps "$steps" $size
 run offload 420 env ZERO_LOG_LEVEL=warn $bin --device cuda --cap-gb "$cap" --offload cpu --steps "$steps" $size

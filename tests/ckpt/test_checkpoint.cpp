@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -79,6 +80,7 @@ struct RunSetup {
   std::string scheduler;       // empty: none
   double clip = 0.0;
   std::string offload;         // e.g. R"(, "offload_optimizer": {"device": "cpu"})"
+  at::Device device = at::kCPU;  // where the model trains
 };
 
 zero::Config config_of(const RunSetup& s) {
@@ -94,6 +96,7 @@ zero::Config config_of(const RunSetup& s) {
 }
 
 zero::Engine make_engine(const RunSetup& s, Net& net, std::shared_ptr<zero::comm::ProcessGroup> group = g_world) {
+  net->to(s.device);
   zero::InitOptions options;
   options.group = group;
   return zero::initialize(config_of(s), net, options);
@@ -115,7 +118,7 @@ std::vector<float> train(zero::Engine& engine, Net& net, int64_t from, int64_t t
   const int64_t gas = *engine.config().batch.gradient_accumulation_steps;
   std::vector<float> losses;
   for (int64_t k = from; k < to; ++k) {
-    auto rows = rows_for(k / gas, k % gas, engine, group);
+    auto rows = rows_for(k / gas, k % gas, engine, group).to(net->mix->weight.device());
     auto logits = net->forward(rows.slice(1, 0, kSeq));
     auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, kVocab}).to(at::kFloat),
                                                      rows.slice(1, 1, kSeq + 1).reshape(-1));
@@ -247,6 +250,41 @@ TEST(ExactResume, Stage3NvmeOffloadAccumulation) {
               R"("}, "offload_param": {"device": "nvme", "nvme_path": ")" + nvme + R"("})";
   exact_resume(s, "offload_nvme");
 }
+// On a GPU (skipped elsewhere; bench/gpu/run.sh runs them at world size 1):
+// a CUDA run resumes bit-exactly (dropout draws from the GPU's generator,
+// saved as "rng/cuda"), and a checkpoint from CPU ranks loads on the GPU
+// with the same weights.
+bool one_rank_with_cuda() { return g_world->size() == 1 && torch::cuda::is_available(); }
+
+TEST(Cuda, ExactResumeStage2AndStage3) {
+  if (!one_rank_with_cuda()) GTEST_SKIP() << "needs CUDA and one rank";
+  for (int stage : {2, 3}) {
+    RunSetup s;
+    s.stage = stage;
+    s.device = at::Device(at::kCUDA, 0);
+    exact_resume(s, "cuda_s" + std::to_string(stage));
+  }
+}
+
+TEST(Cuda, CheckpointFromCpuLoadsOnTheGpu) {
+  if (!one_rank_with_cuda()) GTEST_SKIP() << "needs CUDA and one rank";
+  RunSetup cpu;
+  Net a = make_net(1);
+  auto ea = make_engine(cpu, a);
+  train(ea, a, 0, 3, *g_world);
+  ea.save_checkpoint(dir_for("cpu_to_cuda"), "t");
+  RunSetup gpu;
+  gpu.stage = 3;
+  gpu.device = at::Device(at::kCUDA, 0);
+  Net b = make_net(2);
+  auto eb = make_engine(gpu, b);
+  eb.load_checkpoint(dir_for("cpu_to_cuda"), "t");
+  std::map<std::string, torch::Tensor> on_gpu;
+  for (auto& [name, t] : weights(eb)) on_gpu[name] = t.cpu();
+  expect_identical(weights(ea), on_gpu, "CPU checkpoint on the GPU");
+  for (float loss : train(eb, b, 3, 5, *g_world)) EXPECT_TRUE(std::isfinite(loss));
+}
+
 // ZeRO-Infinity: a save and a load bring the NVMe-offloaded master weights
 // and states into host memory a bucket at a time (the one in use, the next
 // being read, the last being written back), as the optimizer step does with
