@@ -92,21 +92,29 @@ MemoryEstimate estimate_memory(const EstimateInput& in) {
   if (in.stage == 3) m.gathered_params_max = std::min(in.params, in.stage3_max_live_parameters) * b;
 
   if (in.offload_optimizer != "none") {   // stages 1-3
-    MemoryBytes& to = in.offload_optimizer == "cpu" ? m.host : m.nvme;
+    const bool nvme = in.offload_optimizer == "nvme";
+    MemoryBytes& to = nvme ? m.nvme : m.host;
     to.fp32_master = s * 4;   // with fp32 training too: the CPU optimizer's copy of the shard
     to.optimizer_states = s * k;
-    to.gradients = s * 4;     // the fp32 gradient shard the CPU optimizer reads
+    m.host.gradients = s * 4;  // the fp32 gradient shard the CPU optimizer reads
+    // The training-dtype shard the CPU optimizer writes, then sent to the device.
+    if (in.mixed_precision || nvme) m.host.params += s * b;
     d.fp32_master = 0;
     d.optimizer_states = 0;
     if (in.stage >= 2) d.gradients = m.reduce_bucket;   // the reduced shard goes straight to the host
-    if (in.offload_optimizer == "nvme")
-      m.host.optimizer_states = in.offload_optimizer_buffer_count * std::min(in.sub_group_size, s) * 4;
+    if (nvme) {
+      // The step's sub-groups in host memory: read-ahead, current, write-behind.
+      const int64_t sub = std::min(in.sub_group_size, s);
+      const int64_t resident = std::min<int64_t>(3, sub > 0 ? (s + sub - 1) / sub : 0);
+      m.host.fp32_master = resident * sub * 4;
+      m.host.optimizer_states = resident * sub * k;
+    }
   }
   if (in.offload_param != "none") {   // stage 3
     MemoryBytes& to = in.offload_param == "cpu" ? m.host : m.nvme;
-    to.params = s * b;
+    to.params += s * b;
     d.params = 0;
-    if (in.offload_param == "nvme") m.host.params = in.offload_param_buffer_count * in.offload_param_buffer_size * b;
+    if (in.offload_param == "nvme") m.host.params += in.offload_param_buffer_count * in.offload_param_buffer_size * b;
   }
   return m;
 }

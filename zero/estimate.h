@@ -29,14 +29,20 @@
 //
 // Offload (each valid only where the config allows it; anything else throws):
 //   offload_optimizer "cpu" (stages 1-3): the fp32 master shard, the optimizer
-//     states and an fp32 gradient shard S*4 live in host memory. The device
-//     keeps no gradient shard at stages 2-3 (the reduced bucket is copied to
-//     the host), only the reduce bucket; at stage 1 it keeps its P*b
-//     gradients. With fp32 training the host still keeps an fp32 copy of the
-//     shard S*4 for the CPU optimizer to update (reported as fp32_master).
-//   offload_optimizer "nvme" (stage 3): the same bytes on NVMe; the host keeps
-//     offload_optimizer_buffer_count pinned buffers of min(sub_group_size, S)
-//     fp32 elements (reported as host optimizer_states).
+//     states and an fp32 gradient shard S*4 live in host memory, and in
+//     mixed precision the training-dtype shard S*b the CPU optimizer writes
+//     (reported as host params). The device keeps no gradient shard at
+//     stages 2-3 (the reduced bucket is copied to the host), only the reduce
+//     bucket; at stage 1 it keeps its P*b gradients. With fp32 training the
+//     host still keeps an fp32 copy of the shard S*4 for the CPU optimizer to
+//     update (reported as fp32_master).
+//   offload_optimizer "nvme" (stage 3): master shard and states on NVMe; the
+//     host keeps the fp32 gradient shard, the training-dtype shard S*b, and
+//     the step's sub-groups in flight: up to 3 (read-ahead, current,
+//     write-behind) of min(sub_group_size, S) elements of master weights and
+//     states (host fp32_master and optimizer_states; the engine makes a
+//     sub-group of whole buckets, so a bucket larger than sub_group_size is
+//     one sub-group). offload_optimizer_buffer_count is not used.
 //   offload_param "cpu" (stage 3): the parameter shard S*b lives in host memory.
 //   offload_param "nvme" (stage 3): the shard on NVMe; the host keeps
 //     offload_param_buffer_count buffers of offload_param_buffer_size

@@ -142,7 +142,7 @@ TEST(ConfigEstimate, CpuOptimizerOffloadMovesMasterStatesAndGradientShard) {
     EXPECT_EQ(m.host.fp32_master, s * 4) << stage;
     EXPECT_EQ(m.host.optimizer_states, s * k) << stage;
     EXPECT_EQ(m.host.gradients, s * 4) << stage;
-    EXPECT_EQ(m.host.params, 0) << stage;
+    EXPECT_EQ(m.host.params, s * b) << stage;  // the bf16 shard the CPU optimizer writes
     EXPECT_EQ(m.nvme.total(), 0) << stage;
     EXPECT_EQ(m.device.fp32_master, 0) << stage;
     EXPECT_EQ(m.device.optimizer_states, 0) << stage;
@@ -158,6 +158,7 @@ TEST(ConfigEstimate, CpuOptimizerOffloadMovesMasterStatesAndGradientShard) {
   in.offload_optimizer = "cpu";
   MemoryEstimate m = zero::estimate_memory(in);
   EXPECT_EQ(m.host.fp32_master, s * 4);
+  EXPECT_EQ(m.host.params, 0);  // the optimizer updates the fp32 shard the device gets
   EXPECT_EQ(m.device.total(), 4 * psi + m.reduce_bucket);
 }
 
@@ -175,21 +176,27 @@ TEST(ConfigEstimate, NvmeAndParamOffloadAtStage3) {
 
   in.offload_param = "nvme";
   in.offload_optimizer = "nvme";
-  in.sub_group_size = 100000000;
+  in.sub_group_size = 50000000;  // 4 sub-groups of the 2e8-element shard
   m = zero::estimate_memory(in);
   EXPECT_EQ(m.device.total(), m.reduce_bucket);   // only the reduce bucket stays
   EXPECT_EQ(m.nvme.params, s * b);
   EXPECT_EQ(m.nvme.fp32_master, s * 4);
   EXPECT_EQ(m.nvme.optimizer_states, s * 8);
-  EXPECT_EQ(m.nvme.gradients, s * 4);
-  EXPECT_EQ(m.host.params, 5 * int64_t{100000000} * b);      // offload_param buffer_count x buffer_size
-  EXPECT_EQ(m.host.optimizer_states, 4 * int64_t{100000000} * 4);   // buffer_count x sub_group_size fp32
-  EXPECT_EQ(m.host.fp32_master + m.host.gradients, 0);
-  EXPECT_EQ(m.all().params, s * b + m.host.params);
+  EXPECT_EQ(m.nvme.gradients, 0);
+  EXPECT_EQ(m.host.gradients, s * 4);  // the fp32 gradient shard stays in host memory
+  // offload_param's buffer_count x buffer_size, and the bf16 shard the CPU optimizer writes.
+  EXPECT_EQ(m.host.params, 5 * int64_t{100000000} * b + s * b);
+  // Three sub-groups in flight (read-ahead, current, write-behind) of master weights and states.
+  EXPECT_EQ(m.host.fp32_master, 3 * int64_t{50000000} * 4);
+  EXPECT_EQ(m.host.optimizer_states, 3 * int64_t{50000000} * 8);
 
-  in.sub_group_size = 1000000000;   // larger than the shard: buffers of the shard's size
+  in.sub_group_size = 100000000;   // 2 sub-groups: both in host memory at once
   m = zero::estimate_memory(in);
-  EXPECT_EQ(m.host.optimizer_states, 4 * s * 4);
+  EXPECT_EQ(m.host.fp32_master, 2 * int64_t{100000000} * 4);
+  in.sub_group_size = 1000000000;   // larger than the shard: the whole shard is one sub-group
+  m = zero::estimate_memory(in);
+  EXPECT_EQ(m.host.fp32_master, s * 4);
+  EXPECT_EQ(m.host.optimizer_states, s * 8);
 }
 
 TEST(ConfigEstimate, RejectsOffloadItsStageDoesNotAllow) {

@@ -339,13 +339,13 @@ int run_estimate(const Options& o) {
          "  as the engine pads every bucket to a multiple of the world size.\n";
   const std::string& opt = z.offload_optimizer.device;
   if (opt == "cpu")
-    out << "- offload_optimizer cpu (stages 1-3): fp32 master, optimizer states and an fp32 gradient shard\n"
-           "  in host memory; at stages 2-3 the device keeps only the reduce bucket of gradients.\n";
+    out << "- offload_optimizer cpu (stages 1-3): fp32 master, optimizer states, an fp32 gradient shard and\n"
+           "  (bf16/fp16) the training-dtype shard the CPU optimizer writes, in host memory; at stages 2-3 the\n"
+           "  device keeps only the reduce bucket of gradients.\n";
   if (opt == "nvme")
-    out << "- offload_optimizer nvme (stage 3 only): fp32 master, optimizer states and an fp32 gradient shard\n"
-           "  on NVMe; the host keeps "
-        << z.offload_optimizer.buffer_count << " pinned buffers of min(sub_group_size " << count(z.sub_group_size)
-        << ", shard) fp32 elements.\n";
+    out << "- offload_optimizer nvme (stage 3 only): fp32 master and optimizer states on NVMe; the host keeps\n"
+           "  the fp32 gradient shard, the training-dtype shard, and up to 3 sub-groups of min(sub_group_size "
+        << count(z.sub_group_size) << ", shard)\n  elements of master weights and states in flight.\n";
   const std::string& par = z.offload_param.device;
   if (par == "cpu") out << "- offload_param cpu (stage 3 only): the parameter shard in host memory.\n";
   if (par == "nvme")
