@@ -3,7 +3,9 @@
 #pragma once
 
 #include <sys/resource.h>
+#include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -79,6 +81,16 @@ inline int64_t peak_rss_bytes() {
 inline int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::atoi(v) : fallback;
+}
+
+// --device auto|cpu|cuda as a device: "auto" is CUDA when there is one; a
+// rank's GPU is its LOCAL_RANK's (modulo the GPUs there are).
+inline at::Device bench_device(std::string name) {
+  if (name == "auto") name = torch::cuda::is_available() ? "cuda" : "cpu";
+  if (name == "cpu") return at::Device(at::kCPU);
+  if (name != "cuda") throw std::invalid_argument("--device must be auto, cpu or cuda; got '" + name + "'");
+  const int64_t gpus = std::max<int64_t>(1, torch::cuda::device_count());
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env_int("LOCAL_RANK", 0) % gpus));
 }
 
 }  // namespace zero_bench

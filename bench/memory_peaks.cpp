@@ -96,13 +96,7 @@ int main(int argc, char** argv) {
     const int rank = world->rank(), N = world->size();
     // The cores shared out among the ranks, as a launcher per node would.
     at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / N));
-    std::string device_name = flags.str("device");
-    if (device_name == "auto") device_name = torch::cuda::is_available() ? "cuda" : "cpu";
-    const int local_rank = zero_bench::env_int("LOCAL_RANK", 0);
-    const at::Device device = device_name == "cuda"
-                                  ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(
-                                                              local_rank % std::max<int64_t>(1, torch::cuda::device_count())))
-                                  : at::Device(at::kCPU);
+    const at::Device device = zero_bench::bench_device(flags.str("device"));
 
     Corpus corpus;
     Batcher train(corpus.train_tokens(), BatcherOptions{0, 1});
@@ -157,7 +151,7 @@ int main(int argc, char** argv) {
            << "\", \"world\": " << N << ", \"params\": " << psi << ", \"depth\": " << options.depth
            << ", \"width\": " << options.width << ", \"context\": " << options.context
            << ", \"micro\": " << setup.micro_batch << ", \"steps\": " << steps
-           << ", \"reduce_bucket_size\": " << setup.reduce_bucket_size << ", \"device\": \"" << device_name
+           << ", \"reduce_bucket_size\": " << setup.reduce_bucket_size << ", \"device\": \"" << (device.is_cuda() ? "cuda" : "cpu")
            << "\", \"estimate\": "
            << kinds_json(est.device.params, est.device.gradients, est.device.fp32_master,
                          est.device.optimizer_states, -1)
@@ -178,7 +172,7 @@ int main(int argc, char** argv) {
       const double mib = 1024.0 * 1024.0;
       std::printf("stage %d %s: %lld params, %d ranks, %s: held %.1f MiB (formula %.1f MiB), peak RSS %.1f MiB "
                   "(%.1f MiB before the model), CUDA peak %s\n",
-                  setup.stage, setup.dtype.c_str(), (long long)psi, N, device_name.c_str(), held.total() / mib,
+                  setup.stage, setup.dtype.c_str(), (long long)psi, N, device.is_cuda() ? "cuda" : "cpu", held.total() / mib,
                   est.device.total() / mib, peak_rss / mib, rss_baseline / mib,
                   a[kCudaPeak] >= 0 ? (std::to_string(a[kCudaPeak] / (1 << 20)) + " MiB").c_str() : "n/a");
     }

@@ -112,13 +112,7 @@ int main(int argc, char** argv) {
                                    {"warmup", "1"}, {"bucket", "500000000"}, {"out", ""}});
     auto world = zero::comm::init_process_group();
     const int rank = world->rank(), N = world->size();
-    std::string device_name = flags.str("device");
-    if (device_name == "auto") device_name = torch::cuda::is_available() ? "cuda" : "cpu";
-    const int local_rank = zero_bench::env_int("LOCAL_RANK", 0);
-    const at::Device device = device_name == "cuda"
-                                  ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(
-                                                              local_rank % std::max<int64_t>(1, torch::cuda::device_count())))
-                                  : at::Device(at::kCPU);
+    const at::Device device = zero_bench::bench_device(flags.str("device"));
     if (device.is_cpu()) at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / N));
     const double cap = static_cast<double>(flags.num("cap-gb")) * 1e9;
     const int64_t device_total = cap_device_memory(device, cap);

@@ -19,26 +19,8 @@ cd "$(dirname "$0")/../.."
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
 results="$out/results.jsonl"
-deps=/tmp/zero-deps
-if [ -d .debs ]; then
-  mkdir -p "$deps"
-  for f in .debs/*.deb; do dpkg -x "$f" "$deps"; done
-fi
-torch_prefix=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
-nccl_root=$(python3 -c "import nvidia.nccl,os;print(list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
-export NCCL_ROOT="$nccl_root"
-export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu:$deps/usr/lib:${nccl_root:+$nccl_root/lib:}${LD_LIBRARY_PATH:-}"
-[ -e "$nccl_root/lib/libnccl.so" ] || ln -sf libnccl.so.2 "$nccl_root/lib/libnccl.so" 2>/dev/null || true
-
-start=$(date +%s)
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$torch_prefix;$deps/usr" \
-  -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$deps/usr/lib/x86_64-linux-gnu" \
-  -DCMAKE_SHARED_LINKER_FLAGS="-Wl,-rpath-link,$deps/usr/lib/x86_64-linux-gnu" \
-  >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-cmake --build build-gpu -j "$(nproc)" --target bench_offload_headline test_checkpoint zero-run >"$out/build.log" 2>&1 \
-  || { tail -40 "$out/build.log"; exit 1; }
-echo "build: $(( $(date +%s) - start )) s" | tee "$out/summary.txt"
+. bench/gpu/build.sh
+gpu_build -- bench_offload_headline test_checkpoint zero-run || exit 1
 
 cap="${CAP_GB:-80}"
 size="${SIZE:---depth 32 --width 4096 --heads 32 --context 1024 --micro 2}"

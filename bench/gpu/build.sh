@@ -1,0 +1,32 @@
+# Sourced by the GPU scripts, from the project root with $out set: unpacks
+# the Debian packages from .debs/ (the list is in tools/setup-deps.sh),
+# finds LibTorch (python3's torch) and NCCL (the nvidia-nccl wheel), and
+# configures and builds build-gpu for the targets given.
+#   gpu_build [cmake -D options...] -- target...
+gpu_build() {
+  local defs=() targets=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do defs+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  targets=("$@")
+  local deps=/tmp/zero-deps
+  if [ -d .debs ]; then
+    mkdir -p "$deps"
+    for f in .debs/*.deb; do dpkg -x "$f" "$deps"; done
+  fi
+  local torch_prefix nccl_root
+  torch_prefix=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
+  nccl_root=$(python3 -c "import nvidia.nccl,os;print(list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
+  export NCCL_ROOT="$nccl_root"
+  export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu:$deps/usr/lib:${nccl_root:+$nccl_root/lib:}${LD_LIBRARY_PATH:-}"
+  [ -e "$nccl_root/lib/libnccl.so" ] || ln -sf libnccl.so.2 "$nccl_root/lib/libnccl.so" 2>/dev/null || true
+  local start
+  start=$(date +%s)
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$torch_prefix;$deps/usr" \
+    -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$deps/usr/lib/x86_64-linux-gnu" \
+    -DCMAKE_SHARED_LINKER_FLAGS="-Wl,-rpath-link,$deps/usr/lib/x86_64-linux-gnu" \
+    ${defs[@]+"${defs[@]}"} >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; return 1; }
+  cmake --build build-gpu -j "$(nproc)" --target "${targets[@]}" >"$out/build.log" 2>&1 \
+    || { tail -40 "$out/build.log"; return 1; }
+  echo "build: $(( $(date +%s) - start )) s" | tee "$out/summary.txt"
+}
