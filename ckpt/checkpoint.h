@@ -227,6 +227,8 @@ class FragmentReader {
   void finish_verification();
   // Whole "module/<name>" or "rng/<name>" tensor from the file of `rank`.
   bool has(int rank, const std::string& tensor_name);
+  // Name, dtype, shape and size of a whole tensor, without reading it (data null).
+  TensorData describe_whole(int rank, const std::string& tensor_name);
   TensorData read_whole(int rank, const std::string& tensor_name, std::vector<uint8_t>& storage);
 
  private:
@@ -236,8 +238,8 @@ class FragmentReader {
 
 // Assembles full fp32 weights of every parameter (master fragments for
 // trainable ones, frozen ones and floating buffers converted to F32, others
-// as stored) and writes them to one safetensors file at `out`.
-// Returns the number of tensors written.
+// as stored) and writes them to one safetensors file at `out`, one tensor
+// in memory at a time. Returns the number of tensors written.
 int64_t consolidate(const std::string& dir, const std::string& tag, const std::string& out);
 
 }  // namespace zero::ckpt

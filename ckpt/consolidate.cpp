@@ -1,7 +1,5 @@
 // consolidate(): one fp32 state dict in one safetensors file, from a sharded
 // checkpoint of any world size. See Note [Checkpoint layout] in checkpoint.h.
-#include <deque>
-
 #include "ckpt/checkpoint.h"
 #include "zero/error.h"
 
@@ -24,51 +22,61 @@ int find_whole(FragmentReader& reader, const std::string& dir, const Manifest& m
 int64_t consolidate(const std::string& dir, const std::string& tag, const std::string& out) {
   const Manifest m = read_manifest(dir, tag);
   FragmentReader reader(dir, m);
-  // Storage must not move while `tensors` borrows it: deques keep addresses.
-  std::deque<std::vector<float>> floats;
-  std::deque<std::vector<uint8_t>> raw;
+  // The header first (names, dtypes, shapes), then each tensor read when the
+  // writer reaches it, into one buffer: memory for the largest tensor only.
+  struct Source {
+    bool fragments = false;  // a trainable parameter: its fp32 fragments
+    int rank = 0;            // else the whole tensor "module/<name>" in this rank's file
+    bool to_f32 = false;     // converted from F16/BF16/F64
+  };
   std::vector<TensorData> tensors;
-
-  auto add_whole = [&](const std::string& name, bool to_f32) {
-    std::vector<uint8_t>& storage = raw.emplace_back();
-    TensorData t = reader.read_whole(find_whole(reader, dir, m, "module/" + name), "module/" + name, storage);
+  std::vector<Source> sources;
+  auto add_whole = [&](const std::string& name) {
+    const int rank = find_whole(reader, dir, m, "module/" + name);
+    TensorData t = reader.describe_whole(rank, "module/" + name);
     t.name = name;
-    if (to_f32 && dtype_is_floating(t.dtype) && t.dtype != DType::F32) {
-      const size_t n = t.bytes / dtype_size(t.dtype);
-      std::vector<float>& f = floats.emplace_back(n);
-      convert_to_f32(t.dtype, storage.data(), n, f.data());
-      storage = {};
+    const bool to_f32 = dtype_is_floating(t.dtype) && t.dtype != DType::F32;
+    if (to_f32) {
+      t.bytes = t.bytes / dtype_size(t.dtype) * 4;
       t.dtype = DType::F32;
-      t.data = f.data();
-      t.bytes = n * 4;
     }
     tensors.push_back(std::move(t));
+    sources.push_back({false, rank, to_f32});
   };
-
   for (const ParamInfo& p : m.params) {
     if (!p.trainable) {
-      add_whole(p.name, true);
+      add_whole(p.name);
       continue;
     }
     int64_t n = 1;
     for (int64_t d : p.shape) n *= d;
-    std::vector<float>& f = floats.emplace_back(static_cast<size_t>(n));
-    reader.read_f32("fp32", p.name, 0, n, f.data());
-    TensorData t;
-    t.name = p.name;
-    t.dtype = DType::F32;
-    t.shape = p.shape;
-    t.data = f.data();
-    t.bytes = static_cast<size_t>(n) * 4;
-    tensors.push_back(std::move(t));
+    tensors.push_back({p.name, DType::F32, p.shape, nullptr, static_cast<size_t>(n) * 4});
+    sources.push_back({true, 0, false});
   }
-  for (const std::string& b : m.buffers) add_whole(b, true);
+  for (const std::string& b : m.buffers) add_whole(b);
 
+  std::vector<float> floats;
+  std::vector<uint8_t> raw;
+  auto fetch = [&](size_t i) -> const void* {
+    const TensorData& t = tensors[i];
+    const Source& src = sources[i];
+    if (src.fragments) {
+      floats.resize(t.bytes / 4);
+      reader.read_f32("fp32", t.name, 0, static_cast<int64_t>(floats.size()), floats.data());
+      return floats.data();
+    }
+    const TensorData stored = reader.read_whole(src.rank, "module/" + t.name, raw);
+    if (!src.to_f32) return raw.data();
+    floats.resize(t.bytes / 4);
+    convert_to_f32(stored.dtype, raw.data(), floats.size(), floats.data());
+    return floats.data();
+  };
   write_safetensors(out, tensors,
                     {{"format", "pt"},
                      {"source", "zero-ckpt consolidate"},
                      {"checkpoint_tag", m.tag},
-                     {"checkpoint_world_size", std::to_string(m.world_size)}});
+                     {"checkpoint_world_size", std::to_string(m.world_size)}},
+                    fetch);
   return static_cast<int64_t>(tensors.size());
 }
 

@@ -359,6 +359,24 @@ bool FragmentReader::has(int rank, const std::string& tensor_name) {
   return I.open(it->second).entries().count(tensor_name) > 0;
 }
 
+TensorData FragmentReader::describe_whole(int rank, const std::string& tensor_name) {
+  Impl& I = *impl_;
+  auto it = I.slot_of_rank.find(rank);
+  if (it == I.slot_of_rank.end())
+    fail(I.where + ": no file for rank " + std::to_string(rank) + " in " + I.manifest_file + " (world size " +
+         std::to_string(I.world_size) + ")");
+  SafetensorsFile& f = I.open(it->second);
+  auto e = f.entries().find(tensor_name);
+  if (e == f.entries().end())
+    fail(I.where + ": no tensor \"" + tensor_name + "\" in " + f.path() + " (rank " + std::to_string(rank) + ")");
+  TensorData t;
+  t.name = tensor_name;
+  t.dtype = e->second.dtype;
+  t.shape = e->second.shape;
+  t.bytes = e->second.end - e->second.begin;
+  return t;
+}
+
 TensorData FragmentReader::read_whole(int rank, const std::string& tensor_name, std::vector<uint8_t>& storage) {
   Impl& I = *impl_;
   auto it = I.slot_of_rank.find(rank);
