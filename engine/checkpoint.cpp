@@ -2,10 +2,13 @@
 // layout] in ckpt/checkpoint.h): every rank writes the fragments of the
 // parameters its partition holds, in model space, so that any world size
 // and stage loads them directly.
+#include <fcntl.h>  // renameat2
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -122,6 +125,27 @@ void maybe_inject_fault(int rank) {
 
 
 at::Generator cpu_generator() { return at::detail::getDefaultCPUGenerator(); }
+
+// The complete checkpoint in `staging` becomes `final_dir`. A tag saved again
+// is swapped with the old one in one step (renameat2 RENAME_EXCHANGE), so a
+// crash leaves the old or the new checkpoint under the tag, never neither;
+// where the file system cannot swap, two renames (the old one parked at
+// `replaced` in between).
+void move_into_place(const fs::path& staging, const fs::path& final_dir, const fs::path& replaced) {
+  std::error_code ignored;
+  if (!fs::exists(final_dir)) {
+    fs::rename(staging, final_dir);
+    return;
+  }
+  if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::remove_all(staging, ignored);  // the old checkpoint now
+    return;
+  }
+  fs::remove_all(replaced, ignored);
+  fs::rename(final_dir, replaced);
+  fs::rename(staging, final_dir);
+  fs::remove_all(replaced, ignored);
+}
 
 // The accelerator the module trains on, whose random generator (dropout on
 // the device) is saved as "rng/<type>" beside the CPU's; nullopt on CPU.
@@ -376,12 +400,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in, 
       m.engine = e;
       m.client_state = client;
       ckpt::write_manifest(saving_root.string(), m);
-      const fs::path final_dir = root / tag, replaced = saving_root / (tag + ".replaced");
-      std::error_code ignored;
-      fs::remove_all(replaced, ignored);
-      if (fs::exists(final_dir)) fs::rename(final_dir, replaced);
-      fs::rename(staging, final_dir);
-      fs::remove_all(replaced, ignored);
+      move_into_place(staging, root / tag, saving_root / (tag + ".replaced"));
       ckpt::write_latest(dir, tag);
     } catch (const std::exception& e) {
       error = std::string("save_checkpoint: finishing ") + (root / tag).string() + ": " + e.what();

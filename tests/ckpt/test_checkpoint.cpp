@@ -250,6 +250,27 @@ TEST(ExactResume, Stage3NvmeOffloadAccumulation) {
               R"("}, "offload_param": {"device": "nvme", "nvme_path": ")" + nvme + R"("})";
   exact_resume(s, "offload_nvme");
 }
+// Saving a tag that exists replaces it (the old and the new one are swapped
+// in one step): the load gets the new state, nothing is left in .saving.
+TEST(Save, SameTagAgainReplacesIt) {
+  RunSetup s;
+  const std::string dir = dir_for("same_tag");
+  Net a = make_net(1);
+  auto ea = make_engine(s, a);
+  train(ea, a, 0, 2, *g_world);
+  ea.save_checkpoint(dir, "t");
+  train(ea, a, 2, 4, *g_world);
+  ea.save_checkpoint(dir, "t", R"({"second": true})");
+  Net b = make_net(2);
+  auto eb = make_engine(s, b);
+  EXPECT_TRUE(nlohmann::json::parse(eb.load_checkpoint(dir, "t")).value("second", false));
+  expect_identical(weights(ea), weights(eb), "the second save of tag t");
+  g_world->barrier();
+  if (fs::exists(dir + "/.saving")) {
+    for (const auto& e : fs::directory_iterator(dir + "/.saving")) ADD_FAILURE() << "left behind: " << e.path();
+  }
+}
+
 // On a GPU (skipped elsewhere; bench/gpu/run.sh runs them at world size 1):
 // a CUDA run resumes bit-exactly (dropout draws from the GPU's generator,
 // saved as "rng/cuda"), and a checkpoint from CPU ranks loads on the GPU
