@@ -95,6 +95,7 @@ struct Variant {
 const Variant kVariants[] = {
     {"s2", 2, "none", "none"},         {"s2-opt-cpu", 2, "cpu", "none"},   {"s3", 3, "none", "none"},
     {"s3-opt-cpu", 3, "cpu", "none"},  {"s3-opt-nvme", 3, "nvme", "none"}, {"s3-opt-nvme-param-nvme", 3, "nvme", "nvme"},
+    {"s3-param-nvme", 3, "none", "nvme"},
 };
 
 // Per step, in seconds: the columns of the table.

@@ -86,6 +86,7 @@ struct Bucket {
   int swap_id = -1;             // offload_param "nvme": the shard's id in the parameter store
   bool grad_on_host = false;    // offload: its reduced gradients were copied to the host at the boundary
   bool read_pending = false;    // offload_param "nvme": a prefetch's read is in flight, its all-gather not started
+  bool read_ahead = false;      // offload_param "nvme": its shard is being read for the next prefetch (not gathered yet)
   at::Tensor gather_input;      // the shard on the parameters' device while a gather runs
 };
 
@@ -147,6 +148,7 @@ class ShardedParams {
   // Stage 3 (Note [Stage 3 storage]).
   void gather(Bucket& bucket, bool async);
   void start_gather(Bucket& bucket);  // the all-gather, once the shard is in memory
+  void read_ahead(Bucket& bucket);    // offload_param "nvme": start reading the shard for a later gather
   void wait_gathered(Bucket& bucket);
   void release(Bucket& bucket);
   void release_all_unpersistent();

@@ -447,15 +447,25 @@ void ShardedParams::gather(Bucket& b, bool async) {
   refill_storage(b.full);
   b.gathered = true;
   if (b.swap_id >= 0) {
-    // offload_param "nvme": the shard is read back first. A prefetch only
-    // starts the read (it overlaps the compute before the unit runs); the
-    // all-gather follows when the unit waits for it.
+    // offload_param "nvme": the shard is read back first. Note [NVMe
+    // read-ahead]: a shard read ahead has had a unit's compute to arrive, so
+    // a prefetch starts its all-gather at once (it overlaps the compute
+    // before the unit runs); otherwise a prefetch only starts the read and
+    // the all-gather follows when the unit waits for it.
+    const bool was_read_ahead = b.read_ahead;
+    b.read_ahead = false;
     param_store_->swap_in({b.swap_id});
     b.read_pending = true;
-    if (async) return;
+    if (async && !was_read_ahead) return;
   }
   start_gather(b);
   if (!async) wait_gathered(b);
+}
+
+void ShardedParams::read_ahead(Bucket& b) {
+  if (b.gathered || b.read_ahead || b.swap_id < 0) return;
+  param_store_->swap_in({b.swap_id});
+  b.read_ahead = true;
 }
 
 void ShardedParams::start_gather(Bucket& b) {
@@ -499,6 +509,10 @@ std::vector<int> ShardedParams::gather_buckets_of(const std::vector<at::Tensor>&
 void ShardedParams::release_all_unpersistent() {
   for (auto& b : buckets_) {
     if (!b.persistent && b.gathered) release(b);
+    if (b.read_ahead) {  // read for a prefetch that did not come
+      param_store_->drop({b.swap_id});
+      b.read_ahead = false;
+    }
   }
 }
 

@@ -48,6 +48,12 @@ void UnitScheduler::prefetch_after(int position, bool backward) {
   const auto& options = params_.options();
   if (numel > options.prefetch_numel || live + numel > options.max_live_numel) return;
   gather_unit(unit, /*async=*/true);
+  // offload_param "nvme" (Note [NVMe read-ahead] in sharded_params.cpp): the
+  // unit after it starts reading its shards, so that its all-gather can
+  // start at the next prefetch.
+  const int after = backward ? next - 1 : next + 1;
+  if (after < 0 || after >= static_cast<int>(order.size())) return;
+  for (int b : buckets_of_[order[after]]) params_.read_ahead(params_.buckets()[b]);
 }
 
 void UnitScheduler::pre_forward(int unit) {
