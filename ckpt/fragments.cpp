@@ -184,6 +184,18 @@ struct FragmentReader::Impl {
     }
   }
 
+  // The slot of `rank`'s file, which must hold `tensor` (errors name both).
+  size_t slot_holding(int rank, const std::string& tensor) {
+    auto it = slot_of_rank.find(rank);
+    if (it == slot_of_rank.end())
+      fail(where + ": no file for rank " + std::to_string(rank) + " in " + manifest_file + " (world size " +
+           std::to_string(world_size) + ")");
+    SafetensorsFile& f = open(it->second);
+    if (!f.entries().count(tensor))
+      fail(where + ": no tensor \"" + tensor + "\" in " + f.path() + " (rank " + std::to_string(rank) + ")");
+    return it->second;
+  }
+
   void build_index() {
     if (indexed) return;
     for (size_t i = 0; i < slots.size(); ++i) {
@@ -361,41 +373,24 @@ bool FragmentReader::has(int rank, const std::string& tensor_name) {
 
 TensorData FragmentReader::describe_whole(int rank, const std::string& tensor_name) {
   Impl& I = *impl_;
-  auto it = I.slot_of_rank.find(rank);
-  if (it == I.slot_of_rank.end())
-    fail(I.where + ": no file for rank " + std::to_string(rank) + " in " + I.manifest_file + " (world size " +
-         std::to_string(I.world_size) + ")");
-  SafetensorsFile& f = I.open(it->second);
-  auto e = f.entries().find(tensor_name);
-  if (e == f.entries().end())
-    fail(I.where + ": no tensor \"" + tensor_name + "\" in " + f.path() + " (rank " + std::to_string(rank) + ")");
+  const size_t slot = I.slot_holding(rank, tensor_name);
+  const SafetensorsFile::Entry& e = I.slots[slot].file->entries().at(tensor_name);
   TensorData t;
   t.name = tensor_name;
-  t.dtype = e->second.dtype;
-  t.shape = e->second.shape;
-  t.bytes = e->second.end - e->second.begin;
+  t.dtype = e.dtype;
+  t.shape = e.shape;
+  t.bytes = e.end - e.begin;
   return t;
 }
 
 TensorData FragmentReader::read_whole(int rank, const std::string& tensor_name, std::vector<uint8_t>& storage) {
   Impl& I = *impl_;
-  auto it = I.slot_of_rank.find(rank);
-  if (it == I.slot_of_rank.end())
-    fail(I.where + ": no file for rank " + std::to_string(rank) + " in " + I.manifest_file + " (world size " +
-         std::to_string(I.world_size) + ")");
-  SafetensorsFile& f = I.open(it->second);
-  auto e = f.entries().find(tensor_name);
-  if (e == f.entries().end())
-    fail(I.where + ": no tensor \"" + tensor_name + "\" in " + f.path() + " (rank " + std::to_string(rank) + ")");
-  I.open_for_data(it->second);
-  TensorData t;
-  t.name = tensor_name;
-  t.dtype = e->second.dtype;
-  t.shape = e->second.shape;
-  t.bytes = e->second.end - e->second.begin;
+  TensorData t = describe_whole(rank, tensor_name);
+  const size_t slot = I.slot_of_rank.at(rank);
+  SafetensorsFile& f = I.open_for_data(slot);
   storage.resize(t.bytes);
   f.read(tensor_name, 0, t.bytes, storage.data());
-  I.hash_read(it->second, f.data_start() + e->second.begin, t.bytes, storage.data(), false);
+  I.hash_read(slot, f.data_start() + f.entries().at(tensor_name).begin, t.bytes, storage.data(), false);
   t.data = storage.data();
   return t;
 }
