@@ -152,8 +152,12 @@ class GlooBackend : public HostBackend {
     guarded("all_gather", [&] {
       gloo::AllgatherOptions opts(context_);
       opts.setTag(next_tag());
-      opts.setInput(static_cast<uint8_t*>(input.data_ptr()), input.nbytes());
-      opts.setOutput(static_cast<uint8_t*>(output.data_ptr()), output.nbytes());
+      auto* out = static_cast<uint8_t*>(output.data_ptr());
+      auto* in = static_cast<uint8_t*>(input.data_ptr());
+      // An input that is this rank's slot of the output: in place (gloo
+      // then leaves that slot as it is, as NCCL does).
+      if (in != out + static_cast<size_t>(group_.rank) * input.nbytes()) opts.setInput(in, input.nbytes());
+      opts.setOutput(out, output.nbytes());
       gloo::allgather(opts);
     });
   }

@@ -389,8 +389,13 @@ comm::WorkHandle ShardedParams::publish_bucket(size_t k, bool copies_fresh) {
   if (options_.stage == 0) {
     if (separate) b.full.copy_(updated());  // else the master weights are the parameters
   } else if (b.persistent) {
-    // The shard is a view into the gathered bucket: gather from a copy.
-    return pg_->all_gather_async(b.full, updated());
+    // The shard is this rank's slot of the gathered bucket: the updated
+    // values go there and the bucket is gathered in place.
+    if (separate) {
+      const at::Tensor& source = copies_fresh && !offload_copies_.empty() ? offload_copies_[k] : master_flat_[k];
+      b.shard.copy_(source);
+    }
+    return pg_->all_gather_async(b.full, b.shard);
   } else if (separate) {
     // Gathered again when its unit runs; offload_param "nvme": written back.
     if (b.swap_id >= 0) param_store_->materialize({b.swap_id});

@@ -93,6 +93,23 @@ TEST(Collectives, AllGatherConcatenatesInRankOrder) {
   }
 }
 
+// In place: the input is this rank's slot of the output (as the engine's
+// persistent buckets gather); the other slots start as garbage.
+TEST(Collectives, AllGatherInPlace) {
+  const int W = g_world->size(), R = g_world->rank();
+  for (auto dtype : kDtypes) {
+    for (int64_t n : kSizes) {
+      auto output = torch::full({W * n}, -7, torch::TensorOptions().dtype(dtype));
+      auto slot = output.slice(0, R * n, (R + 1) * n);
+      slot.copy_(contribution(R, n, dtype));
+      g_world->all_gather(output, slot);
+      for (int r = 0; r < W; ++r) {
+        EXPECT_TRUE(output.slice(0, r * n, (r + 1) * n).equal(contribution(r, n, dtype))) << name(dtype) << " r=" << r;
+      }
+    }
+  }
+}
+
 TEST(Collectives, BroadcastFromEveryRoot) {
   const int W = g_world->size(), R = g_world->rank();
   for (auto dtype : kDtypes) {
