@@ -4,7 +4,6 @@
 // and stage loads them directly.
 #include <fcntl.h>  // renameat2
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <csignal>
@@ -12,7 +11,6 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
-#include <optional>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -124,7 +122,6 @@ void maybe_inject_fault(int rank) {
 }
 
 
-at::Generator cpu_generator() { return at::detail::getDefaultCPUGenerator(); }
 
 // The complete checkpoint in `staging` becomes `final_dir`. A tag saved again
 // is swapped with the old one in one step (renameat2 RENAME_EXCHANGE), so a
@@ -147,16 +144,22 @@ void move_into_place(const fs::path& staging, const fs::path& final_dir, const f
   fs::remove_all(replaced, ignored);
 }
 
-// The accelerator the module trains on, whose random generator (dropout on
-// the device) is saved as "rng/<type>" beside the CPU's; nullopt on CPU.
-std::optional<at::Device> accelerator_of(torch::nn::Module& module) {
+// The random generators a rank saves, as "rng/<device type>": the CPU's,
+// and its accelerator's when the module trains on one (dropout there).
+std::vector<std::pair<std::string, at::Generator>> generators(torch::nn::Module& module) {
+  std::vector<at::Device> devices{at::Device(at::kCPU)};
   for (const auto& p : module.parameters()) {
-    if (!p.device().is_cpu()) return p.device();
+    if (!p.device().is_cpu()) {
+      devices.push_back(p.device());
+      break;
+    }
   }
-  return std::nullopt;
+  std::vector<std::pair<std::string, at::Generator>> out;
+  for (const auto& d : devices) {
+    out.emplace_back("rng/" + c10::DeviceTypeName(d.type(), /*lower_case=*/true), at::globalContext().defaultGenerator(d));
+  }
+  return out;
 }
-
-std::string rng_name(const at::Device& device) { return "rng/" + c10::DeviceTypeName(device.type(), /*lower_case=*/true); }
 
 // NVMe offload (ZeRO-Infinity): a checkpoint brings the master weights and
 // optimizer states in one bucket at a time, reading the next bucket
@@ -328,15 +331,9 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in, 
   }
   const bool mid_accumulation = s.micro_steps % s.gas != 0;
   if (mid_accumulation) add("accum/grads", s.sharded->accumulated_grads());
-  {
-    auto gen = cpu_generator();
+  for (auto& [name, gen] : generators(*s.module)) {
     std::lock_guard<std::mutex> lock(gen.mutex());
-    add("rng/cpu", gen.get_state());
-  }
-  if (const auto device = accelerator_of(*s.module)) {
-    auto gen = at::globalContext().defaultGenerator(*device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    add(rng_name(*device), gen.get_state());
+    add(name, gen.get_state());
   }
 
   ckpt::FileInfo info;
@@ -587,21 +584,11 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
       } else {
         s.sharded->zero_grads();
       }
-      const std::string rng = "rng/cpu";
-      if (pg.rank() < m.world_size && reader->has(pg.rank(), rng)) {
-        ckpt::TensorData d = reader->read_whole(pg.rank(), rng, storage);
+      // Each generator this rank saved (a checkpoint from CPU ranks leaves a GPU's as it is).
+      for (auto& [name, gen] : generators(*s.module)) {
+        if (pg.rank() >= m.world_size || !reader->has(pg.rank(), name)) continue;
+        ckpt::TensorData d = reader->read_whole(pg.rank(), name, storage);
         at::Tensor state = torch::from_blob(const_cast<void*>(d.data), d.shape, at::kByte).clone();
-        auto gen = cpu_generator();
-        std::lock_guard<std::mutex> lock(gen.mutex());
-        gen.set_state(state);
-      }
-      // The device's generator when saved from the same kind of device
-      // (a checkpoint from CPU ranks leaves a GPU's as it is).
-      const auto device = accelerator_of(*s.module);
-      if (device && pg.rank() < m.world_size && reader->has(pg.rank(), rng_name(*device))) {
-        ckpt::TensorData d = reader->read_whole(pg.rank(), rng_name(*device), storage);
-        at::Tensor state = torch::from_blob(const_cast<void*>(d.data), d.shape, at::kByte).clone();
-        auto gen = at::globalContext().defaultGenerator(*device);
         std::lock_guard<std::mutex> lock(gen.mutex());
         gen.set_state(state);
       }
