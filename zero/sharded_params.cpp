@@ -380,26 +380,21 @@ void ShardedParams::publish(bool copies_fresh) {
 comm::WorkHandle ShardedParams::publish_bucket(size_t k, bool copies_fresh) {
   torch::NoGradGuard no_grad;
   Bucket& b = buckets_[k];
-  // The updated shard in the training dtype, on the parameters' device.
-  auto updated = [&] {
-    const at::Tensor& source = copies_fresh && !offload_copies_.empty() ? offload_copies_[k] : master_flat_[k];
-    return source.to(b.full.device(), options_.dtype, /*non_blocking=*/false, /*copy=*/true);
-  };
+  // The updated shard (fp32 master, or the training-dtype copy the host
+  // optimizer wrote); copy_ converts it to the parameters' dtype and device.
+  const at::Tensor& source = copies_fresh && !offload_copies_.empty() ? offload_copies_[k] : master_flat_[k];
   const bool separate = master_flat_[k].unsafeGetTensorImpl() != b.shard.unsafeGetTensorImpl();
   if (options_.stage == 0) {
-    if (separate) b.full.copy_(updated());  // else the master weights are the parameters
+    if (separate) b.full.copy_(source);  // else the master weights are the parameters
   } else if (b.persistent) {
     // The shard is this rank's slot of the gathered bucket: the updated
     // values go there and the bucket is gathered in place.
-    if (separate) {
-      const at::Tensor& source = copies_fresh && !offload_copies_.empty() ? offload_copies_[k] : master_flat_[k];
-      b.shard.copy_(source);
-    }
+    if (separate) b.shard.copy_(source);
     return pg_->all_gather_async(b.full, b.shard);
   } else if (separate) {
     // Gathered again when its unit runs; offload_param "nvme": written back.
     if (b.swap_id >= 0) param_store_->materialize({b.swap_id});
-    b.shard.copy_(updated());
+    b.shard.copy_(source);
     if (b.swap_id >= 0) {
       param_store_->swap_out({b.swap_id});  // waited for by wait_param_writes()
       param_writes_.push_back(b.swap_id);
