@@ -16,6 +16,22 @@ void check_host_fp32(const at::Tensor& t, const char* what) {
   }
 }
 
+// The gradient of `p` as the kernels read it: contiguous fp32, fp16 or bf16 in host memory.
+offload::GradArray host_grad(const at::Tensor& p, const char* what) {
+  const at::Tensor& g = p.grad();
+  if (g.is_cpu() && g.is_contiguous() && g.numel() == p.numel()) {
+    const auto* bits = static_cast<const uint16_t*>(g.data_ptr());
+    switch (g.scalar_type()) {
+      case at::kFloat: return offload::GradArray(g.data_ptr<float>());
+      case at::kHalf: return offload::GradArray(bits, offload::GradDtype::kHalf);
+      case at::kBFloat16: return offload::GradArray(bits, offload::GradDtype::kBFloat16);
+      default: break;
+    }
+  }
+  throw OffloadError(std::string(what) + ": the gradient must be a contiguous fp32, fp16 or bf16 host tensor of " +
+                     std::to_string(p.numel()) + " elements");
+}
+
 void check_copies(const std::vector<torch::optim::OptimizerParamGroup>& groups, const std::vector<at::Tensor>& copies) {
   if (copies.empty()) return;
   size_t i = 0;
@@ -164,7 +180,7 @@ std::vector<at::Tensor> CpuAdam::states_of(const at::Tensor& p) {
 
 void CpuAdam::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, size_t i) {
   if (!p.grad().defined()) return;
-  check_host_fp32(p.grad(), "CpuAdam gradient");
+  const offload::GradArray grad = host_grad(p, "CpuAdam");
   offload::AdamStep h;
   double lr, b1, b2, eps, wd;
   bool amsgrad;
@@ -178,6 +194,7 @@ void CpuAdam::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, si
   if (amsgrad) throw OffloadError("offload_optimizer does not support amsgrad; set optimizer.params.amsgrad false");
   h.lr = static_cast<float>(lr), h.beta1 = static_cast<float>(b1), h.beta2 = static_cast<float>(b2);
   h.eps = static_cast<float>(eps), h.weight_decay = static_cast<float>(wd), h.decoupled_weight_decay = decoupled_;
+  h.grad_scale = grad_scale_;
   make_states();  // the first step: zeros, as torch::optim makes them
   at::Tensor m, v;
   auto& s = *state_.at(state_key(p));
@@ -191,7 +208,7 @@ void CpuAdam::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, si
     h.step = a.step(), m = a.exp_avg(), v = a.exp_avg_sq();
   }
   const auto [copy, copy_dtype] = copy_of(i);
-  offload::adam_step(h, p.numel(), p.data_ptr<float>(), p.grad().data_ptr<float>(), m.data_ptr<float>(),
+  offload::adam_step(h, p.numel(), p.data_ptr<float>(), grad, m.data_ptr<float>(),
                      v.data_ptr<float>(), copy, static_cast<offload::CopyDtype>(copy_dtype));
   finish_copy(i, p);
 }
@@ -220,16 +237,17 @@ std::vector<at::Tensor> CpuAdagrad::states_of(const at::Tensor& p) {
 
 void CpuAdagrad::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, size_t i) {
   if (!p.grad().defined()) return;
-  check_host_fp32(p.grad(), "CpuAdagrad gradient");
+  const offload::GradArray grad = host_grad(p, "CpuAdagrad");
   const auto& o = static_cast<const torch::optim::AdagradOptions&>(group.options());
   offload::AdagradStep h;
   h.lr = static_cast<float>(o.lr()), h.lr_decay = static_cast<float>(o.lr_decay());
   h.eps = static_cast<float>(o.eps()), h.weight_decay = static_cast<float>(o.weight_decay());
+  h.grad_scale = grad_scale_;
   auto& s = static_cast<torch::optim::AdagradParamState&>(*state_.at(state_key(p)));
   s.step(s.step() + 1);
   h.step = s.step();
   const auto [copy, copy_dtype] = copy_of(i);
-  offload::adagrad_step(h, p.numel(), p.data_ptr<float>(), p.grad().data_ptr<float>(), s.sum().data_ptr<float>(), copy,
+  offload::adagrad_step(h, p.numel(), p.data_ptr<float>(), grad, s.sum().data_ptr<float>(), copy,
                         static_cast<offload::CopyDtype>(copy_dtype));
   finish_copy(i, p);
 }

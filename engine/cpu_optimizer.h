@@ -2,7 +2,8 @@
 // The optimizers of offload_optimizer: torch::optim's Adam, AdamW and
 // Adagrad semantics, state and options (so schedules, checkpoints and the
 // memory report treat them like the torch ones), stepped by the fused SIMD
-// kernels of offload/cpu_optimizer.h on host-resident fp32 tensors. When
+// kernels of offload/cpu_optimizer.h on host-resident fp32 tensors, whose
+// gradients may be fp32, fp16 or bf16 (the training dtype). When
 // given a training-dtype copy per tensor, the step writes the updated
 // parameter there in the same pass (Note [Offload copies] in partition.h).
 #include <torch/torch.h>
@@ -32,6 +33,10 @@ class HostOptimizer : public torch::optim::Optimizer {
   // writing back the previous one while it updates the current one.
   void use_store(offload::SwappedTensors* store, std::vector<std::vector<int>> ids, int64_t sub_group_numel);
 
+  // The factor every gradient element is multiplied by as the next steps
+  // read it (the loss scale's inverse times the clipping coefficient).
+  void set_grad_scale(double scale) { grad_scale_ = static_cast<float>(scale); }
+
   // Seconds spent in the kernels and waiting for NVMe since the last call.
   struct Timing {
     double compute_s = 0, nvme_wait_s = 0;
@@ -45,6 +50,7 @@ class HostOptimizer : public torch::optim::Optimizer {
   std::pair<uint16_t*, int> copy_of(size_t i) const;
   void finish_copy(size_t i, const at::Tensor& p);  // fp32 copies (no fused path)
   std::vector<at::Tensor> copies_;
+  float grad_scale_ = 1.0f;
 
  private:
   offload::SwappedTensors* store_ = nullptr;

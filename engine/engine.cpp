@@ -337,7 +337,11 @@ void Engine::Impl::take_step() {
     const double coef = clip / (last_norm + 1e-6);  // as torch::nn::utils::clip_grad_norm_
     if (coef < 1.0) factor *= coef;
   }
-  if (factor != 1.0) sharded->scale_master_grads(factor);
+  if (auto* host = dynamic_cast<engine::HostOptimizer*>(optimizer.get())) {
+    host->set_grad_scale(factor);  // applied as the kernels read the gradients
+  } else if (factor != 1.0) {
+    sharded->scale_master_grads(factor);
+  }
 
   const int64_t taken = global_steps - skipped_steps - schedule_start;  // optimizer steps the schedule has seen
   lr = schedule->lr_at(taken);

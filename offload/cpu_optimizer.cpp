@@ -93,6 +93,11 @@ void for_tiles(int64_t n, const F& f) {
   });
 }
 
+// Where element `offset` of a gradient array starts.
+const void* grad_at(GradArray grad, int64_t offset) {
+  return static_cast<const char*>(grad.data) + offset * grad.element_size();
+}
+
 }  // namespace
 
 bool simd_supported(Simd s) {
@@ -133,10 +138,10 @@ Simd default_simd() {
                      "), or unset it for the best one");
 }
 
-void adam_step(const AdamStep& h, int64_t n, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+void adam_step(const AdamStep& h, int64_t n, float* param, GradArray grad, float* exp_avg, float* exp_avg_sq,
                uint16_t* copy, CopyDtype copy_dtype, Simd simd) {
   require_supported(simd, "adam_step");
-  check_arrays("adam_step", n, {param, grad, exp_avg, exp_avg_sq}, copy, copy_dtype);
+  check_arrays("adam_step", n, {param, grad.data, exp_avg, exp_avg_sq}, copy, copy_dtype);
   if (h.step < 1) throw OffloadError("adam_step: step " + std::to_string(h.step) + " (1-based; increment before)");
 
   // As torch::optim::Adam/AdamW: hyperparameters are doubles there, the
@@ -155,6 +160,7 @@ void adam_step(const AdamStep& h, int64_t n, float* param, const float* grad, fl
   s.eps = h.eps;
   s.step_size = static_cast<float>(lr / bc1);
   s.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  s.grad_scale = h.grad_scale;
   s.l2 = h.weight_decay;
   s.decay = static_cast<float>(1.0 - lr * wd);
   s.apply_l2 = !h.decoupled_weight_decay && h.weight_decay != 0.0f;
@@ -164,20 +170,20 @@ void adam_step(const AdamStep& h, int64_t n, float* param, const float* grad, fl
                               : simd == Simd::kAvx2 ? detail::adam_avx2
                                                     : detail::adam_portable;
   for_tiles(n, [&](int64_t off, int64_t count) {
-    kernel(s, count, param + off, grad + off, exp_avg + off, exp_avg_sq + off,
+    kernel(s, count, param + off, grad_at(grad, off), grad.dtype, exp_avg + off, exp_avg_sq + off,
            copy_dtype == CopyDtype::kNone ? nullptr : copy + off, copy_dtype);
   });
 }
 
-void adam_step(const AdamStep& h, int64_t n, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+void adam_step(const AdamStep& h, int64_t n, float* param, GradArray grad, float* exp_avg, float* exp_avg_sq,
                uint16_t* copy, CopyDtype copy_dtype) {
   adam_step(h, n, param, grad, exp_avg, exp_avg_sq, copy, copy_dtype, default_simd());
 }
 
-void adagrad_step(const AdagradStep& h, int64_t n, float* param, const float* grad, float* sum, uint16_t* copy,
+void adagrad_step(const AdagradStep& h, int64_t n, float* param, GradArray grad, float* sum, uint16_t* copy,
                   CopyDtype copy_dtype, Simd simd) {
   require_supported(simd, "adagrad_step");
-  check_arrays("adagrad_step", n, {param, grad, sum}, copy, copy_dtype);
+  check_arrays("adagrad_step", n, {param, grad.data, sum}, copy, copy_dtype);
   if (h.step < 1) throw OffloadError("adagrad_step: step " + std::to_string(h.step) + " (1-based; increment before)");
 
   // As torch::optim::Adagrad: clr = lr / (1 + (step - 1) * lr_decay) in double.
@@ -187,22 +193,38 @@ void adagrad_step(const AdagradStep& h, int64_t n, float* param, const float* gr
                              (1.0 + static_cast<double>(h.step - 1) * static_cast<double>(h.lr_decay)));
   s.l2 = h.weight_decay;
   s.apply_l2 = h.weight_decay != 0.0f;
+  s.grad_scale = h.grad_scale;
 
   detail::AdagradKernel kernel = simd == Simd::kAvx512 ? detail::adagrad_avx512
                                  : simd == Simd::kAvx2 ? detail::adagrad_avx2
                                                        : detail::adagrad_portable;
   for_tiles(n, [&](int64_t off, int64_t count) {
-    kernel(s, count, param + off, grad + off, sum + off, copy_dtype == CopyDtype::kNone ? nullptr : copy + off,
+    kernel(s, count, param + off, grad_at(grad, off), grad.dtype, sum + off, copy_dtype == CopyDtype::kNone ? nullptr : copy + off,
            copy_dtype);
   });
 }
 
-void adagrad_step(const AdagradStep& h, int64_t n, float* param, const float* grad, float* sum, uint16_t* copy,
+void adagrad_step(const AdagradStep& h, int64_t n, float* param, GradArray grad, float* sum, uint16_t* copy,
                   CopyDtype copy_dtype) {
   adagrad_step(h, n, param, grad, sum, copy, copy_dtype, default_simd());
 }
 
-double sum_of_squares(const float* x, int64_t n) {
+namespace {
+
+// x[i] as a double: fp32, or fp16/bf16 bits widened exactly.
+template <GradDtype kDtype>
+double element(const void* x, int64_t i) {
+  if constexpr (kDtype == GradDtype::kFloat) {
+    return static_cast<const float*>(x)[i];
+  } else if constexpr (kDtype == GradDtype::kHalf) {
+    return detail::widen_half(static_cast<const uint16_t*>(x)[i]);
+  } else {
+    return detail::widen_bf16(static_cast<const uint16_t*>(x)[i]);
+  }
+}
+
+template <GradDtype kDtype>
+double sum_of_squares_of(const void* x, int64_t n) {
   if (n <= 0) return 0.0;
   const int64_t tiles = (n + kTile - 1) / kTile;
   std::vector<double> partial(static_cast<size_t>(tiles));
@@ -213,15 +235,32 @@ double sum_of_squares(const float* x, int64_t n) {
       double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       int64_t i = begin;
       for (; i + 8 <= end; i += 8) {
-        for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(x[i + k]) * x[i + k];
+        for (int k = 0; k < 8; ++k) {
+          const double e = element<kDtype>(x, i + k);
+          acc[k] += e * e;
+        }
       }
-      for (; i < end; ++i) acc[0] += static_cast<double>(x[i]) * x[i];
+      for (; i < end; ++i) {
+        const double e = element<kDtype>(x, i);
+        acc[0] += e * e;
+      }
       partial[t] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
     }
   });
   double total = 0.0;
   for (double p : partial) total += p;
   return total;
+}
+
+}  // namespace
+
+double sum_of_squares(GradArray x, int64_t n) {
+  switch (x.dtype) {
+    case GradDtype::kHalf: return sum_of_squares_of<GradDtype::kHalf>(x.data, n);
+    case GradDtype::kBFloat16: return sum_of_squares_of<GradDtype::kBFloat16>(x.data, n);
+    case GradDtype::kFloat: break;
+  }
+  return sum_of_squares_of<GradDtype::kFloat>(x.data, n);
 }
 
 }  // namespace zero::offload

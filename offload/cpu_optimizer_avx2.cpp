@@ -18,6 +18,9 @@ namespace {
 
 constexpr int kHalf = static_cast<int>(CopyDtype::kHalf);
 constexpr int kBf16 = static_cast<int>(CopyDtype::kBFloat16);
+constexpr int kFloatGrad = static_cast<int>(GradDtype::kFloat);
+constexpr int kHalfGrad = static_cast<int>(GradDtype::kHalf);
+constexpr int kBf16Grad = static_cast<int>(GradDtype::kBFloat16);
 
 // 8 fp32 -> 8 fp16 or bf16 bits (round to nearest even; NaN stays NaN).
 template <int kCopy>
@@ -38,17 +41,34 @@ ZERO_INLINE void store_copy8(uint16_t* dst, __m256 x) {
   }
 }
 
+// 8 gradient elements widened to fp32 and scaled.
+template <int kGrad>
+ZERO_INLINE __m256 load_grad8(const typename GradElement<kGrad>::T* g, __m256 scale) {
+  __m256 x;
+  if constexpr (kGrad == kFloatGrad) {
+    x = _mm256_loadu_ps(g);
+  } else if constexpr (kGrad == kHalfGrad) {
+    x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
+  } else {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
+    x = _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+  return _mm256_mul_ps(x, scale);
+}
+
 struct AdamV {
-  __m256 beta1, omb1, beta2, omb2, eps, step_size, inv_sqrt_bc2, l2, decay;
+  __m256 beta1, omb1, beta2, omb2, eps, step_size, inv_sqrt_bc2, l2, decay, grad_scale;
   explicit AdamV(const AdamScalars& s)
       : beta1(_mm256_set1_ps(s.beta1)), omb1(_mm256_set1_ps(s.omb1)), beta2(_mm256_set1_ps(s.beta2)),
         omb2(_mm256_set1_ps(s.omb2)), eps(_mm256_set1_ps(s.eps)), step_size(_mm256_set1_ps(s.step_size)),
-        inv_sqrt_bc2(_mm256_set1_ps(s.inv_sqrt_bc2)), l2(_mm256_set1_ps(s.l2)), decay(_mm256_set1_ps(s.decay)) {}
+        inv_sqrt_bc2(_mm256_set1_ps(s.inv_sqrt_bc2)), l2(_mm256_set1_ps(s.l2)), decay(_mm256_set1_ps(s.decay)),
+        grad_scale(_mm256_set1_ps(s.grad_scale)) {}
 };
 
-template <bool kL2, bool kDecay, int kCopy>
-ZERO_INLINE void adam8(const AdamV& c, float* p, const float* g, float* m, float* v, uint16_t* copy) {
-  __m256 gv = _mm256_loadu_ps(g);
+template <bool kL2, bool kDecay, int kGrad, int kCopy>
+ZERO_INLINE void adam8(const AdamV& c, float* p, const typename GradElement<kGrad>::T* g, float* m, float* v,
+                       uint16_t* copy) {
+  __m256 gv = load_grad8<kGrad>(g, c.grad_scale);
   __m256 pv = _mm256_loadu_ps(p);
   if constexpr (kL2) gv = _mm256_fmadd_ps(c.l2, pv, gv);
   if constexpr (kDecay) pv = _mm256_mul_ps(pv, c.decay);
@@ -76,56 +96,62 @@ inline int64_t head_count(const float* p, int64_t n) {
 // vectors) per iteration: ~5-10% more bandwidth than the hardware
 // prefetchers alone on the machine of bench/results/cpu_adam.md. Prefetches
 // never fault, so running past the end of an array is harmless.
-constexpr int64_t kPrefetchAhead = 512;  // floats
-ZERO_INLINE void prefetch_ahead(const float* a) {
+constexpr int64_t kPrefetchAhead = 512;  // elements
+template <class T>
+ZERO_INLINE void prefetch_ahead(const T* a) {
   _mm_prefetch(reinterpret_cast<const char*>(a + kPrefetchAhead), _MM_HINT_T1);
 }
 
 // r < 8 elements through the vector code, via zero-padded stack copies.
-template <bool kL2, bool kDecay, int kCopy>
-void adam_partial(const AdamV& c, int64_t r, float* p, const float* g, float* m, float* v, uint16_t* copy) {
-  alignas(32) float tp[8] = {}, tg[8] = {}, tm[8] = {}, tv[8] = {};
+template <bool kL2, bool kDecay, int kGrad, int kCopy>
+void adam_partial(const AdamV& c, int64_t r, float* p, const typename GradElement<kGrad>::T* g, float* m, float* v,
+                  uint16_t* copy) {
+  alignas(32) float tp[8] = {}, tm[8] = {}, tv[8] = {};
+  alignas(32) typename GradElement<kGrad>::T tg[8] = {};
   alignas(16) uint16_t tc[8] = {};
   const size_t bytes = static_cast<size_t>(r) * sizeof(float);
   std::memcpy(tp, p, bytes);
-  std::memcpy(tg, g, bytes);
+  std::memcpy(tg, g, static_cast<size_t>(r) * sizeof(tg[0]));
   std::memcpy(tm, m, bytes);
   std::memcpy(tv, v, bytes);
-  adam8<kL2, kDecay, kCopy>(c, tp, tg, tm, tv, tc);
+  adam8<kL2, kDecay, kGrad, kCopy>(c, tp, tg, tm, tv, tc);
   std::memcpy(p, tp, bytes);
   std::memcpy(m, tm, bytes);
   std::memcpy(v, tv, bytes);
   if constexpr (kCopy != 0) std::memcpy(copy, tc, static_cast<size_t>(r) * sizeof(uint16_t));
 }
 
-template <bool kL2, bool kDecay, int kCopy>
-void adam_loop(const AdamScalars& s, int64_t n, float* p, const float* g, float* m, float* v,
+template <bool kL2, bool kDecay, int kGrad, int kCopy>
+void adam_loop(const AdamScalars& s, int64_t n, float* p, const void* grad, float* m, float* v,
                uint16_t* copy) {
   const AdamV c(s);
+  const auto* g = static_cast<const typename GradElement<kGrad>::T*>(grad);
   int64_t i = head_count(p, n);
-  if (i > 0) adam_partial<kL2, kDecay, kCopy>(c, i, p, g, m, v, copy);
+  if (i > 0) adam_partial<kL2, kDecay, kGrad, kCopy>(c, i, p, g, m, v, copy);
   for (; i + 16 <= n; i += 16) {
     prefetch_ahead(p + i);
     prefetch_ahead(g + i);
     prefetch_ahead(m + i);
     prefetch_ahead(v + i);
-    adam8<kL2, kDecay, kCopy>(c, p + i, g + i, m + i, v + i, kCopy ? copy + i : nullptr);
-    adam8<kL2, kDecay, kCopy>(c, p + i + 8, g + i + 8, m + i + 8, v + i + 8, kCopy ? copy + i + 8 : nullptr);
+    adam8<kL2, kDecay, kGrad, kCopy>(c, p + i, g + i, m + i, v + i, kCopy ? copy + i : nullptr);
+    adam8<kL2, kDecay, kGrad, kCopy>(c, p + i + 8, g + i + 8, m + i + 8, v + i + 8, kCopy ? copy + i + 8 : nullptr);
   }
   for (; i + 8 <= n; i += 8)
-    adam8<kL2, kDecay, kCopy>(c, p + i, g + i, m + i, v + i, kCopy ? copy + i : nullptr);
-  if (i < n) adam_partial<kL2, kDecay, kCopy>(c, n - i, p + i, g + i, m + i, v + i, kCopy ? copy + i : nullptr);
+    adam8<kL2, kDecay, kGrad, kCopy>(c, p + i, g + i, m + i, v + i, kCopy ? copy + i : nullptr);
+  if (i < n) adam_partial<kL2, kDecay, kGrad, kCopy>(c, n - i, p + i, g + i, m + i, v + i, kCopy ? copy + i : nullptr);
 }
 
 struct AdagradV {
-  __m256 eps, clr, l2;
+  __m256 eps, clr, l2, grad_scale;
   explicit AdagradV(const AdagradScalars& s)
-      : eps(_mm256_set1_ps(s.eps)), clr(_mm256_set1_ps(s.clr)), l2(_mm256_set1_ps(s.l2)) {}
+      : eps(_mm256_set1_ps(s.eps)), clr(_mm256_set1_ps(s.clr)), l2(_mm256_set1_ps(s.l2)),
+        grad_scale(_mm256_set1_ps(s.grad_scale)) {}
 };
 
-template <bool kL2, int kCopy>
-ZERO_INLINE void adagrad8(const AdagradV& c, float* p, const float* g, float* sum, uint16_t* copy) {
-  __m256 gv = _mm256_loadu_ps(g);
+template <bool kL2, int kGrad, int kCopy>
+ZERO_INLINE void adagrad8(const AdagradV& c, float* p, const typename GradElement<kGrad>::T* g, float* sum,
+                          uint16_t* copy) {
+  __m256 gv = load_grad8<kGrad>(g, c.grad_scale);
   __m256 pv = _mm256_loadu_ps(p);
   if constexpr (kL2) gv = _mm256_fmadd_ps(c.l2, pv, gv);
   const __m256 sv = _mm256_fmadd_ps(gv, gv, _mm256_loadu_ps(sum));
@@ -136,54 +162,77 @@ ZERO_INLINE void adagrad8(const AdagradV& c, float* p, const float* g, float* su
   store_copy8<kCopy>(copy, pv);
 }
 
-template <bool kL2, int kCopy>
-void adagrad_partial(const AdagradV& c, int64_t r, float* p, const float* g, float* sum, uint16_t* copy) {
-  alignas(32) float tp[8] = {}, tg[8] = {}, ts[8] = {};
+template <bool kL2, int kGrad, int kCopy>
+void adagrad_partial(const AdagradV& c, int64_t r, float* p, const typename GradElement<kGrad>::T* g, float* sum,
+                     uint16_t* copy) {
+  alignas(32) float tp[8] = {}, ts[8] = {};
+  alignas(32) typename GradElement<kGrad>::T tg[8] = {};
   alignas(16) uint16_t tc[8] = {};
   const size_t bytes = static_cast<size_t>(r) * sizeof(float);
   std::memcpy(tp, p, bytes);
-  std::memcpy(tg, g, bytes);
+  std::memcpy(tg, g, static_cast<size_t>(r) * sizeof(tg[0]));
   std::memcpy(ts, sum, bytes);
-  adagrad8<kL2, kCopy>(c, tp, tg, ts, tc);
+  adagrad8<kL2, kGrad, kCopy>(c, tp, tg, ts, tc);
   std::memcpy(p, tp, bytes);
   std::memcpy(sum, ts, bytes);
   if constexpr (kCopy != 0) std::memcpy(copy, tc, static_cast<size_t>(r) * sizeof(uint16_t));
 }
 
-template <bool kL2, int kCopy>
-void adagrad_loop(const AdagradScalars& s, int64_t n, float* p, const float* g, float* sum,
+template <bool kL2, int kGrad, int kCopy>
+void adagrad_loop(const AdagradScalars& s, int64_t n, float* p, const void* grad, float* sum,
                   uint16_t* copy) {
   const AdagradV c(s);
+  const auto* g = static_cast<const typename GradElement<kGrad>::T*>(grad);
   int64_t i = head_count(p, n);
-  if (i > 0) adagrad_partial<kL2, kCopy>(c, i, p, g, sum, copy);
+  if (i > 0) adagrad_partial<kL2, kGrad, kCopy>(c, i, p, g, sum, copy);
   for (; i + 16 <= n; i += 16) {
     prefetch_ahead(p + i);
     prefetch_ahead(g + i);
     prefetch_ahead(sum + i);
-    adagrad8<kL2, kCopy>(c, p + i, g + i, sum + i, kCopy ? copy + i : nullptr);
-    adagrad8<kL2, kCopy>(c, p + i + 8, g + i + 8, sum + i + 8, kCopy ? copy + i + 8 : nullptr);
+    adagrad8<kL2, kGrad, kCopy>(c, p + i, g + i, sum + i, kCopy ? copy + i : nullptr);
+    adagrad8<kL2, kGrad, kCopy>(c, p + i + 8, g + i + 8, sum + i + 8, kCopy ? copy + i + 8 : nullptr);
   }
-  for (; i + 8 <= n; i += 8) adagrad8<kL2, kCopy>(c, p + i, g + i, sum + i, kCopy ? copy + i : nullptr);
-  if (i < n) adagrad_partial<kL2, kCopy>(c, n - i, p + i, g + i, sum + i, kCopy ? copy + i : nullptr);
+  for (; i + 8 <= n; i += 8) adagrad8<kL2, kGrad, kCopy>(c, p + i, g + i, sum + i, kCopy ? copy + i : nullptr);
+  if (i < n) adagrad_partial<kL2, kGrad, kCopy>(c, n - i, p + i, g + i, sum + i, kCopy ? copy + i : nullptr);
+}
+
+template <bool kL2, bool kDecay, int kGrad>
+void adam_copy(const AdamScalars& s, int64_t n, float* p, const void* g, float* m, float* v, uint16_t* copy,
+               CopyDtype dt) {
+  switch (dt) {
+    case CopyDtype::kNone: return adam_loop<kL2, kDecay, kGrad, 0>(s, n, p, g, m, v, copy);
+    case CopyDtype::kHalf: return adam_loop<kL2, kDecay, kGrad, kHalf>(s, n, p, g, m, v, copy);
+    case CopyDtype::kBFloat16: return adam_loop<kL2, kDecay, kGrad, kBf16>(s, n, p, g, m, v, copy);
+  }
 }
 
 template <bool kL2, bool kDecay>
-void adam_copy(const AdamScalars& s, int64_t n, float* p, const float* g, float* m, float* v,
+void adam_grad(const AdamScalars& s, int64_t n, float* p, const void* g, GradDtype gt, float* m, float* v,
                uint16_t* copy, CopyDtype dt) {
+  switch (gt) {
+    case GradDtype::kFloat: return adam_copy<kL2, kDecay, kFloatGrad>(s, n, p, g, m, v, copy, dt);
+    case GradDtype::kHalf: return adam_copy<kL2, kDecay, kHalfGrad>(s, n, p, g, m, v, copy, dt);
+    case GradDtype::kBFloat16: return adam_copy<kL2, kDecay, kBf16Grad>(s, n, p, g, m, v, copy, dt);
+  }
+}
+
+template <bool kL2, int kGrad>
+void adagrad_copy(const AdagradScalars& s, int64_t n, float* p, const void* g, float* sum, uint16_t* copy,
+                  CopyDtype dt) {
   switch (dt) {
-    case CopyDtype::kNone: return adam_loop<kL2, kDecay, 0>(s, n, p, g, m, v, copy);
-    case CopyDtype::kHalf: return adam_loop<kL2, kDecay, kHalf>(s, n, p, g, m, v, copy);
-    case CopyDtype::kBFloat16: return adam_loop<kL2, kDecay, kBf16>(s, n, p, g, m, v, copy);
+    case CopyDtype::kNone: return adagrad_loop<kL2, kGrad, 0>(s, n, p, g, sum, copy);
+    case CopyDtype::kHalf: return adagrad_loop<kL2, kGrad, kHalf>(s, n, p, g, sum, copy);
+    case CopyDtype::kBFloat16: return adagrad_loop<kL2, kGrad, kBf16>(s, n, p, g, sum, copy);
   }
 }
 
 template <bool kL2>
-void adagrad_copy(const AdagradScalars& s, int64_t n, float* p, const float* g, float* sum,
+void adagrad_grad(const AdagradScalars& s, int64_t n, float* p, const void* g, GradDtype gt, float* sum,
                   uint16_t* copy, CopyDtype dt) {
-  switch (dt) {
-    case CopyDtype::kNone: return adagrad_loop<kL2, 0>(s, n, p, g, sum, copy);
-    case CopyDtype::kHalf: return adagrad_loop<kL2, kHalf>(s, n, p, g, sum, copy);
-    case CopyDtype::kBFloat16: return adagrad_loop<kL2, kBf16>(s, n, p, g, sum, copy);
+  switch (gt) {
+    case GradDtype::kFloat: return adagrad_copy<kL2, kFloatGrad>(s, n, p, g, sum, copy, dt);
+    case GradDtype::kHalf: return adagrad_copy<kL2, kHalfGrad>(s, n, p, g, sum, copy, dt);
+    case GradDtype::kBFloat16: return adagrad_copy<kL2, kBf16Grad>(s, n, p, g, sum, copy, dt);
   }
 }
 
@@ -191,17 +240,17 @@ void adagrad_copy(const AdagradScalars& s, int64_t n, float* p, const float* g, 
 
 }  // namespace
 
-void adam_avx2(const AdamScalars& s, int64_t n, float* p, const float* g, float* m, float* v,
-               uint16_t* copy, CopyDtype dt) {
-  if (s.apply_l2) return adam_copy<true, false>(s, n, p, g, m, v, copy, dt);
-  if (s.apply_decay) return adam_copy<false, true>(s, n, p, g, m, v, copy, dt);
-  adam_copy<false, false>(s, n, p, g, m, v, copy, dt);
+void adam_avx2(const AdamScalars& s, int64_t n, float* p, const void* g, GradDtype gt, float* m, float* v,
+                 uint16_t* copy, CopyDtype dt) {
+  if (s.apply_l2) return adam_grad<true, false>(s, n, p, g, gt, m, v, copy, dt);
+  if (s.apply_decay) return adam_grad<false, true>(s, n, p, g, gt, m, v, copy, dt);
+  adam_grad<false, false>(s, n, p, g, gt, m, v, copy, dt);
 }
 
-void adagrad_avx2(const AdagradScalars& s, int64_t n, float* p, const float* g, float* sum,
-                  uint16_t* copy, CopyDtype dt) {
-  if (s.apply_l2) return adagrad_copy<true>(s, n, p, g, sum, copy, dt);
-  adagrad_copy<false>(s, n, p, g, sum, copy, dt);
+void adagrad_avx2(const AdagradScalars& s, int64_t n, float* p, const void* g, GradDtype gt, float* sum,
+                    uint16_t* copy, CopyDtype dt) {
+  if (s.apply_l2) return adagrad_grad<true>(s, n, p, g, gt, sum, copy, dt);
+  adagrad_grad<false>(s, n, p, g, gt, sum, copy, dt);
 }
 
 }  // namespace zero::offload::detail

@@ -19,6 +19,9 @@ namespace {
 
 constexpr int kHalf = static_cast<int>(CopyDtype::kHalf);
 constexpr int kBf16 = static_cast<int>(CopyDtype::kBFloat16);
+constexpr int kFloatGrad = static_cast<int>(GradDtype::kFloat);
+constexpr int kHalfGrad = static_cast<int>(GradDtype::kHalf);
+constexpr int kBf16Grad = static_cast<int>(GradDtype::kBFloat16);
 
 // 16 fp32 -> 16 fp16 or bf16 bits (round to nearest even; NaN stays NaN),
 // stored under `mask`.
@@ -39,18 +42,33 @@ ZERO_INLINE void store_copy16(uint16_t* dst, __m512 x, __mmask16 mask) {
   }
 }
 
+// 16 gradient elements under `mask`, widened to fp32 and scaled.
+template <int kGrad>
+ZERO_INLINE __m512 load_grad16(const typename GradElement<kGrad>::T* g, __mmask16 mask, __m512 scale) {
+  __m512 x;
+  if constexpr (kGrad == kFloatGrad) {
+    x = _mm512_maskz_loadu_ps(mask, g);
+  } else if constexpr (kGrad == kHalfGrad) {
+    x = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, g));
+  } else {
+    x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, g)), 16));
+  }
+  return _mm512_mul_ps(x, scale);
+}
+
 struct AdamV {
-  __m512 beta1, omb1, beta2, omb2, eps, step_size, inv_sqrt_bc2, l2, decay;
+  __m512 beta1, omb1, beta2, omb2, eps, step_size, inv_sqrt_bc2, l2, decay, grad_scale;
   explicit AdamV(const AdamScalars& s)
       : beta1(_mm512_set1_ps(s.beta1)), omb1(_mm512_set1_ps(s.omb1)), beta2(_mm512_set1_ps(s.beta2)),
         omb2(_mm512_set1_ps(s.omb2)), eps(_mm512_set1_ps(s.eps)), step_size(_mm512_set1_ps(s.step_size)),
-        inv_sqrt_bc2(_mm512_set1_ps(s.inv_sqrt_bc2)), l2(_mm512_set1_ps(s.l2)), decay(_mm512_set1_ps(s.decay)) {}
+        inv_sqrt_bc2(_mm512_set1_ps(s.inv_sqrt_bc2)), l2(_mm512_set1_ps(s.l2)), decay(_mm512_set1_ps(s.decay)),
+        grad_scale(_mm512_set1_ps(s.grad_scale)) {}
 };
 
-template <bool kL2, bool kDecay, int kCopy>
-ZERO_INLINE void adam16(const AdamV& c, float* p, const float* g, float* m, float* v, uint16_t* copy,
-                        __mmask16 k) {
-  __m512 gv = _mm512_maskz_loadu_ps(k, g);
+template <bool kL2, bool kDecay, int kGrad, int kCopy>
+ZERO_INLINE void adam16(const AdamV& c, float* p, const typename GradElement<kGrad>::T* g, float* m, float* v,
+                        uint16_t* copy, __mmask16 k) {
+  __m512 gv = load_grad16<kGrad>(g, k, c.grad_scale);
   __m512 pv = _mm512_maskz_loadu_ps(k, p);
   if constexpr (kL2) gv = _mm512_fmadd_ps(c.l2, pv, gv);
   if constexpr (kDecay) pv = _mm512_mul_ps(pv, c.decay);
@@ -81,37 +99,40 @@ inline __mmask16 first_lanes(int64_t k) { return static_cast<__mmask16>((1u << k
 // iteration: ~5-10% more bandwidth than the hardware prefetchers alone on the
 // machine of bench/results/cpu_adam.md. Prefetches never fault, so running
 // past the end of an array is harmless.
-constexpr int64_t kPrefetchAhead = 512;  // floats
-ZERO_INLINE void prefetch_ahead(const float* a) {
+constexpr int64_t kPrefetchAhead = 512;  // elements
+template <class T>
+ZERO_INLINE void prefetch_ahead(const T* a) {
   _mm_prefetch(reinterpret_cast<const char*>(a + kPrefetchAhead), _MM_HINT_T1);
 }
 
-template <bool kL2, bool kDecay, int kCopy>
-void adam_loop(const AdamScalars& s, int64_t n, float* p, const float* g, float* m, float* v,
+template <bool kL2, bool kDecay, int kGrad, int kCopy>
+void adam_loop(const AdamScalars& s, int64_t n, float* p, const void* grad, float* m, float* v,
                uint16_t* copy) {
   const AdamV c(s);
+  const auto* g = static_cast<const typename GradElement<kGrad>::T*>(grad);
   int64_t i = head_count(p, n);
-  if (i > 0) adam16<kL2, kDecay, kCopy>(c, p, g, m, v, copy, first_lanes(i));
+  if (i > 0) adam16<kL2, kDecay, kGrad, kCopy>(c, p, g, m, v, copy, first_lanes(i));
   for (; i + 16 <= n; i += 16) {
     prefetch_ahead(p + i);
     prefetch_ahead(g + i);
     prefetch_ahead(m + i);
     prefetch_ahead(v + i);
-    adam16<kL2, kDecay, kCopy>(c, p + i, g + i, m + i, v + i, kCopy ? copy + i : nullptr, 0xFFFF);
+    adam16<kL2, kDecay, kGrad, kCopy>(c, p + i, g + i, m + i, v + i, kCopy ? copy + i : nullptr, 0xFFFF);
   }
-  if (i < n) adam16<kL2, kDecay, kCopy>(c, p + i, g + i, m + i, v + i, kCopy ? copy + i : nullptr, first_lanes(n - i));
+  if (i < n) adam16<kL2, kDecay, kGrad, kCopy>(c, p + i, g + i, m + i, v + i, kCopy ? copy + i : nullptr, first_lanes(n - i));
 }
 
 struct AdagradV {
-  __m512 eps, clr, l2;
+  __m512 eps, clr, l2, grad_scale;
   explicit AdagradV(const AdagradScalars& s)
-      : eps(_mm512_set1_ps(s.eps)), clr(_mm512_set1_ps(s.clr)), l2(_mm512_set1_ps(s.l2)) {}
+      : eps(_mm512_set1_ps(s.eps)), clr(_mm512_set1_ps(s.clr)), l2(_mm512_set1_ps(s.l2)),
+        grad_scale(_mm512_set1_ps(s.grad_scale)) {}
 };
 
-template <bool kL2, int kCopy>
-ZERO_INLINE void adagrad16(const AdagradV& c, float* p, const float* g, float* sum, uint16_t* copy,
-                           __mmask16 k) {
-  __m512 gv = _mm512_maskz_loadu_ps(k, g);
+template <bool kL2, int kGrad, int kCopy>
+ZERO_INLINE void adagrad16(const AdagradV& c, float* p, const typename GradElement<kGrad>::T* g, float* sum,
+                           uint16_t* copy, __mmask16 k) {
+  __m512 gv = load_grad16<kGrad>(g, k, c.grad_scale);
   __m512 pv = _mm512_maskz_loadu_ps(k, p);
   if constexpr (kL2) gv = _mm512_fmadd_ps(c.l2, pv, gv);
   const __m512 sv = _mm512_fmadd_ps(gv, gv, _mm512_maskz_loadu_ps(k, sum));
@@ -122,38 +143,59 @@ ZERO_INLINE void adagrad16(const AdagradV& c, float* p, const float* g, float* s
   store_copy16<kCopy>(copy, pv, k);
 }
 
-template <bool kL2, int kCopy>
-void adagrad_loop(const AdagradScalars& s, int64_t n, float* p, const float* g, float* sum,
+template <bool kL2, int kGrad, int kCopy>
+void adagrad_loop(const AdagradScalars& s, int64_t n, float* p, const void* grad, float* sum,
                   uint16_t* copy) {
   const AdagradV c(s);
+  const auto* g = static_cast<const typename GradElement<kGrad>::T*>(grad);
   int64_t i = head_count(p, n);
-  if (i > 0) adagrad16<kL2, kCopy>(c, p, g, sum, copy, first_lanes(i));
+  if (i > 0) adagrad16<kL2, kGrad, kCopy>(c, p, g, sum, copy, first_lanes(i));
   for (; i + 16 <= n; i += 16) {
     prefetch_ahead(p + i);
     prefetch_ahead(g + i);
     prefetch_ahead(sum + i);
-    adagrad16<kL2, kCopy>(c, p + i, g + i, sum + i, kCopy ? copy + i : nullptr, 0xFFFF);
+    adagrad16<kL2, kGrad, kCopy>(c, p + i, g + i, sum + i, kCopy ? copy + i : nullptr, 0xFFFF);
   }
-  if (i < n) adagrad16<kL2, kCopy>(c, p + i, g + i, sum + i, kCopy ? copy + i : nullptr, first_lanes(n - i));
+  if (i < n) adagrad16<kL2, kGrad, kCopy>(c, p + i, g + i, sum + i, kCopy ? copy + i : nullptr, first_lanes(n - i));
+}
+
+template <bool kL2, bool kDecay, int kGrad>
+void adam_copy(const AdamScalars& s, int64_t n, float* p, const void* g, float* m, float* v, uint16_t* copy,
+               CopyDtype dt) {
+  switch (dt) {
+    case CopyDtype::kNone: return adam_loop<kL2, kDecay, kGrad, 0>(s, n, p, g, m, v, copy);
+    case CopyDtype::kHalf: return adam_loop<kL2, kDecay, kGrad, kHalf>(s, n, p, g, m, v, copy);
+    case CopyDtype::kBFloat16: return adam_loop<kL2, kDecay, kGrad, kBf16>(s, n, p, g, m, v, copy);
+  }
 }
 
 template <bool kL2, bool kDecay>
-void adam_copy(const AdamScalars& s, int64_t n, float* p, const float* g, float* m, float* v,
+void adam_grad(const AdamScalars& s, int64_t n, float* p, const void* g, GradDtype gt, float* m, float* v,
                uint16_t* copy, CopyDtype dt) {
+  switch (gt) {
+    case GradDtype::kFloat: return adam_copy<kL2, kDecay, kFloatGrad>(s, n, p, g, m, v, copy, dt);
+    case GradDtype::kHalf: return adam_copy<kL2, kDecay, kHalfGrad>(s, n, p, g, m, v, copy, dt);
+    case GradDtype::kBFloat16: return adam_copy<kL2, kDecay, kBf16Grad>(s, n, p, g, m, v, copy, dt);
+  }
+}
+
+template <bool kL2, int kGrad>
+void adagrad_copy(const AdagradScalars& s, int64_t n, float* p, const void* g, float* sum, uint16_t* copy,
+                  CopyDtype dt) {
   switch (dt) {
-    case CopyDtype::kNone: return adam_loop<kL2, kDecay, 0>(s, n, p, g, m, v, copy);
-    case CopyDtype::kHalf: return adam_loop<kL2, kDecay, kHalf>(s, n, p, g, m, v, copy);
-    case CopyDtype::kBFloat16: return adam_loop<kL2, kDecay, kBf16>(s, n, p, g, m, v, copy);
+    case CopyDtype::kNone: return adagrad_loop<kL2, kGrad, 0>(s, n, p, g, sum, copy);
+    case CopyDtype::kHalf: return adagrad_loop<kL2, kGrad, kHalf>(s, n, p, g, sum, copy);
+    case CopyDtype::kBFloat16: return adagrad_loop<kL2, kGrad, kBf16>(s, n, p, g, sum, copy);
   }
 }
 
 template <bool kL2>
-void adagrad_copy(const AdagradScalars& s, int64_t n, float* p, const float* g, float* sum,
+void adagrad_grad(const AdagradScalars& s, int64_t n, float* p, const void* g, GradDtype gt, float* sum,
                   uint16_t* copy, CopyDtype dt) {
-  switch (dt) {
-    case CopyDtype::kNone: return adagrad_loop<kL2, 0>(s, n, p, g, sum, copy);
-    case CopyDtype::kHalf: return adagrad_loop<kL2, kHalf>(s, n, p, g, sum, copy);
-    case CopyDtype::kBFloat16: return adagrad_loop<kL2, kBf16>(s, n, p, g, sum, copy);
+  switch (gt) {
+    case GradDtype::kFloat: return adagrad_copy<kL2, kFloatGrad>(s, n, p, g, sum, copy, dt);
+    case GradDtype::kHalf: return adagrad_copy<kL2, kHalfGrad>(s, n, p, g, sum, copy, dt);
+    case GradDtype::kBFloat16: return adagrad_copy<kL2, kBf16Grad>(s, n, p, g, sum, copy, dt);
   }
 }
 
@@ -161,17 +203,17 @@ void adagrad_copy(const AdagradScalars& s, int64_t n, float* p, const float* g, 
 
 }  // namespace
 
-void adam_avx512(const AdamScalars& s, int64_t n, float* p, const float* g, float* m, float* v,
+void adam_avx512(const AdamScalars& s, int64_t n, float* p, const void* g, GradDtype gt, float* m, float* v,
                  uint16_t* copy, CopyDtype dt) {
-  if (s.apply_l2) return adam_copy<true, false>(s, n, p, g, m, v, copy, dt);
-  if (s.apply_decay) return adam_copy<false, true>(s, n, p, g, m, v, copy, dt);
-  adam_copy<false, false>(s, n, p, g, m, v, copy, dt);
+  if (s.apply_l2) return adam_grad<true, false>(s, n, p, g, gt, m, v, copy, dt);
+  if (s.apply_decay) return adam_grad<false, true>(s, n, p, g, gt, m, v, copy, dt);
+  adam_grad<false, false>(s, n, p, g, gt, m, v, copy, dt);
 }
 
-void adagrad_avx512(const AdagradScalars& s, int64_t n, float* p, const float* g, float* sum,
+void adagrad_avx512(const AdagradScalars& s, int64_t n, float* p, const void* g, GradDtype gt, float* sum,
                     uint16_t* copy, CopyDtype dt) {
-  if (s.apply_l2) return adagrad_copy<true>(s, n, p, g, sum, copy, dt);
-  adagrad_copy<false>(s, n, p, g, sum, copy, dt);
+  if (s.apply_l2) return adagrad_grad<true>(s, n, p, g, gt, sum, copy, dt);
+  adagrad_grad<false>(s, n, p, g, gt, sum, copy, dt);
 }
 
 }  // namespace zero::offload::detail

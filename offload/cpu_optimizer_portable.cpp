@@ -54,6 +54,18 @@ inline uint16_t bf16_bits(float x) {
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
+// A gradient element widened to fp32 and scaled.
+template <int kGrad>
+inline float grad_at(const typename GradElement<kGrad>::T* g, int64_t i, float scale) {
+  if constexpr (kGrad == static_cast<int>(GradDtype::kFloat)) {
+    return g[i] * scale;
+  } else if constexpr (kGrad == static_cast<int>(GradDtype::kHalf)) {
+    return widen_half(g[i]) * scale;
+  } else {
+    return widen_bf16(g[i]) * scale;
+  }
+}
+
 // a * b + c, rounded once to float (but for double rounding).
 inline float mul_add(float a, float b, float c) {
   return static_cast<float>(static_cast<double>(a) * static_cast<double>(b) + static_cast<double>(c));
@@ -65,13 +77,15 @@ inline void store_copy(uint16_t* copy, int64_t i, float x) {
   if constexpr (kCopy == static_cast<int>(CopyDtype::kBFloat16)) copy[i] = bf16_bits(x);
 }
 
-template <bool kL2, bool kDecay, int kCopy>
-void adam_loop(const AdamScalars& s, int64_t n, float* __restrict p, const float* __restrict g,
-               float* __restrict m, float* __restrict v, uint16_t* __restrict copy) {
+template <bool kL2, bool kDecay, int kGrad, int kCopy>
+void adam_loop(const AdamScalars& s, int64_t n, float* __restrict p, const void* grad, float* __restrict m,
+               float* __restrict v, uint16_t* __restrict copy) {
   const float beta1 = s.beta1, omb1 = s.omb1, beta2 = s.beta2, omb2 = s.omb2, eps = s.eps;
   const float step_size = s.step_size, inv_sqrt_bc2 = s.inv_sqrt_bc2, l2 = s.l2, decay = s.decay;
+  const float scale = s.grad_scale;
+  const auto* __restrict g = static_cast<const typename GradElement<kGrad>::T*>(grad);
   for (int64_t i = 0; i < n; ++i) {
-    float gi = g[i];
+    float gi = grad_at<kGrad>(g, i, scale);
     float pi = p[i];
     if constexpr (kL2) gi = mul_add(l2, pi, gi);
     if constexpr (kDecay) pi = pi * decay;
@@ -86,12 +100,13 @@ void adam_loop(const AdamScalars& s, int64_t n, float* __restrict p, const float
   }
 }
 
-template <bool kL2, int kCopy>
-void adagrad_loop(const AdagradScalars& s, int64_t n, float* __restrict p, const float* __restrict g,
+template <bool kL2, int kGrad, int kCopy>
+void adagrad_loop(const AdagradScalars& s, int64_t n, float* __restrict p, const void* grad,
                   float* __restrict sum, uint16_t* __restrict copy) {
-  const float eps = s.eps, clr = s.clr, l2 = s.l2;
+  const float eps = s.eps, clr = s.clr, l2 = s.l2, scale = s.grad_scale;
+  const auto* __restrict g = static_cast<const typename GradElement<kGrad>::T*>(grad);
   for (int64_t i = 0; i < n; ++i) {
-    float gi = g[i];
+    float gi = grad_at<kGrad>(g, i, scale);
     float pi = p[i];
     if constexpr (kL2) gi = mul_add(l2, pi, gi);
     const float si = mul_add(gi, gi, sum[i]);
@@ -103,42 +118,64 @@ void adagrad_loop(const AdagradScalars& s, int64_t n, float* __restrict p, const
   }
 }
 
-template <bool kL2, bool kDecay>
-void adam_copy(const AdamScalars& s, int64_t n, float* p, const float* g, float* m, float* v,
-               uint16_t* copy, CopyDtype dt) {
+template <bool kL2, bool kDecay, int kGrad>
+void adam_copy(const AdamScalars& s, int64_t n, float* p, const void* g, float* m, float* v, uint16_t* copy,
+               CopyDtype dt) {
   switch (dt) {
-    case CopyDtype::kNone: return adam_loop<kL2, kDecay, 0>(s, n, p, g, m, v, copy);
-    case CopyDtype::kHalf: return adam_loop<kL2, kDecay, 1>(s, n, p, g, m, v, copy);
-    case CopyDtype::kBFloat16: return adam_loop<kL2, kDecay, 2>(s, n, p, g, m, v, copy);
+    case CopyDtype::kNone: return adam_loop<kL2, kDecay, kGrad, 0>(s, n, p, g, m, v, copy);
+    case CopyDtype::kHalf: return adam_loop<kL2, kDecay, kGrad, 1>(s, n, p, g, m, v, copy);
+    case CopyDtype::kBFloat16: return adam_loop<kL2, kDecay, kGrad, 2>(s, n, p, g, m, v, copy);
+  }
+}
+
+template <bool kL2, bool kDecay>
+void adam_grad(const AdamScalars& s, int64_t n, float* p, const void* g, GradDtype gt, float* m, float* v,
+               uint16_t* copy, CopyDtype dt) {
+  switch (gt) {
+    case GradDtype::kFloat: return adam_copy<kL2, kDecay, 0>(s, n, p, g, m, v, copy, dt);
+    case GradDtype::kHalf: return adam_copy<kL2, kDecay, 1>(s, n, p, g, m, v, copy, dt);
+    case GradDtype::kBFloat16: return adam_copy<kL2, kDecay, 2>(s, n, p, g, m, v, copy, dt);
+  }
+}
+
+template <bool kL2, int kGrad>
+void adagrad_copy(const AdagradScalars& s, int64_t n, float* p, const void* g, float* sum, uint16_t* copy,
+                  CopyDtype dt) {
+  switch (dt) {
+    case CopyDtype::kNone: return adagrad_loop<kL2, kGrad, 0>(s, n, p, g, sum, copy);
+    case CopyDtype::kHalf: return adagrad_loop<kL2, kGrad, 1>(s, n, p, g, sum, copy);
+    case CopyDtype::kBFloat16: return adagrad_loop<kL2, kGrad, 2>(s, n, p, g, sum, copy);
   }
 }
 
 template <bool kL2>
-void adagrad_copy(const AdagradScalars& s, int64_t n, float* p, const float* g, float* sum,
+void adagrad_grad(const AdagradScalars& s, int64_t n, float* p, const void* g, GradDtype gt, float* sum,
                   uint16_t* copy, CopyDtype dt) {
-  switch (dt) {
-    case CopyDtype::kNone: return adagrad_loop<kL2, 0>(s, n, p, g, sum, copy);
-    case CopyDtype::kHalf: return adagrad_loop<kL2, 1>(s, n, p, g, sum, copy);
-    case CopyDtype::kBFloat16: return adagrad_loop<kL2, 2>(s, n, p, g, sum, copy);
+  switch (gt) {
+    case GradDtype::kFloat: return adagrad_copy<kL2, 0>(s, n, p, g, sum, copy, dt);
+    case GradDtype::kHalf: return adagrad_copy<kL2, 1>(s, n, p, g, sum, copy, dt);
+    case GradDtype::kBFloat16: return adagrad_copy<kL2, 2>(s, n, p, g, sum, copy, dt);
   }
 }
 
 static_assert(static_cast<int>(CopyDtype::kNone) == 0 && static_cast<int>(CopyDtype::kHalf) == 1 &&
               static_cast<int>(CopyDtype::kBFloat16) == 2);
+static_assert(static_cast<int>(GradDtype::kFloat) == 0 && static_cast<int>(GradDtype::kHalf) == 1 &&
+              static_cast<int>(GradDtype::kBFloat16) == 2);
 
 }  // namespace
 
-void adam_portable(const AdamScalars& s, int64_t n, float* p, const float* g, float* m, float* v,
-                   uint16_t* copy, CopyDtype dt) {
-  if (s.apply_l2) return adam_copy<true, false>(s, n, p, g, m, v, copy, dt);
-  if (s.apply_decay) return adam_copy<false, true>(s, n, p, g, m, v, copy, dt);
-  adam_copy<false, false>(s, n, p, g, m, v, copy, dt);
+void adam_portable(const AdamScalars& s, int64_t n, float* p, const void* g, GradDtype gt, float* m, float* v,
+                 uint16_t* copy, CopyDtype dt) {
+  if (s.apply_l2) return adam_grad<true, false>(s, n, p, g, gt, m, v, copy, dt);
+  if (s.apply_decay) return adam_grad<false, true>(s, n, p, g, gt, m, v, copy, dt);
+  adam_grad<false, false>(s, n, p, g, gt, m, v, copy, dt);
 }
 
-void adagrad_portable(const AdagradScalars& s, int64_t n, float* p, const float* g, float* sum,
-                      uint16_t* copy, CopyDtype dt) {
-  if (s.apply_l2) return adagrad_copy<true>(s, n, p, g, sum, copy, dt);
-  adagrad_copy<false>(s, n, p, g, sum, copy, dt);
+void adagrad_portable(const AdagradScalars& s, int64_t n, float* p, const void* g, GradDtype gt, float* sum,
+                    uint16_t* copy, CopyDtype dt) {
+  if (s.apply_l2) return adagrad_grad<true>(s, n, p, g, gt, sum, copy, dt);
+  adagrad_grad<false>(s, n, p, g, gt, sum, copy, dt);
 }
 
 }  // namespace zero::offload::detail

@@ -96,7 +96,8 @@ MemoryEstimate estimate_memory(const EstimateInput& in) {
     MemoryBytes& to = nvme ? m.nvme : m.host;
     to.fp32_master = s * 4;   // with fp32 training too: the CPU optimizer's copy of the shard
     to.optimizer_states = s * k;
-    m.host.gradients = s * 4;  // the fp32 gradient shard the CPU optimizer reads
+    // The reduced gradient shard the CPU optimizer reads, in the training dtype.
+    if (in.accelerator) m.host.gradients = s * b;
     // The training-dtype shard the CPU optimizer writes, then sent to the device.
     if (in.mixed_precision || nvme) m.host.params += s * b;
     d.fp32_master = 0;

@@ -63,6 +63,10 @@ struct EstimateInput {
   int64_t stage3_max_live_parameters = 1000000000;  // elements
   std::string offload_optimizer = "none";  // "none" | "cpu" | "nvme"
   std::string offload_param = "none";      // "none" | "cpu" | "nvme"
+  // The parameters live on an accelerator (the usual case). With CPU ranks
+  // the offload optimizer reads the gradient shard where it was reduced, so
+  // the host holds no second copy of it.
+  bool accelerator = true;
   // NVMe staging buffers in host memory (DeepSpeed's defaults).
   int64_t sub_group_size = 1000000000;             // elements
   int64_t offload_optimizer_buffer_count = 4;

@@ -26,8 +26,11 @@
 // Note [Offload copies]: with offload_optimizer the master weights (and the
 // optimizer's states, made by the optimizer beside them) live in host
 // memory, apart from the parameters even in fp32 when the parameters are on
-// an accelerator. The reduced gradients are copied to host fp32 tensors
-// (attach_master_grads); in mixed precision the host optimizer also writes
+// an accelerator. The reduced gradients stay in the training dtype: copied
+// to host tensors as each bucket is reduced when the parameters are on an
+// accelerator, read in place when they are in host memory; the host
+// optimizer widens them and applies the loss scale and clipping as it reads
+// them (no fp32 copy, no pass of their own). In mixed precision it also writes
 // each updated shard in the training dtype to a host `copy` in the same
 // pass, which publish() all-gathers (after one host-to-device copy) instead
 // of converting the master weights again.
@@ -127,7 +130,7 @@ class ShardedParams {
   void detach_master_grads();
   double local_grad_sq_norm() const;
   bool local_grads_finite() const;
-  void scale_master_grads(double factor);
+  void scale_master_grads(double factor);  // not with offload: the host optimizer scales
   // Copies the updated master weights into the parameters (all-gathering
   // the buckets that stay gathered). `copies_fresh`: the host optimizer has
   // just written offload_copies() (Note [Offload copies]).
@@ -221,7 +224,7 @@ class ShardedParams {
   int64_t max_bucket_numel_ = 0;
   std::vector<std::vector<at::Tensor>> master_;
   std::vector<at::Tensor> master_flat_;    // per bucket, same tensors as master_
-  std::vector<at::Tensor> master_grads_;   // offload: per bucket, host fp32 gradients
+  std::vector<at::Tensor> master_grads_;   // offload: per bucket, host gradients (training dtype; none on CPU ranks)
   std::vector<at::Tensor> offload_copies_; // Note [Offload copies]
   std::unique_ptr<offload::SwappedTensors> param_store_;  // offload_param "nvme"
   std::vector<int> param_writes_;                         // shard writes in flight

@@ -3,6 +3,8 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/cuda.h>
 
+#include <cmath>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -124,7 +126,9 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
     if (options_.offload_optimizer) {  // Note [Offload copies]
       m = host_tensor(values.slice(0, start, start + b.shard_numel), at::kFloat);
       if (mixed || options_.offload_master_to_disk) offload_copies_.push_back(host_tensor(m, options_.dtype));
-      master_grads_.push_back(m.device() == device && !mixed ? at::Tensor() : host_tensor(m, at::kFloat, /*zeros=*/true));
+      // The reduced gradients, in the training dtype: copied to the host
+      // when the parameters are elsewhere; read in place when they are there.
+      master_grads_.push_back(m.device() == device ? at::Tensor() : host_tensor(m, options_.dtype, /*zeros=*/true));
     } else {
       // Separate from the parameters in mixed precision, or when the shard
       // leaves for the host or disk.
@@ -326,11 +330,15 @@ void ShardedParams::attach_master_grads() {
     } else {
       grad = partition_slice(b);
     }
-    if (!master_grads_.empty() && master_grads_[k].defined()) {
-      // To the host optimizer, in fp32 (Note [Offload copies]); stages 2-3
-      // copied it when the bucket was reduced.
-      if (!b.grad_on_host) master_grads_[k].copy_(grad);
-      grad = master_grads_[k];
+    if (options_.offload_optimizer) {
+      // The host optimizer reads the gradient in the training dtype (Note
+      // [Offload copies]); stages 2-3 copied it when the bucket was reduced.
+      if (master_grads_[k].defined()) {
+        if (!b.grad_on_host) master_grads_[k].copy_(grad);
+        grad = master_grads_[k];
+      }
+      master_flat_[k].mutable_grad() = grad;
+      continue;
     }
     master_flat_[k].mutable_grad() = grad.scalar_type() == at::kFloat ? grad : grad.to(at::kFloat);
   }
@@ -341,15 +349,29 @@ void ShardedParams::detach_master_grads() {
   for (auto& b : buckets_) b.grad_on_host = false;
 }
 
+namespace {
+// Host gradients the fused sum-of-squares pass reads: contiguous fp32, fp16 or bf16.
+std::optional<offload::GradArray> host_grad(const at::Tensor& g) {
+  if (!g.is_cpu() || !g.is_contiguous()) return std::nullopt;
+  switch (g.scalar_type()) {
+    case at::kFloat: return offload::GradArray(g.data_ptr<float>());
+    case at::kHalf: return offload::GradArray(static_cast<const uint16_t*>(g.data_ptr()), offload::GradDtype::kHalf);
+    case at::kBFloat16:
+      return offload::GradArray(static_cast<const uint16_t*>(g.data_ptr()), offload::GradDtype::kBFloat16);
+    default: return std::nullopt;
+  }
+}
+}  // namespace
+
 // One device-to-host read per call, not one per bucket.
 double ShardedParams::local_grad_sq_norm() const {
   if (master_flat_.empty()) return 0.0;
-  double host = 0.0;  // host fp32 gradients (offload, CPU ranks): one fused pass
+  double host = 0.0;  // host gradients (offload, CPU ranks): one fused pass
   at::Tensor sum = at::zeros({}, master_flat_.front().options().dtype(at::kDouble));
   for (const auto& m : master_flat_) {
     const at::Tensor& g = m.grad();
-    if (g.is_cpu() && g.scalar_type() == at::kFloat && g.is_contiguous()) {
-      host += offload::sum_of_squares(g.data_ptr<float>(), g.numel());
+    if (auto h = host_grad(g)) {
+      host += offload::sum_of_squares(*h, g.numel());
     } else {
       sum += g.pow(2).sum(at::kDouble);
     }
@@ -360,11 +382,21 @@ double ShardedParams::local_grad_sq_norm() const {
 bool ShardedParams::local_grads_finite() const {
   if (master_flat_.empty()) return true;
   at::Tensor finite = at::ones({}, master_flat_.front().options().dtype(at::kBool));
-  for (const auto& m : master_flat_) finite.logical_and_(m.grad().isfinite().all());
-  return finite.item<bool>();
+  bool host_finite = true;  // the sum of squares is finite exactly when every element is
+  for (const auto& m : master_flat_) {
+    if (auto h = host_grad(m.grad())) {
+      host_finite = host_finite && std::isfinite(offload::sum_of_squares(*h, m.grad().numel()));
+    } else {
+      finite.logical_and_(m.grad().isfinite().all());
+    }
+  }
+  return host_finite && finite.item<bool>();
 }
 
 void ShardedParams::scale_master_grads(double factor) {
+  if (options_.offload_optimizer) {
+    throw PartitionError("scale_master_grads: with offload the host optimizer applies the scale as it reads the gradients");
+  }
   for (auto& m : master_flat_) m.mutable_grad().mul_(factor);
 }
 

@@ -247,6 +247,59 @@ TEST(CpuOptimizers, AdamWWithFp16CopyMatchesTorch) { against_torch(Kind::kAdamW,
 TEST(CpuOptimizers, AdamWithBf16CopyMatchesTorch) { against_torch(Kind::kAdam, CopyDtype::kBFloat16); }
 TEST(CpuOptimizers, AdagradWithBf16CopyMatchesTorch) { against_torch(Kind::kAdagrad, CopyDtype::kBFloat16); }
 
+// fp16/bf16 gradients (the training dtype's reduced gradients, as the
+// engine hands them over) scaled as they are read: against torch::optim on
+// the widened, scaled fp32 gradient, and the same bits as our step on that
+// fp32 gradient. 0.375 is not a power of two, so the scale rounds.
+void sixteen_bit_grads_against_torch(Kind kind, at::ScalarType grad_type) {
+  const Hyper h;
+  const float scale = 0.375f;
+  const auto gt = grad_type == at::kHalf ? zero::offload::GradDtype::kHalf : zero::offload::GradDtype::kBFloat16;
+  for (int64_t n : kSizes) {
+    torch::manual_seed(3000 + n);
+    const at::Tensor p0 = make_params(n);
+    at::Tensor tp = p0.clone();
+    auto opt = make_torch(kind, h, tp);
+    for (Simd simd : paths()) {
+      Ours ours(p0), widened(p0);
+      at::Tensor ref = p0.clone();
+      auto ref_opt = make_torch(kind, h, ref);
+      for (int64_t step = 1; step <= 3; ++step) {
+        const at::Tensor g16 = make_grad(n).to(grad_type);
+        const at::Tensor g32 = g16.to(at::kFloat).mul(scale);
+        ref.mutable_grad() = g32.clone();
+        ref_opt->step();
+        const std::string what = std::string(kind_name(kind)) + " " + zero::offload::simd_name(simd) +
+                                 (grad_type == at::kHalf ? " fp16" : " bf16") + " grads n=" + std::to_string(n) +
+                                 " step " + std::to_string(step);
+        const zero::offload::GradArray grad(static_cast<const uint16_t*>(g16.data_ptr()), gt);
+        if (kind == Kind::kAdagrad) {
+          AdagradStep a;
+          a.lr = h.lr, a.lr_decay = h.lr_decay, a.eps = h.eps, a.weight_decay = h.weight_decay, a.step = step;
+          zero::offload::adagrad_step(a, n, fp(widened.p), fp(g32), fp(widened.s1), nullptr, CopyDtype::kNone, simd);
+          a.grad_scale = scale;
+          zero::offload::adagrad_step(a, n, fp(ours.p), grad, fp(ours.s1), nullptr, CopyDtype::kNone, simd);
+        } else {
+          AdamStep a;
+          a.lr = h.lr, a.beta1 = h.beta1, a.beta2 = h.beta2, a.eps = h.eps, a.weight_decay = h.weight_decay;
+          a.decoupled_weight_decay = kind == Kind::kAdamW, a.step = step;
+          zero::offload::adam_step(a, n, fp(widened.p), fp(g32), fp(widened.s1), fp(widened.s2), nullptr,
+                                   CopyDtype::kNone, simd);
+          a.grad_scale = scale;
+          zero::offload::adam_step(a, n, fp(ours.p), grad, fp(ours.s1), fp(ours.s2), nullptr, CopyDtype::kNone, simd);
+        }
+        ASSERT_TRUE(near(what + " param", ours.p, ref));
+        ASSERT_TRUE(same_bits(what + " param vs the fp32 gradient", fp(ours.p), fp(widened.p), n * 4));
+        ASSERT_TRUE(same_bits(what + " state vs the fp32 gradient", fp(ours.s1), fp(widened.s1), n * 4));
+      }
+    }
+  }
+}
+
+TEST(CpuOptimizers, AdamWWithBf16GradientsMatchesTorch) { sixteen_bit_grads_against_torch(Kind::kAdamW, at::kBFloat16); }
+TEST(CpuOptimizers, AdamWithFp16GradientsMatchesTorch) { sixteen_bit_grads_against_torch(Kind::kAdam, at::kHalf); }
+TEST(CpuOptimizers, AdagradWithFp16GradientsMatchesTorch) { sixteen_bit_grads_against_torch(Kind::kAdagrad, at::kHalf); }
+
 // The comparison is tight enough to see a wrong bias correction (step off by
 // one) or a wrong epsilon: the tests above can fail.
 TEST(CpuOptimizers, ComparisonCatchesWrongStepOrEps) {
@@ -596,5 +649,30 @@ TEST(CpuOptimizers, SumOfSquares) {
     EXPECT_EQ(one, many) << n;
     x[n / 2] = INFINITY;
     EXPECT_FALSE(std::isfinite(zero::offload::sum_of_squares(p, n))) << n;
+  }
+}
+
+// fp16/bf16 gradients: the squares of their exact fp32 values, and an
+// fp16 overflow (inf) or a NaN makes the sum not finite.
+TEST(CpuOptimizers, SumOfSquaresOfSixteenBitGradients) {
+  for (at::ScalarType type : {at::kHalf, at::kBFloat16}) {
+    const auto gt = type == at::kHalf ? zero::offload::GradDtype::kHalf : zero::offload::GradDtype::kBFloat16;
+    for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{(1 << 20) + 3}}) {
+      // Subnormal, normal and large magnitudes (finite in fp16).
+      at::Tensor x = (torch::randn({n}, at::detail::createCPUGenerator(n)) *
+                      torch::exp(3 * torch::randn({n}, at::detail::createCPUGenerator(n + 1))))
+                         .clamp(-60000, 60000)
+                         .to(type);
+      const at::Tensor wide = x.to(at::kFloat);
+      double reference = 0.0;
+      for (int64_t i = 0; i < n; ++i) reference += static_cast<double>(wide.data_ptr<float>()[i]) * wide.data_ptr<float>()[i];
+      const zero::offload::GradArray grad(static_cast<const uint16_t*>(x.data_ptr()), gt);
+      // Heavy tails: the sequential reference itself rounds by up to ~1e-10.
+      EXPECT_NEAR(zero::offload::sum_of_squares(grad, n), reference, 1e-10 * reference) << n;
+      x[n / 2] = INFINITY;
+      EXPECT_FALSE(std::isfinite(zero::offload::sum_of_squares(grad, n))) << n;
+      x[n / 2] = NAN;
+      EXPECT_FALSE(std::isfinite(zero::offload::sum_of_squares(grad, n))) << n;
+    }
   }
 }

@@ -134,9 +134,9 @@ void expect_parity(const Case& c, const std::string& name, const std::string& of
 
 // zero-config --estimate's host and NVMe bytes against what the engine holds
 // (memory_report) for the same model and config; exact but for the padding
-// the engine adds per bucket (the estimate pads the whole model once). bf16
-// only: with fp32 on CPU ranks the engine's gradient shard already is in host
-// memory and gets no second copy, where the estimate counts an accelerator's.
+// the engine adds per bucket (the estimate pads the whole model once). On
+// CPU ranks the gradient shard already is in host memory and gets no second
+// copy (accelerator = false).
 void expect_estimate_matches(const Case& c, const std::string& offload) {
   zero::MemoryReport report;
   train(c, offload, &report);
@@ -150,6 +150,7 @@ void expect_estimate_matches(const Case& c, const std::string& offload) {
   in.reduce_bucket_size = 300;
   in.offload_optimizer = offload;
   in.sub_group_size = 500;
+  in.accelerator = false;
   const zero::MemoryEstimate m = zero::estimate_memory(in);
   const double slack = 0.02;  // per-bucket padding
   const std::string what = offload + " stage " + std::to_string(c.stage) + " " + c.dtype;
