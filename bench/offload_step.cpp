@@ -34,30 +34,32 @@
 //              stage 3 the gathers (with offload_param nvme: the reads of the
 //              shards from disk, waited for in the gather)
 //   backward   backward with the gradient reductions it overlaps; with
-//              offload_optimizer at stages 2-3, also the copy of each reduced
-//              gradient bucket into the host optimizer's fp32 buffers (what
-//              is device-to-host on an accelerator), made as the bucket's
-//              reduction finishes
+//              offload_optimizer at stages 2-3 on an accelerator, also the
+//              copy of each reduced gradient bucket to the host in the
+//              training dtype, made as the bucket's reduction finishes (CPU
+//              ranks: none, the host optimizer reads the partition in place)
 //   reduce     waiting for the last reductions (and their copies) after backward
 //   step       the optimizer step without the gather (norm, clip, update);
 //              of which "host kern." (the host optimizer's SIMD kernels) and
 //              "nvme wait" (offload_optimizer nvme: waiting for the reads and
 //              writes of master weights and Adam states); "step rest" is what
-//              is left: the gradient norm and its all-reduce, clipping (and
-//              at stage 1 the gradient copy to the host)
-//   gather     publishing the updated parameters: with offload, the copy of
-//              the host optimizer's output to the parameters' device (host-to-
-//              device on an accelerator), then the all-gather (persistent
-//              buckets) or the write into the shard (stage 3; with
-//              offload_param nvme, the shard's write to disk and its wait)
+//              is left: the gradient norm and its all-reduce, clipping
+//              (without offload a pass of its own; with offload the kernels
+//              apply it as they read), and with offload starting each
+//              bucket's way to the parameters as it is updated
+//   gather     publishing the updated parameters: without offload, the copy
+//              of the master weights into the parameters and the
+//              all-gather; with offload, waiting for what the step started
+//              (each bucket's host-to-device copy and all-gather begin as
+//              soon as the host optimizer has updated it, overlapping the
+//              next buckets' update; offload_param nvme: the shard's write)
 // Without offload the optimizer is torch::optim::AdamW on the partition, all
 // of it in "step rest". On CPU ranks there is no device memory: "device-to-
 // host" and "host-to-device" are host-memory copies here (the output says
 // so). The engine does not time the copy, the norm or the clipping apart,
-// so the program also times, in
-// the same run on each rank's partition size (Ψ/N elements), the gradient
-// copy into fp32, the norm, the clipping multiply and a torch::optim::AdamW
-// step, as references for what "step rest" is made of.
+// so the program also times, in the same run on each rank's partition size
+// (Ψ/N elements), what the engine does without offload: the gradient copy
+// into fp32, the norm, the clipping multiply and a torch::optim::AdamW step.
 // Memory: memory_report()'s host_offloaded and nvme_offloaded, max over ranks.
 #include <nlohmann/json.hpp>
 #include <tbb/global_control.h>
@@ -246,9 +248,9 @@ void merge(Result& into, const Result& r, int rounds_before) {
 
 // References for the parts of "step" the engine does not time apart, each
 // the median of 5 on one rank's partition (numel elements) in this process,
-// as the engine does them (engine.cpp take_step, sharded_params.cpp):
+// as the engine does them without offload (engine.cpp take_step, sharded_params.cpp):
 struct HostRefs {
-  double copy = 0;   // the gradient copy into the host optimizer's fp32 buffer ("device-to-host")
+  double copy = 0;   // the gradient copy into the fp32 master gradient
   double norm = 0;   // the local squared norm: grad.pow(2).sum(kDouble)
   double scale = 0;  // clipping: grad.mul_(factor)
   double adamw = 0;  // torch::optim::AdamW's step, the optimizer without offload
@@ -342,14 +344,14 @@ std::string table(const zero_bench::Flags& flags, const std::string& dtype, int 
                 r.step * 1e3, r.host_step * 1e3, r.nvme_wait * 1e3, rest * 1e3, r.gather * 1e3, r.host_bytes / 1e6,
                 r.nvme_bytes / 1e6, r.loss);
   }
-  add(out, "\nCPU ranks have no device memory: \"D2H\", the copy of the reduced gradients into the host "
-              "optimizer's fp32 buffers, is made as each bucket's reduction finishes (inside backward and reduce at "
-              "stages 2-3), \"H2D\", the copy of its output into the parameters, inside gather; both are "
-              "host-memory copies here. host kern. and nvme wait are parts of step; "
+  add(out, "\nCPU ranks have no device memory: the host optimizer reads the reduced gradients where they are and "
+              "writes the updated parameters into them, so offload has no device-to-host or host-to-device copy "
+              "here; each bucket's all-gather starts as the optimizer finishes it (step rest), gather waits for "
+              "what is left. host kern. and nvme wait are parts of step; "
               "without offload the optimizer is torch::optim::AdamW, counted in step rest. offload_param nvme's reads "
               "are waited for in forward/backward (stage 3 gathers) and its writes in gather.\n\n"
               "References, same run, one rank's partition (%.1f M elements, in pieces of reduce_bucket_size / N "
-              "as the engine's master tensors), ms: D2H copy (%s -> fp32 buffer) %.2f; "
+              "as the engine's master tensors), without offload, ms: gradient copy (%s -> fp32) %.2f; "
               "gradient norm (pow(2).sum in double) %.2f; clipping (mul_) %.2f; torch::optim::AdamW step %.2f.\n",
               double(psi) / N / 1e6, dtype.c_str(), refs.copy, refs.norm, refs.scale, refs.adamw);
   return out;

@@ -32,20 +32,22 @@ offload::GradArray host_grad(const at::Tensor& p, const char* what) {
                      std::to_string(p.numel()) + " elements");
 }
 
-void check_copies(const std::vector<torch::optim::OptimizerParamGroup>& groups, const std::vector<at::Tensor>& copies) {
-  if (copies.empty()) return;
-  size_t i = 0;
-  for (const auto& g : groups) {
-    for (const auto& p : g.params()) {
-      if (i >= copies.size()) throw OffloadError("fewer copy targets than offloaded tensors");
-      const at::Tensor& c = copies[i++];
-      const auto t = c.defined() ? c.scalar_type() : at::kFloat;
-      if (c.defined() && (c.numel() != p.numel() || (t != at::kHalf && t != at::kBFloat16 && t != at::kFloat) ||
-                          !c.is_cpu() || !c.is_contiguous())) {
-        throw OffloadError("a copy target must be a contiguous fp16/bf16/fp32 host tensor of its parameter's size");
-      }
-    }
+// The fused kernels write fp16/bf16 targets; an fp32 target is copied after.
+std::pair<uint16_t*, offload::CopyDtype> fused_copy(const at::Tensor& p, const at::Tensor& target) {
+  if (!target.defined()) return {nullptr, offload::CopyDtype::kNone};
+  const auto t = target.scalar_type();
+  if (!target.is_cpu() || !target.is_contiguous() || target.numel() != p.numel() ||
+      (t != at::kHalf && t != at::kBFloat16 && t != at::kFloat)) {
+    throw OffloadError("an updated parameter's target must be a contiguous fp16/bf16/fp32 host tensor of " +
+                       std::to_string(p.numel()) + " elements");
   }
+  if (t == at::kFloat) return {nullptr, offload::CopyDtype::kNone};
+  return {static_cast<uint16_t*>(target.data_ptr()),
+          t == at::kHalf ? offload::CopyDtype::kHalf : offload::CopyDtype::kBFloat16};
+}
+
+void finish_fp32_copy(const at::Tensor& p, const at::Tensor& target) {
+  if (target.defined() && target.scalar_type() == at::kFloat) target.copy_(p);
 }
 
 at::Tensor run_closure(torch::optim::Optimizer::LossClosure& closure) {
@@ -58,17 +60,13 @@ at::Tensor run_closure(torch::optim::Optimizer::LossClosure& closure) {
 
 // ---- HostOptimizer ----
 
-std::pair<uint16_t*, int> HostOptimizer::copy_of(size_t i) const {
-  if (copies_.empty() || !copies_[i].defined() || copies_[i].scalar_type() == at::kFloat) {
-    return {nullptr, static_cast<int>(offload::CopyDtype::kNone)};
+void HostOptimizer::update_one(torch::optim::OptimizerParamGroup& group, at::Tensor& p, size_t i) {
+  if (!sink_.target) return update(group, p, at::Tensor());
+  if (!p.grad().defined()) {
+    throw OffloadError("offloaded tensor " + std::to_string(i) + " has no gradient; its target would not be written");
   }
-  const at::Tensor& c = copies_[i];
-  const auto dtype = c.scalar_type() == at::kHalf ? offload::CopyDtype::kHalf : offload::CopyDtype::kBFloat16;
-  return {reinterpret_cast<uint16_t*>(c.data_ptr()), static_cast<int>(dtype)};
-}
-
-void HostOptimizer::finish_copy(size_t i, const at::Tensor& p) {
-  if (!copies_.empty() && copies_[i].defined() && copies_[i].scalar_type() == at::kFloat) copies_[i].copy_(p);
+  update(group, p, sink_.target(i));
+  if (sink_.written) sink_.written(i);
 }
 
 void HostOptimizer::use_store(offload::SwappedTensors* store, std::vector<std::vector<int>> ids, int64_t sub_group_numel) {
@@ -94,7 +92,7 @@ torch::Tensor HostOptimizer::step(LossClosure closure) {
   }
   if (!store_) {
     const auto start = Clock::now();
-    for (size_t i = 0; i < flat.size(); ++i) update(*flat[i].first, *flat[i].second, i);
+    for (size_t i = 0; i < flat.size(); ++i) update_one(*flat[i].first, *flat[i].second, i);
     timing_.compute_s += since(start);
     return loss;
   }
@@ -124,7 +122,7 @@ torch::Tensor HostOptimizer::step(LossClosure closure) {
     store_->wait_in(ids_of(s));
     timing_.nvme_wait_s += since(wait);
     const auto start = Clock::now();
-    for (size_t i : sub_groups[s]) update(*flat[i].first, *flat[i].second, i);
+    for (size_t i : sub_groups[s]) update_one(*flat[i].first, *flat[i].second, i);
     timing_.compute_s += since(start);
     wait = Clock::now();
     store_->swap_out(ids_of(s));
@@ -139,12 +137,10 @@ torch::Tensor HostOptimizer::step(LossClosure closure) {
 
 // ---- CpuAdam ----
 
-CpuAdam::CpuAdam(std::vector<torch::optim::OptimizerParamGroup> groups, bool decoupled, std::vector<at::Tensor> copies)
+CpuAdam::CpuAdam(std::vector<torch::optim::OptimizerParamGroup> groups, bool decoupled)
     : HostOptimizer(groups, decoupled ? std::unique_ptr<torch::optim::OptimizerOptions>(std::make_unique<torch::optim::AdamWOptions>())
                                       : std::make_unique<torch::optim::AdamOptions>()),
       decoupled_(decoupled) {
-  copies_ = std::move(copies);
-  check_copies(param_groups_, copies_);
   for (const auto& g : param_groups_) {
     for (const auto& p : g.params()) check_host_fp32(p, "CpuAdam");
   }
@@ -178,7 +174,7 @@ std::vector<at::Tensor> CpuAdam::states_of(const at::Tensor& p) {
   return {a.exp_avg(), a.exp_avg_sq()};
 }
 
-void CpuAdam::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, size_t i) {
+void CpuAdam::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& target) {
   if (!p.grad().defined()) return;
   const offload::GradArray grad = host_grad(p, "CpuAdam");
   offload::AdamStep h;
@@ -207,18 +203,16 @@ void CpuAdam::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, si
     a.step(a.step() + 1);
     h.step = a.step(), m = a.exp_avg(), v = a.exp_avg_sq();
   }
-  const auto [copy, copy_dtype] = copy_of(i);
-  offload::adam_step(h, p.numel(), p.data_ptr<float>(), grad, m.data_ptr<float>(),
-                     v.data_ptr<float>(), copy, static_cast<offload::CopyDtype>(copy_dtype));
-  finish_copy(i, p);
+  const auto [copy, copy_dtype] = fused_copy(p, target);
+  offload::adam_step(h, p.numel(), p.data_ptr<float>(), grad, m.data_ptr<float>(), v.data_ptr<float>(), copy,
+                     copy_dtype);
+  finish_fp32_copy(p, target);
 }
 
 // ---- CpuAdagrad ----
 
-CpuAdagrad::CpuAdagrad(std::vector<torch::optim::OptimizerParamGroup> groups, std::vector<at::Tensor> copies)
+CpuAdagrad::CpuAdagrad(std::vector<torch::optim::OptimizerParamGroup> groups)
     : HostOptimizer(groups, std::make_unique<torch::optim::AdagradOptions>()) {
-  copies_ = std::move(copies);
-  check_copies(param_groups_, copies_);
   for (auto& group : param_groups_) {  // torch::optim::Adagrad makes its state up front
     const auto& o = static_cast<const torch::optim::AdagradOptions&>(group.options());
     for (auto& p : group.params()) {
@@ -235,7 +229,7 @@ std::vector<at::Tensor> CpuAdagrad::states_of(const at::Tensor& p) {
   return {static_cast<torch::optim::AdagradParamState&>(*state_.at(state_key(p))).sum()};
 }
 
-void CpuAdagrad::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, size_t i) {
+void CpuAdagrad::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& target) {
   if (!p.grad().defined()) return;
   const offload::GradArray grad = host_grad(p, "CpuAdagrad");
   const auto& o = static_cast<const torch::optim::AdagradOptions&>(group.options());
@@ -246,10 +240,9 @@ void CpuAdagrad::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p,
   auto& s = static_cast<torch::optim::AdagradParamState&>(*state_.at(state_key(p)));
   s.step(s.step() + 1);
   h.step = s.step();
-  const auto [copy, copy_dtype] = copy_of(i);
-  offload::adagrad_step(h, p.numel(), p.data_ptr<float>(), grad, s.sum().data_ptr<float>(), copy,
-                        static_cast<offload::CopyDtype>(copy_dtype));
-  finish_copy(i, p);
+  const auto [copy, copy_dtype] = fused_copy(p, target);
+  offload::adagrad_step(h, p.numel(), p.data_ptr<float>(), grad, s.sum().data_ptr<float>(), copy, copy_dtype);
+  finish_fp32_copy(p, target);
 }
 
 }  // namespace zero::engine

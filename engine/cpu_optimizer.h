@@ -3,23 +3,36 @@
 // Adagrad semantics, state and options (so schedules, checkpoints and the
 // memory report treat them like the torch ones), stepped by the fused SIMD
 // kernels of offload/cpu_optimizer.h on host-resident fp32 tensors, whose
-// gradients may be fp32, fp16 or bf16 (the training dtype). When
-// given a training-dtype copy per tensor, the step writes the updated
-// parameter there in the same pass (Note [Offload copies] in partition.h).
+// gradients may be fp32, fp16 or bf16 (the training dtype). Given an
+// UpdateSink, the step writes each updated parameter in the training dtype
+// where the sink says, in the same pass, and tells the sink as each one is
+// done (Note [Offload copies] in partition.h).
 #include <torch/torch.h>
 
+#include <functional>
 #include <vector>
 
 #include "offload/swapped_tensors.h"
 
 namespace zero::engine {
 
-// What CpuAdam and CpuAdagrad share: the copies, the walk over the tensors
+// Where step() puts the updated parameters. Tensors are numbered in
+// param_groups() order, group by group.
+struct UpdateSink {
+  // The host tensor (fp16, bf16 or fp32, the tensor's numel) that receives
+  // tensor i's updated value in the update's pass; undefined: none.
+  std::function<at::Tensor(size_t i)> target;
+  // Tensor i's update and its target are complete.
+  std::function<void(size_t i)> written;
+};
+
+// What CpuAdam and CpuAdagrad share: the targets, the walk over the tensors
 // and, with NVMe offload, the pipeline over sub-groups.
 class HostOptimizer : public torch::optim::Optimizer {
  public:
   using Optimizer::Optimizer;
   torch::Tensor step(LossClosure closure = nullptr) override;
+  void set_update_sink(UpdateSink sink) { sink_ = std::move(sink); }
 
   // The state tensors of every parameter, made now (zeros, or what
   // torch::optim starts from) instead of at the first step.
@@ -44,15 +57,13 @@ class HostOptimizer : public torch::optim::Optimizer {
   Timing take_timing();
 
  protected:
-  // Updates flat parameter i (group by group) of `group`.
-  virtual void update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, size_t i) = 0;
-  // Training-dtype copy of flat parameter i, or none.
-  std::pair<uint16_t*, int> copy_of(size_t i) const;
-  void finish_copy(size_t i, const at::Tensor& p);  // fp32 copies (no fused path)
-  std::vector<at::Tensor> copies_;
+  // Updates `p` of `group`, writing its new value to `target` when defined.
+  virtual void update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& target) = 0;
   float grad_scale_ = 1.0f;
 
  private:
+  void update_one(torch::optim::OptimizerParamGroup& group, at::Tensor& p, size_t i);
+  UpdateSink sink_;
   offload::SwappedTensors* store_ = nullptr;
   Timing timing_;
   std::vector<std::vector<int>> ids_;
@@ -61,15 +72,13 @@ class HostOptimizer : public torch::optim::Optimizer {
 
 class CpuAdam : public HostOptimizer {
  public:
-  // groups carry AdamWOptions (decoupled weight decay) or AdamOptions (L2);
-  // copies: empty, or one host tensor (kHalf/kBFloat16/kFloat, same numel)
-  // per parameter, group by group.
-  CpuAdam(std::vector<torch::optim::OptimizerParamGroup> groups, bool decoupled, std::vector<at::Tensor> copies);
+  // groups carry AdamWOptions (decoupled weight decay) or AdamOptions (L2).
+  CpuAdam(std::vector<torch::optim::OptimizerParamGroup> groups, bool decoupled);
   void make_states() override;
   std::vector<at::Tensor> states_of(const at::Tensor& p) override;
 
  protected:
-  void update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, size_t i) override;
+  void update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& target) override;
 
  private:
   bool decoupled_;
@@ -77,12 +86,12 @@ class CpuAdam : public HostOptimizer {
 
 class CpuAdagrad : public HostOptimizer {
  public:
-  CpuAdagrad(std::vector<torch::optim::OptimizerParamGroup> groups, std::vector<at::Tensor> copies);
+  explicit CpuAdagrad(std::vector<torch::optim::OptimizerParamGroup> groups);
   void make_states() override {}  // made up front, as torch::optim::Adagrad does
   std::vector<at::Tensor> states_of(const at::Tensor& p) override;
 
  protected:
-  void update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, size_t i) override;
+  void update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& target) override;
 };
 
 }  // namespace zero::engine

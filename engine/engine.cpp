@@ -207,16 +207,19 @@ void Engine::Impl::build_params(InitOptions& options) {
   };
   engine::HostStep host;
   host.enabled = popts.offload_optimizer;
-  host.copies = sharded->offload_copies();  // per bucket = per master tensor, in master() order below
-  if (!host.copies.empty()) {               // master() lists the tensors group by group
-    host.copies.clear();
+  optimizer = engine::make_optimizer(config.optimizer, opt_groups, layout, host);
+  if (auto* host_optimizer = dynamic_cast<engine::HostOptimizer*>(optimizer.get())) {
+    // The optimizer's tensors are master() group by group; each is one bucket.
+    std::vector<size_t> bucket_of;
     for (size_t g = 0; g < sharded->master().size(); ++g) {
       for (size_t k = 0; k < sharded->buckets().size(); ++k) {
-        if (sharded->buckets()[k].group == static_cast<int>(g)) host.copies.push_back(sharded->offload_copies()[k]);
+        if (sharded->buckets()[k].group == static_cast<int>(g)) bucket_of.push_back(k);
       }
     }
+    partition::ShardedParams* params = sharded.get();
+    host_optimizer->set_update_sink({[params, bucket_of](size_t i) { return params->update_target(bucket_of[i]); },
+                                     [params, bucket_of](size_t i) { params->updated(bucket_of[i]); }});
   }
-  optimizer = engine::make_optimizer(config.optimizer, opt_groups, layout, host);
   if (popts.offload_master_to_disk) {
     // ZeRO-Infinity: every master shard and its states go to files under
     // nvme_path; the optimizer step brings them back sub-group by sub-group.
@@ -346,10 +349,14 @@ void Engine::Impl::take_step() {
   const int64_t taken = global_steps - skipped_steps - schedule_start;  // optimizer steps the schedule has seen
   lr = schedule->lr_at(taken);
   engine::set_hyperparameters(*optimizer, lr, schedule->momentum_at(taken));
-  optimizer->step();
+  optimizer->step();  // with offload, each bucket's way to the parameters starts as it is updated
   sharded->detach_master_grads();
   const auto gather_start = Clock::now();
-  sharded->publish(/*copies_fresh=*/sharded->options().offload_optimizer);
+  if (sharded->options().offload_optimizer) {
+    sharded->finish_updates();
+  } else {
+    sharded->publish();
+  }
   t_gather += seconds_since(gather_start);
   sharded->zero_grads();
   ++global_steps;
@@ -420,7 +427,7 @@ MemoryReport Engine::Impl::memory() const {
   if (sharded->options().offload_optimizer) {
     r.fp32_master = 0;
     for (const auto& m : sharded->master_tensors()) r.fp32_master += m.nbytes();
-    r.offload_buffers = sharded->offload_copy_bytes();
+    r.offload_buffers = sharded->offload_buffer_bytes();
     if (nvme) {
       r.nvme_offloaded += nvme->nvme_bytes();
       r.host_offloaded += nvme->resident_bytes() + r.offload_buffers;

@@ -43,12 +43,10 @@ struct ShardLayout {
   std::function<void(at::Tensor&)> all_reduce_sum;        // across the ranks that share the parameters
 };
 
-// offload_optimizer: the optimizer runs on the host (engine/cpu_optimizer.h),
-// writing the updated values in the training dtype to `copies` (one per
-// tensor, or none) in the same pass.
+// offload_optimizer: the optimizer runs on the host (engine/cpu_optimizer.h);
+// the engine gives it the UpdateSink that takes its results to the parameters.
 struct HostStep {
   bool enabled = false;
-  std::vector<at::Tensor> copies;
 };
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& config,

@@ -98,8 +98,10 @@ MemoryEstimate estimate_memory(const EstimateInput& in) {
     to.optimizer_states = s * k;
     // The reduced gradient shard the CPU optimizer reads, in the training dtype.
     if (in.accelerator) m.host.gradients = s * b;
-    // The training-dtype shard the CPU optimizer writes, then sent to the device.
-    if (in.mixed_precision || nvme) m.host.params += s * b;
+    // With an accelerator, the CPU optimizer writes each bucket's updated
+    // shard into one of two page-locked staging buffers on its way there
+    // (without one, straight into the parameters).
+    if (in.accelerator) m.host.params += 2 * ((std::min(in.reduce_bucket_size, p) + owners - 1) / owners) * b;
     d.fp32_master = 0;
     d.optimizer_states = 0;
     if (in.stage >= 2) d.gradients = m.reduce_bucket;   // the reduced shard goes straight to the host

@@ -29,15 +29,19 @@
 //
 // Offload (each valid only where the config allows it; anything else throws):
 //   offload_optimizer "cpu" (stages 1-3): the fp32 master shard, the optimizer
-//     states and an fp32 gradient shard S*4 live in host memory, and in
-//     mixed precision the training-dtype shard S*b the CPU optimizer writes
-//     (reported as host params). The device keeps no gradient shard at
-//     stages 2-3 (the reduced bucket is copied to the host), only the reduce
-//     bucket; at stage 1 it keeps its P*b gradients. With fp32 training the
-//     host still keeps an fp32 copy of the shard S*4 for the CPU optimizer to
-//     update (reported as fp32_master).
+//     states and the reduced gradient shard S*b (in the training dtype, as
+//     the CPU optimizer reads it) live in host memory, and two page-locked
+//     staging buffers of a bucket's shard carry the updated parameters to
+//     the device (2*ceil(min(reduce_bucket_size, P)/N)*b, reported as host
+//     params). The device keeps no gradient shard at stages 2-3 (the reduced
+//     bucket is copied to the host), only the reduce bucket; at stage 1 it
+//     keeps its P*b gradients. With fp32 training the host still keeps an
+//     fp32 copy of the shard S*4 for the CPU optimizer to update (reported
+//     as fp32_master). Without an accelerator (EstimateInput::accelerator
+//     false: CPU ranks) the optimizer reads the gradients and writes the
+//     parameters where they are: no host gradient shard, no staging.
 //   offload_optimizer "nvme" (stage 3): master shard and states on NVMe; the
-//     host keeps the fp32 gradient shard, the training-dtype shard S*b, and
+//     host keeps the gradient shard and staging buffers as with "cpu", and
 //     the step's sub-groups in flight: up to 3 (read-ahead, current,
 //     write-behind) of min(sub_group_size, S) elements of master weights and
 //     states (host fp32_master and optimizer_states; the engine makes a

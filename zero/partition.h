@@ -30,12 +30,18 @@
 // to host tensors as each bucket is reduced when the parameters are on an
 // accelerator, read in place when they are in host memory; the host
 // optimizer widens them and applies the loss scale and clipping as it reads
-// them (no fp32 copy, no pass of their own). In mixed precision it also writes
-// each updated shard in the training dtype to a host `copy` in the same
-// pass, which publish() all-gathers (after one host-to-device copy) instead
-// of converting the master weights again.
+// them (no fp32 copy, no pass of their own). The updated parameters go the
+// other way bucket by bucket while the optimizer updates the next bucket
+// (update_target, updated): the optimizer writes a bucket's shard in the
+// training dtype, in the same pass, straight into the shard when the shard
+// is in host memory (CPU ranks, offload_param), or else into one of two
+// page-locked staging buffers, copied to the accelerator asynchronously; a
+// bucket that stays gathered starts its all-gather at once. No host copy of
+// the whole partition in the training dtype is kept.
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
+
+#include <c10/core/Event.h>
 
 #include <memory>
 #include <string>
@@ -125,25 +131,31 @@ class ShardedParams {
   // Per parameter group, the fp32 tensors the optimizer updates: this
   // rank's shard of each bucket of the group (all of it at stage 0).
   const std::vector<std::vector<at::Tensor>>& master() const { return master_; }
-  // Gives each master tensor its fp32 gradient (the reduced gradient of its shard).
+  // Gives each master tensor its gradient (the reduced gradient of its
+  // shard): fp32, or with offload in the training dtype (Note [Offload copies]).
   void attach_master_grads();
   void detach_master_grads();
   double local_grad_sq_norm() const;
   bool local_grads_finite() const;
   void scale_master_grads(double factor);  // not with offload: the host optimizer scales
-  // Copies the updated master weights into the parameters (all-gathering
-  // the buckets that stay gathered). `copies_fresh`: the host optimizer has
-  // just written offload_copies() (Note [Offload copies]).
-  void publish(bool copies_fresh = false);
+  // Copies the master weights into the parameters (all-gathering the
+  // buckets that stay gathered).
+  void publish();
   // publish() of one bucket (index into buckets()): the all-gather it
   // started, if any, for the caller to wait on.
-  comm::WorkHandle publish_bucket(size_t k, bool copies_fresh = false);
+  comm::WorkHandle publish_bucket(size_t k);
   // offload_param "nvme": waits for the shard writes publish_bucket started.
   void wait_param_writes();
-  // Per bucket, the training-dtype host tensor the host optimizer writes
-  // (offload in mixed precision; empty otherwise).
-  const std::vector<at::Tensor>& offload_copies() const { return offload_copies_; }
-  int64_t offload_copy_bytes() const;
+  // offload_optimizer (Note [Offload copies]): the host tensor the host
+  // optimizer writes bucket k's updated shard to (undefined: the master
+  // weights are the parameters); updated(k) once it is written starts its
+  // way to the parameters; finish_updates() waits for all of it.
+  at::Tensor update_target(size_t k);
+  void updated(size_t k);
+  void finish_updates();
+  // Host bytes offload keeps besides master weights and states: the
+  // gradient shard's copy and the staging buffers.
+  int64_t offload_buffer_bytes() const;
   // offload_param: bytes of parameter shards in host memory, and on NVMe.
   int64_t offloaded_param_bytes(bool nvme) const;
   void zero_grads();
@@ -225,7 +237,16 @@ class ShardedParams {
   std::vector<std::vector<at::Tensor>> master_;
   std::vector<at::Tensor> master_flat_;    // per bucket, same tensors as master_
   std::vector<at::Tensor> master_grads_;   // offload: per bucket, host gradients (training dtype; none on CPU ranks)
-  std::vector<at::Tensor> offload_copies_; // Note [Offload copies]
+  // Note [Offload copies]: page-locked buffers for updated shards on their
+  // way to the accelerator, each free once its copy has run (`copied`).
+  struct Staging {
+    at::Tensor buffer;
+    std::unique_ptr<c10::Event> copied;
+    int bucket = -1;  // the bucket it holds until updated()
+  };
+  std::vector<Staging> update_staging_;
+  size_t next_staging_ = 0;
+  std::vector<comm::WorkHandle> update_works_;  // all-gathers updated() started
   std::unique_ptr<offload::SwappedTensors> param_store_;  // offload_param "nvme"
   std::vector<int> param_writes_;                         // shard writes in flight
   std::shared_ptr<UnitScheduler> scheduler_;  // stage 3

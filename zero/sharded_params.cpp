@@ -1,12 +1,15 @@
 // ShardedParams: flat buffers, gradient buckets and their collectives for
 // ZeRO stages 0-2 (Note [Flat layout] in partition.h).
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/cuda.h>
 
+#include <chrono>
 #include <cmath>
 #include <optional>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 
 #include "offload/cpu_optimizer.h"
@@ -125,7 +128,6 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
     at::Tensor m;
     if (options_.offload_optimizer) {  // Note [Offload copies]
       m = host_tensor(values.slice(0, start, start + b.shard_numel), at::kFloat);
-      if (mixed || options_.offload_master_to_disk) offload_copies_.push_back(host_tensor(m, options_.dtype));
       // The reduced gradients, in the training dtype: copied to the host
       // when the parameters are elsewhere; read in place when they are there.
       master_grads_.push_back(m.device() == device ? at::Tensor() : host_tensor(m, options_.dtype, /*zeros=*/true));
@@ -400,22 +402,21 @@ void ShardedParams::scale_master_grads(double factor) {
   for (auto& m : master_flat_) m.mutable_grad().mul_(factor);
 }
 
-void ShardedParams::publish(bool copies_fresh) {
+void ShardedParams::publish() {
   std::vector<comm::WorkHandle> works;
-  for (size_t k = 0; k < buckets_.size(); ++k) works.push_back(publish_bucket(k, copies_fresh));
+  for (size_t k = 0; k < buckets_.size(); ++k) works.push_back(publish_bucket(k));
   for (auto& w : works) {
     if (w) w->wait();
   }
   wait_param_writes();
 }
 
-comm::WorkHandle ShardedParams::publish_bucket(size_t k, bool copies_fresh) {
+comm::WorkHandle ShardedParams::publish_bucket(size_t k) {
   torch::NoGradGuard no_grad;
   Bucket& b = buckets_[k];
-  // The updated shard (fp32 master, or the training-dtype copy the host
-  // optimizer wrote); copy_ converts it to the parameters' dtype and device.
-  const at::Tensor& source = copies_fresh && !offload_copies_.empty() ? offload_copies_[k] : master_flat_[k];
-  const bool separate = master_flat_[k].unsafeGetTensorImpl() != b.shard.unsafeGetTensorImpl();
+  // copy_ converts the fp32 master to the parameters' dtype and device.
+  const at::Tensor& source = master_flat_[k];
+  const bool separate = source.unsafeGetTensorImpl() != b.shard.unsafeGetTensorImpl();
   if (options_.stage == 0) {
     if (separate) b.full.copy_(source);  // else the master weights are the parameters
   } else if (b.persistent) {
@@ -435,6 +436,56 @@ comm::WorkHandle ShardedParams::publish_bucket(size_t k, bool copies_fresh) {
   return nullptr;
 }
 
+at::Tensor ShardedParams::update_target(size_t k) {
+  Bucket& b = buckets_[k];
+  if (master_flat_[k].unsafeGetTensorImpl() == b.shard.unsafeGetTensorImpl()) return {};
+  if (b.swap_id >= 0) param_store_->materialize({b.swap_id});  // written back by updated()
+  if (b.shard.is_cpu()) return b.shard;
+  // The shard is on the accelerator: a staging buffer whose previous copy has run.
+  if (update_staging_.empty()) {
+    int64_t largest = 0;
+    for (const auto& other : buckets_) largest = std::max(largest, other.shard_numel);
+    for (int i = 0; i < 2; ++i) {
+      Staging s;
+      s.buffer = torch::empty({largest}, torch::TensorOptions().dtype(b.shard.scalar_type()).pinned_memory(true));
+      s.copied = std::make_unique<c10::Event>(b.shard.device().type());
+      update_staging_.push_back(std::move(s));
+    }
+  }
+  Staging& s = update_staging_[next_staging_++ % update_staging_.size()];
+  while (!s.copied->query()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  s.bucket = static_cast<int>(k);
+  return s.buffer.slice(0, 0, b.shard_numel);
+}
+
+void ShardedParams::updated(size_t k) {
+  torch::NoGradGuard no_grad;
+  Bucket& b = buckets_[k];
+  for (auto& s : update_staging_) {
+    if (s.bucket != static_cast<int>(k)) continue;
+    // Asynchronous from page-locked memory on the current stream, which the
+    // all-gather below waits for; the event frees the buffer.
+    b.shard.copy_(s.buffer.slice(0, 0, b.shard_numel), /*non_blocking=*/true);
+    const auto impl = c10::impl::VirtualGuardImpl(b.shard.device().type());
+    s.copied->record(impl.getStream(b.shard.device()));
+    s.bucket = -1;
+  }
+  if (b.persistent) {
+    update_works_.push_back(pg_->all_gather_async(b.full, b.shard));
+  } else if (b.swap_id >= 0) {
+    param_store_->swap_out({b.swap_id});
+    param_writes_.push_back(b.swap_id);
+  }
+}
+
+void ShardedParams::finish_updates() {
+  for (auto& w : update_works_) {
+    if (w) w->wait();
+  }
+  update_works_.clear();
+  wait_param_writes();
+}
+
 void ShardedParams::wait_param_writes() {
   if (param_store_) param_store_->wait_out(param_writes_);
   param_writes_.clear();
@@ -449,9 +500,9 @@ int64_t ShardedParams::offloaded_param_bytes(bool nvme) const {
   return bytes;
 }
 
-int64_t ShardedParams::offload_copy_bytes() const {
+int64_t ShardedParams::offload_buffer_bytes() const {
   int64_t bytes = 0;
-  for (const auto& t : offload_copies_) bytes += t.nbytes();
+  for (const auto& s : update_staging_) bytes += s.buffer.nbytes();
   for (const auto& t : master_grads_) {
     if (t.defined()) bytes += t.nbytes();
   }

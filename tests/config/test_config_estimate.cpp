@@ -142,7 +142,8 @@ TEST(ConfigEstimate, CpuOptimizerOffloadMovesMasterStatesAndGradientShard) {
     EXPECT_EQ(m.host.fp32_master, s * 4) << stage;
     EXPECT_EQ(m.host.optimizer_states, s * k) << stage;
     EXPECT_EQ(m.host.gradients, s * b) << stage;  // the reduced bf16 gradient shard, as the CPU optimizer reads it
-    EXPECT_EQ(m.host.params, s * b) << stage;     // the bf16 shard the CPU optimizer writes
+    // Two staging buffers of a bucket's shard for the updated bf16 values on their way to the device.
+    EXPECT_EQ(m.host.params, 2 * (in.reduce_bucket_size / n) * b) << stage;
     EXPECT_EQ(m.nvme.total(), 0) << stage;
     EXPECT_EQ(m.device.fp32_master, 0) << stage;
     EXPECT_EQ(m.device.optimizer_states, 0) << stage;
@@ -158,12 +159,14 @@ TEST(ConfigEstimate, CpuOptimizerOffloadMovesMasterStatesAndGradientShard) {
   in.offload_optimizer = "cpu";
   MemoryEstimate m = zero::estimate_memory(in);
   EXPECT_EQ(m.host.fp32_master, s * 4);
-  EXPECT_EQ(m.host.params, 0);  // the optimizer updates the fp32 shard the device gets
+  EXPECT_EQ(m.host.params, 2 * (in.reduce_bucket_size / n) * 4);  // fp32 staging buffers
   EXPECT_EQ(m.host.gradients, s * 4);
   EXPECT_EQ(m.device.total(), 4 * psi + m.reduce_bucket);
-  // CPU ranks: the optimizer reads the gradient shard where it was reduced.
+  // CPU ranks: the optimizer reads the gradient shard where it was reduced
+  // and writes the parameters in place.
   in.accelerator = false;
   EXPECT_EQ(zero::estimate_memory(in).host.gradients, 0);
+  EXPECT_EQ(zero::estimate_memory(in).host.params, 0);
 }
 
 TEST(ConfigEstimate, NvmeAndParamOffloadAtStage3) {
@@ -188,8 +191,8 @@ TEST(ConfigEstimate, NvmeAndParamOffloadAtStage3) {
   EXPECT_EQ(m.nvme.optimizer_states, s * 8);
   EXPECT_EQ(m.nvme.gradients, 0);
   EXPECT_EQ(m.host.gradients, s * b);  // the bf16 gradient shard stays in host memory
-  // offload_param's buffer_count x buffer_size, and the bf16 shard the CPU optimizer writes.
-  EXPECT_EQ(m.host.params, 5 * int64_t{100000000} * b + s * b);
+  // offload_param's buffer_count x buffer_size, and the two staging buffers of updated shards.
+  EXPECT_EQ(m.host.params, 5 * int64_t{100000000} * b + 2 * (in.reduce_bucket_size / n) * b);
   // Three sub-groups in flight (read-ahead, current, write-behind) of master weights and states.
   EXPECT_EQ(m.host.fp32_master, 3 * int64_t{50000000} * 4);
   EXPECT_EQ(m.host.optimizer_states, 3 * int64_t{50000000} * 8);

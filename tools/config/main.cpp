@@ -339,12 +339,12 @@ int run_estimate(const Options& o) {
          "  as the engine pads every bucket to a multiple of the world size.\n";
   const std::string& opt = z.offload_optimizer.device;
   if (opt == "cpu")
-    out << "- offload_optimizer cpu (stages 1-3): fp32 master, optimizer states, an fp32 gradient shard and\n"
-           "  (bf16/fp16) the training-dtype shard the CPU optimizer writes, in host memory; at stages 2-3 the\n"
-           "  device keeps only the reduce bucket of gradients.\n";
+    out << "- offload_optimizer cpu (stages 1-3): fp32 master, optimizer states, the gradient shard in the\n"
+           "  training dtype and two staging buffers of a bucket's shard (the updated parameters on their way\n"
+           "  to the device), in host memory; at stages 2-3 the device keeps only the reduce bucket of gradients.\n";
   if (opt == "nvme")
     out << "- offload_optimizer nvme (stage 3 only): fp32 master and optimizer states on NVMe; the host keeps\n"
-           "  the fp32 gradient shard, the training-dtype shard, and up to 3 sub-groups of min(sub_group_size "
+           "  the gradient shard, two staging buffers, and up to 3 sub-groups of min(sub_group_size "
         << count(z.sub_group_size) << ", shard)\n  elements of master weights and states in flight.\n";
   const std::string& par = z.offload_param.device;
   if (par == "cpu") out << "- offload_param cpu (stage 3 only): the parameter shard in host memory.\n";
