@@ -218,6 +218,7 @@ class ShardedParams {
   void launch(Bucket& bucket);
   void finish(Bucket& bucket);
   void acquire_staging(Bucket& bucket);
+  void add_squares_on_device(const at::Tensor& grad);
   at::Tensor partition_slice(const Bucket& bucket) const;
 
   std::shared_ptr<comm::ProcessGroup> pg_;
@@ -237,6 +238,7 @@ class ShardedParams {
   std::vector<std::vector<at::Tensor>> master_;
   std::vector<at::Tensor> master_flat_;    // per bucket, same tensors as master_
   std::vector<at::Tensor> master_grads_;   // offload: per bucket, host gradients (training dtype; none on CPU ranks)
+  at::Tensor device_grad_sq_;              // offload with an accelerator: their sum of squares, summed there
   // Note [Offload copies]: page-locked buffers for updated shards on their
   // way to the accelerator, each free once its copy has run (`copied`).
   struct Staging {

@@ -316,7 +316,21 @@ void ShardedParams::end_backward() {
   }
 }
 
+// Offload with an accelerator: the accelerator squares a bucket's gradients
+// in a fraction of the time the host would take to read its copy, so the
+// norm is summed there (local_grad_sq_norm). fp32 pieces of 16 Mi elements
+// keep the temporary small.
+void ShardedParams::add_squares_on_device(const at::Tensor& grad) {
+  constexpr int64_t kPiece = int64_t{1} << 24;
+  if (!device_grad_sq_.defined()) device_grad_sq_ = at::zeros({}, grad.options().dtype(at::kDouble));
+  for (int64_t start = 0; start < grad.numel(); start += kPiece) {
+    const at::Tensor piece = grad.slice(0, start, std::min(grad.numel(), start + kPiece)).to(at::kFloat);
+    device_grad_sq_ += piece.pow(2).sum(at::kDouble);
+  }
+}
+
 void ShardedParams::attach_master_grads() {
+  device_grad_sq_ = at::Tensor();
   // Copies to the host started during backward must land before the host reads them.
   bool pending_copies = false;
   for (const auto& b : buckets_) pending_copies = pending_copies || (b.grad_on_host && b.full.is_cuda());
@@ -336,6 +350,7 @@ void ShardedParams::attach_master_grads() {
       // The host optimizer reads the gradient in the training dtype (Note
       // [Offload copies]); stages 2-3 copied it when the bucket was reduced.
       if (master_grads_[k].defined()) {
+        add_squares_on_device(grad);
         if (!b.grad_on_host) master_grads_[k].copy_(grad);
         grad = master_grads_[k];
       }
@@ -370,8 +385,10 @@ double ShardedParams::local_grad_sq_norm() const {
   if (master_flat_.empty()) return 0.0;
   double host = 0.0;  // host gradients (offload, CPU ranks): one fused pass
   at::Tensor sum = at::zeros({}, master_flat_.front().options().dtype(at::kDouble));
-  for (const auto& m : master_flat_) {
-    const at::Tensor& g = m.grad();
+  if (device_grad_sq_.defined()) sum += device_grad_sq_.cpu();
+  for (size_t k = 0; k < master_flat_.size(); ++k) {
+    if (device_grad_sq_.defined() && master_grads_[k].defined()) continue;  // summed on the accelerator
+    const at::Tensor& g = master_flat_[k].grad();
     if (auto h = host_grad(g)) {
       host += offload::sum_of_squares(*h, g.numel());
     } else {
@@ -385,7 +402,10 @@ bool ShardedParams::local_grads_finite() const {
   if (master_flat_.empty()) return true;
   at::Tensor finite = at::ones({}, master_flat_.front().options().dtype(at::kBool));
   bool host_finite = true;  // the sum of squares is finite exactly when every element is
-  for (const auto& m : master_flat_) {
+  if (device_grad_sq_.defined()) host_finite = std::isfinite(device_grad_sq_.item<double>());
+  for (size_t k = 0; k < master_flat_.size(); ++k) {
+    if (device_grad_sq_.defined() && master_grads_[k].defined()) continue;  // in device_grad_sq_
+    const at::Tensor& m = master_flat_[k];
     if (auto h = host_grad(m.grad())) {
       host_finite = host_finite && std::isfinite(offload::sum_of_squares(*h, m.grad().numel()));
     } else {

@@ -4,23 +4,23 @@
 # training state) with the CUDA allocator capped at CAP_GB (80), trained
 # with offload_optimizer "cpu"; the same model without offload (expected to
 # run out of memory); and FSDP2 + CPUOffloadPolicy on the same model and
-# batch (bench/gpu/fsdp2_offload.py), all in this one run. The checkpoint
-# tests on CUDA and a small model go first, as checks that the CUDA path
-# works at all.
+# batch (bench/gpu/fsdp2_offload.py), all in this one run. The offload and
+# checkpoint tests on CUDA and a small model go first, as checks that the
+# CUDA path works at all.
 # Same machine requirements as bench/gpu/run.sh. Writes results.jsonl,
 # logs and summary.txt under ${OUT:-gpu-out}.
 #   bash bench/gpu/run_offload.sh
 # Environment: CAP_GB (80), SIZE ("--depth 32 --width 4096 --heads 32
 # --context 1024 --micro 2"), STEPS (3), ADAM ("foreach": FSDP2's AdamW;
-# "foreach fused" runs both), SKIP (names of runs to leave out: small,
-# none, offload, fsdp2).
+# "foreach fused" runs both), SKIP (names of runs to leave out:
+# offload_cuda, ckpt_cuda, small, none, offload, fsdp2).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
 results="$out/results.jsonl"
 . bench/gpu/build.sh
-gpu_build -- bench_offload_headline test_checkpoint zero-run || exit 1
+gpu_build -- bench_offload_headline test_checkpoint test_offload_engine zero-run || exit 1
 
 cap="${CAP_GB:-80}"
 size="${SIZE:---depth 32 --width 4096 --heads 32 --context 1024 --micro 2}"
@@ -36,8 +36,11 @@ run() {  # name, timeout s, command...
   echo "$name: $r in $(( $(date +%s) - t )) s: $(grep '^{"result"' "$out/$name.log" | head -c 600)" | tee -a "$out/summary.txt"
   [ "$r" = done ]
 }
-# Checkpoints on the GPU (exact resume, a CPU checkpoint loading there), then
-# the CUDA path at a small size, with and without offload: stop if that fails.
+# Offload on the GPU against no offload, checkpoints on the GPU (exact
+# resume, a CPU checkpoint loading there), then the CUDA path at a small
+# size, with and without offload: stop if that fails.
+run offload_cuda 180 build-gpu/tools/launcher/zero-run --nproc 1 build-gpu/tests/offload/test_offload_engine --gtest_filter='Cuda.*'
+grep -E '\[  (PASSED|FAILED|SKIPPED) \]|Failure' "$out/offload_cuda.log" | head -20 | tee -a "$out/summary.txt"
 run ckpt_cuda 180 build-gpu/tools/launcher/zero-run --nproc 1 build-gpu/tests/ckpt/test_checkpoint --gtest_filter='Cuda.*:ExactResume.Stage2*:NvmeOffload.*'
 grep -E '\[  (PASSED|FAILED|SKIPPED) \]|Failure' "$out/ckpt_cuda.log" | head -20 | tee -a "$out/summary.txt"
 run small 120 sh -c "ZERO_LOG_LEVEL=warn $bin --device cuda --offload cpu --steps 3 && ZERO_LOG_LEVEL=warn $bin --device cuda --offload none --steps 3" || exit 1

@@ -34,6 +34,7 @@ struct Case {
   int64_t gas;
   double clip;
   std::string optimizer;  // JSON
+  bool cuda = false;      // model and batches on the GPU
 };
 
 // offload: "none", "cpu" or "nvme" (files under a folder in /tmp, sub-groups
@@ -72,21 +73,23 @@ std::string config_json(const Case& c, const std::string& offload) {
 std::map<std::string, torch::Tensor> train(const Case& c, const std::string& offload, zero::MemoryReport* report = nullptr) {
   torch::manual_seed(11);
   Mlp model;
+  const at::Device device = c.cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  model->to(device);
   zero::InitOptions options;
   options.group = g_world;
   auto engine = zero::initialize(zero::Config::from_json(config_json(c, offload)), model, options);
   const auto dtype = c.dtype == "bf16" ? at::kBFloat16 : at::kFloat;
   for (int64_t k = 0; k < 5 * c.gas; ++k) {
     auto gen = at::detail::createCPUGenerator(77 + 10 * k + g_world->rank());
-    auto x = torch::randn({4, kIn}, gen).to(dtype);
-    auto y = torch::randint(0, kOut, {4}, gen);
+    auto x = torch::randn({4, kIn}, gen).to(device, dtype);
+    auto y = torch::randint(0, kOut, {4}, gen).to(device);
     auto loss = torch::nn::functional::cross_entropy(model->forward(x).to(at::kFloat), y);
     engine.backward(loss);
     engine.step();
   }
   if (report) *report = engine.memory_report();
   std::map<std::string, torch::Tensor> out;
-  for (auto& [name, t] : engine.gathered_state_dict()) out[name] = t.to(at::kFloat);
+  for (auto& [name, t] : engine.gathered_state_dict()) out[name] = t.to(at::kCPU, at::kFloat);
   return out;
 }
 
@@ -189,7 +192,7 @@ TEST(OffloadParity, ParamNvmeStage3Bf16) { expect_parity({3, "bf16", 1, 0.5, kAd
 TEST(OffloadParity, ParamAndOptimizerNvmeStage3) { expect_parity({3, "fp32", 2, 0.0, kAdamW}, "all nvme", "all_nvme"); }
 
 // fp16 with an overflow on one rank: both runs skip the same step.
-void fp16_parity(int stage, const std::string& offload_json) {
+void fp16_parity(int stage, const std::string& offload_json, const at::Device device = at::kCPU) {
   auto run = [&](bool offload) {
     torch::manual_seed(3);
     auto w = torch::randn({37}) * 0.1;
@@ -198,6 +201,7 @@ void fp16_parity(int stage, const std::string& offload_json) {
       torch::Tensor w;
     };
     auto model = std::make_shared<Elementwise>(w);
+    model->to(device);
     std::string json = R"({"train_micro_batch_size_per_gpu": 4, "steps_per_print": 1000000,
       "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "fp16": {"enabled": true, "initial_scale_power": 8},
       "zero_optimization": {"stage": )" + std::to_string(stage) + R"(, "reduce_bucket_size": 16, "sub_group_size": 20)";
@@ -209,11 +213,12 @@ void fp16_parity(int stage, const std::string& offload_json) {
       auto gen = at::detail::createCPUGenerator(500 + step * 7 + g_world->rank());
       auto x = torch::randn({4, 37}, gen).to(at::kHalf);
       if (step == 2 && g_world->rank() == g_world->size() - 1) x[0][0] = INFINITY;
+      x = x.to(device);
       engine.backward(((x * model->w).sum(1).to(at::kFloat) - 1.0).pow(2).mean());
       engine.step();
     }
     EXPECT_EQ(engine.skipped_steps(), 1);
-    return engine.gathered_state_dict().front().second.to(at::kFloat);
+    return engine.gathered_state_dict().front().second.to(at::kCPU, at::kFloat);
   };
   const auto a = run(false), b = run(true);
   EXPECT_LT((a - b).abs().max().item<double>(), 2e-3 * a.abs().max().item<double>());
@@ -235,6 +240,23 @@ TEST(OffloadConfig, UnsupportedOptimizerIsAClearError) {
   } catch (const zero::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("Lamb"), std::string::npos) << e.what();
   }
+}
+
+// On a GPU (skipped elsewhere; bench/gpu/run_offload.sh runs them at world
+// size 1): offload's CUDA path (reduced gradients copied to pinned host
+// memory as buckets finish, their norm summed on the GPU, updated shards
+// back through the pinned staging buffers, asynchronously) reaches what the
+// same run on the GPU without offload reaches.
+bool one_rank_with_cuda() { return g_world->size() == 1 && torch::cuda::is_available(); }
+
+TEST(Cuda, OffloadMatchesNoOffload) {
+  if (!one_rank_with_cuda()) GTEST_SKIP() << "needs CUDA and one rank";
+  for (const Case& c : {Case{1, "bf16", 2, 0.5, kAdamW, true}, Case{2, "bf16", 2, 0.5, kAdamW, true},
+                        Case{3, "bf16", 1, 0.5, kAdagrad, true}, Case{2, "fp32", 2, 0.5, kAdamL2, true}}) {
+    expect_parity(c, "cuda stage " + std::to_string(c.stage) + " " + c.dtype);
+  }
+  expect_parity(Case{3, "bf16", 2, 0.5, kAdamW, true}, "cuda param cpu", "param_cpu");
+  fp16_parity(2, R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true})", at::Device(at::kCUDA, 0));
 }
 
 }  // namespace
