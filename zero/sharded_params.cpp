@@ -92,11 +92,10 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
   // Each bucket's buffer, filled from the parameters; mixed-precision master
   // weights start from the model's exact fp32 values.
   const bool mixed = options_.dtype != at::kFloat;
-  // A host tensor with `source`'s values (or zeros), page-locked when asked
-  // and the parameters live on an accelerator.
-  auto host_tensor = [&](const at::Tensor& source, at::ScalarType dtype, bool zeros = false) {
+  // A host tensor with `source`'s values (or zeros), page-locked if `pinned`.
+  auto host_tensor = [&](const at::Tensor& source, at::ScalarType dtype, bool pinned, bool zeros = false) {
     auto opts = torch::TensorOptions().dtype(dtype).device(at::kCPU);
-    if (options_.pin_memory && !source.is_cpu()) opts = opts.pinned_memory(true);
+    if (pinned) opts = opts.pinned_memory(true);
     at::Tensor t = torch::empty({source.numel()}, opts);
     if (zeros) {
       t.zero_();
@@ -108,6 +107,9 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
   master_.assign(groups.size(), {});
   for (auto& b : buckets_) {
     const auto device = params_[b.params.front()].tensor.device();
+    // Host tensors copied to or from the accelerator every step are
+    // page-locked when the config asks (pin_memory).
+    const bool pin_transfers = options_.pin_memory && !device.is_cpu();
     at::Tensor values = torch::zeros({b.numel}, torch::TensorOptions().dtype(at::kFloat).device(device));
     for (int i : b.params) {
       const Param& p = params_[i];
@@ -124,13 +126,16 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
     b.persistent = options_.stage < 3 || b.unit < 0 || b.numel < options_.persistence_threshold;
     b.shard = b.persistent ? mine : mine.clone();  // a released bucket keeps its shard apart
     const bool shard_offloaded = !b.persistent && options_.offload_param != "none";
-    if (shard_offloaded) b.shard = host_tensor(b.shard, options_.dtype);
+    if (shard_offloaded) b.shard = host_tensor(b.shard, options_.dtype, pin_transfers);  // gathered from here
     at::Tensor m;
     if (options_.offload_optimizer) {  // Note [Offload copies]
-      m = host_tensor(values.slice(0, start, start + b.shard_numel), at::kFloat);
+      // The master weights stay on the host (the updated parameters leave
+      // through the staging buffers): pageable.
+      m = host_tensor(values.slice(0, start, start + b.shard_numel), at::kFloat, /*pinned=*/false);
       // The reduced gradients, in the training dtype: copied to the host
       // when the parameters are elsewhere; read in place when they are there.
-      master_grads_.push_back(m.device() == device ? at::Tensor() : host_tensor(m, options_.dtype, /*zeros=*/true));
+      master_grads_.push_back(m.device() == device ? at::Tensor()
+                                                   : host_tensor(m, options_.dtype, pin_transfers, /*zeros=*/true));
     } else {
       // Separate from the parameters in mixed precision, or when the shard
       // leaves for the host or disk.
