@@ -169,12 +169,14 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
 
 ShardedParams::~ShardedParams() {
   for (auto* unit : units_) unit->detach();
-  for (auto& b : buckets_) {
+  auto settle = [](comm::WorkHandle& w) {  // an error was raised already, if any
     try {
-      if (b.work) b.work->wait();
+      if (w) w->wait();
     } catch (...) {
     }
-  }
+  };
+  for (auto& b : buckets_) settle(b.work);
+  for (auto& w : update_works_) settle(w);  // a step that stopped on an error
 }
 
 at::Tensor ShardedParams::partition_slice(const Bucket& b) const {
