@@ -3,6 +3,7 @@
 // thread count.
 //
 //   bench_cpu_adam [--params 33554432] [--iters 9] [--threads 0 = all cores] [--triad 67108864]
+//                  [--huge-pages 0|1]
 //
 // ours:   AdamW steps (weight decay 0.01) over `params` fp32 elements on each
 //         SIMD path this CPU has, without and with a bf16 / fp16 copy-out,
@@ -19,6 +20,9 @@
 // bound:  best triad bytes/s / bytes per parameter: 16 read (param, grad,
 //         exp_avg, exp_avg_sq) + 12 written (param, exp_avg, exp_avg_sq) = 28,
 //         +2 with the copy-out, -2 with bf16 gradients.
+// --huge-pages 1: our arrays and the triad's are backed by 2 MiB pages
+// (offload::advise_huge_pages, as the engine's host tensors are; torch's
+// AdamW keeps its own allocations), which moves both ours and the bound.
 // Prints a markdown table and the ratios ours/torch (goal >= 5) and
 // ours/bound (goal >= 0.8). Exits 0 whatever it measures.
 #include <tbb/blocked_range.h>
@@ -40,6 +44,7 @@
 #include <vector>
 
 #include "offload/cpu_optimizer.h"
+#include "offload/huge_pages.h"
 
 using Clock = std::chrono::steady_clock;
 using zero::offload::CopyDtype;
@@ -55,15 +60,20 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// Whether Buffers ask for huge pages (--huge-pages).
+bool g_huge_pages = false;
+
 // Page-aligned, uninitialised; first touched by the threads that use it.
 template <class T>
 struct Buffer {
   T* p = nullptr;
   explicit Buffer(int64_t n) {
-    if (posix_memalign(reinterpret_cast<void**>(&p), 4096, static_cast<size_t>(n) * sizeof(T)) != 0) {
+    const size_t bytes = static_cast<size_t>(n) * sizeof(T);
+    if (posix_memalign(reinterpret_cast<void**>(&p), 4096, bytes) != 0) {
       std::fprintf(stderr, "out of memory for %lld elements\n", static_cast<long long>(n));
       std::exit(1);
     }
+    if (g_huge_pages) zero::offload::advise_huge_pages(p, bytes);
   }
   ~Buffer() { std::free(p); }
   Buffer(const Buffer&) = delete;
@@ -91,6 +101,7 @@ struct Flags {
   int64_t iters = 9;
   int64_t threads = 0;
   int64_t triad = int64_t{64} << 20;
+  bool huge_pages = false;
 };
 
 Flags parse(int argc, char** argv) {
@@ -108,8 +119,9 @@ Flags parse(int argc, char** argv) {
     else if (a == "--iters") f.iters = value();
     else if (a == "--threads") f.threads = value();
     else if (a == "--triad") f.triad = value();
+    else if (a == "--huge-pages") f.huge_pages = value() != 0;
     else {
-      std::fprintf(stderr, "usage: %s [--params N] [--iters N] [--threads N] [--triad N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--params N] [--iters N] [--threads N] [--triad N] [--huge-pages 0|1]\n", argv[0]);
       std::exit(2);
     }
   }
@@ -168,12 +180,13 @@ int main(int argc, char** argv) {
   const Flags f = parse(argc, argv);
   const int64_t n = f.params;
   const int threads = static_cast<int>(f.threads);
+  g_huge_pages = f.huge_pages;
   at::set_num_threads(threads);
   tbb::global_control gc(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(threads));
 
-  std::printf("bench_cpu_adam: %lld parameters, %d threads, median of %lld steps; best path %s\n\n",
+  std::printf("bench_cpu_adam: %lld parameters, %d threads, median of %lld steps; best path %s; %s pages\n\n",
               static_cast<long long>(n), threads, static_cast<long long>(f.iters),
-              zero::offload::simd_name(zero::offload::best_simd()));
+              zero::offload::simd_name(zero::offload::best_simd()), f.huge_pages ? "huge (2 MiB)" : "4 KiB");
 
   // Everything is allocated first; then each round runs one triad pass, one
   // step of each of ours and one torch step, so that all of them see the same

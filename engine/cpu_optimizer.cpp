@@ -5,6 +5,7 @@
 
 #include "engine/optimizer.h"
 #include "offload/cpu_optimizer.h"
+#include "offload/huge_pages.h"
 #include "zero/error.h"
 
 namespace zero::engine {
@@ -48,6 +49,15 @@ std::pair<uint16_t*, offload::CopyDtype> fused_copy(const at::Tensor& p, const a
 
 void finish_fp32_copy(const at::Tensor& p, const at::Tensor& target) {
   if (target.defined() && target.scalar_type() == at::kFloat) target.copy_(p);
+}
+
+// A state tensor like `p` (host fp32) filled with `value`, backed by huge
+// pages where the kernel gives them (offload/huge_pages.h): the kernels
+// stream through it every step.
+at::Tensor host_state_like(const at::Tensor& p, double value) {
+  at::Tensor t = torch::empty_like(p);
+  offload::advise_huge_pages(t.data_ptr(), t.nbytes());
+  return t.fill_(value);
 }
 
 at::Tensor run_closure(torch::optim::Optimizer::LossClosure& closure) {
@@ -153,11 +163,11 @@ void CpuAdam::make_states() {
       if (state_.count(key)) continue;
       if (decoupled_) {
         auto s = std::make_unique<torch::optim::AdamWParamState>();
-        s->exp_avg(torch::zeros_like(p)).exp_avg_sq(torch::zeros_like(p));
+        s->exp_avg(host_state_like(p, 0.0)).exp_avg_sq(host_state_like(p, 0.0));
         state_[key] = std::move(s);
       } else {
         auto s = std::make_unique<torch::optim::AdamParamState>();
-        s->exp_avg(torch::zeros_like(p)).exp_avg_sq(torch::zeros_like(p));
+        s->exp_avg(host_state_like(p, 0.0)).exp_avg_sq(host_state_like(p, 0.0));
         state_[key] = std::move(s);
       }
     }
@@ -219,7 +229,7 @@ CpuAdagrad::CpuAdagrad(std::vector<torch::optim::OptimizerParamGroup> groups)
       check_host_fp32(p, "CpuAdagrad");
       auto s = std::make_unique<torch::optim::AdagradParamState>();
       s->step(0);
-      s->sum(torch::full_like(p, o.initial_accumulator_value()));
+      s->sum(host_state_like(p, o.initial_accumulator_value()));
       state_[state_key(p)] = std::move(s);
     }
   }

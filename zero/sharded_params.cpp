@@ -13,10 +13,23 @@
 #include <unordered_map>
 
 #include "offload/cpu_optimizer.h"
+#include "offload/huge_pages.h"
 #include "zero/error.h"
 #include "zero/partition.h"
 
 namespace zero::partition {
+
+namespace {
+// An uninitialised tensor; in host memory, backed by huge pages where the
+// kernel gives them (offload/huge_pages.h): the host optimizer and the
+// bucket copies stream through these arrays. Page-locked memory is not
+// advised (it is allocated and touched by CUDA).
+at::Tensor empty_with_huge_pages(int64_t numel, const at::TensorOptions& options) {
+  at::Tensor t = torch::empty({numel}, options);
+  if (t.is_cpu() && !options.pinned_memory()) offload::advise_huge_pages(t.data_ptr(), t.nbytes());
+  return t;
+}
+}  // namespace
 
 // Runs after a parameter's AccumulateGrad: its gradient for this backward
 // is complete (checked on LibTorch 1.13 and 2.11, see DESIGN.md).
@@ -96,7 +109,7 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
   auto host_tensor = [&](const at::Tensor& source, at::ScalarType dtype, bool pinned, bool zeros = false) {
     auto opts = torch::TensorOptions().dtype(dtype).device(at::kCPU);
     if (pinned) opts = opts.pinned_memory(true);
-    at::Tensor t = torch::empty({source.numel()}, opts);
+    at::Tensor t = pinned ? torch::empty({source.numel()}, opts) : empty_with_huge_pages(source.numel(), opts);
     if (zeros) {
       t.zero_();
     } else {
@@ -110,12 +123,12 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
     // Host tensors copied to or from the accelerator every step are
     // page-locked when the config asks (pin_memory).
     const bool pin_transfers = options_.pin_memory && !device.is_cpu();
-    at::Tensor values = torch::zeros({b.numel}, torch::TensorOptions().dtype(at::kFloat).device(device));
+    at::Tensor values = empty_with_huge_pages(b.numel, torch::TensorOptions().dtype(at::kFloat).device(device)).zero_();
     for (int i : b.params) {
       const Param& p = params_[i];
       values.slice(0, p.offset - b.offset, p.offset - b.offset + p.tensor.numel()).copy_(p.tensor.detach().reshape(-1));
     }
-    b.full = mixed ? values.to(options_.dtype) : values;
+    b.full = mixed ? empty_with_huge_pages(b.numel, values.options().dtype(options_.dtype)).copy_(values) : values;
     for (int i : b.params) {
       Param& p = params_[i];
       torch::NoGradGuard no_grad;
@@ -154,9 +167,9 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
   const auto device = params_.empty() ? at::Device(at::kCPU) : params_.front().tensor.device();
   const auto grad_options = torch::TensorOptions().dtype(options_.dtype).device(device);
   if (options_.stage <= 1) {
-    flat_grads_ = torch::zeros({flat_numel_}, grad_options);
+    flat_grads_ = empty_with_huge_pages(flat_numel_, grad_options).zero_();
   } else {
-    partition_grads_ = torch::zeros({partition_numel_}, grad_options);
+    partition_grads_ = empty_with_huge_pages(partition_numel_, grad_options).zero_();
   }
 
   for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
