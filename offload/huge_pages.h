@@ -3,8 +3,8 @@
 // through (master weights, optimizer states, gradients). With 4 KiB pages
 // every stream crosses a page every 1024 floats: a TLB miss, and the
 // hardware prefetchers stop at the boundary. On the machine of
-// bench/results/cpu_adam.md, 2 MiB pages made the fused AdamW step ~20%
-// faster (bench_cpu_adam --huge-pages). Most kernels only give huge pages
+// bench/results/cpu_adam.md, 2 MiB pages made the fused AdamW step ~8-10%
+// faster (bench_cpu_adam --huge-pages 1). Many kernels only give huge pages
 // to memory that asks for them (transparent_hugepage "madvise").
 #include <cstddef>
 
