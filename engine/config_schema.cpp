@@ -32,6 +32,8 @@ void visit_offload_optimizer(Fields& f, OffloadOptimizerConfig& o) {
   f.flag("pipeline_write", o.pipeline_write);
   f.flag("fast_init", o.fast_init);
   f.number("ratio", o.ratio, Opt().min(0).max(1));
+  // Partial offload (ZeRO-Offload++): zero offloads all of the optimizer.
+  if (f.reading() && o.device != "none" && o.ratio < 1.0) f.warn(unimplemented_warning(f.path("ratio")));
 }
 
 void visit_offload_param(Fields& f, OffloadParamConfig& o) {

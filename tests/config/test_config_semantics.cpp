@@ -239,6 +239,16 @@ TEST(ConfigUnimplemented, NestedKeysWarnWithTheirPath) {
   EXPECT_EQ(c.zero_optimization.mics_shard_size, 8);   // kept for whoever implements it
 }
 
+// Partial optimizer offload (ratio below 1): everything is offloaded, and the config says so.
+TEST(ConfigUnimplemented, PartialOffloadRatioWarns) {
+  Config c = parse(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}})");
+  ASSERT_EQ(c.warnings().size(), 1u);
+  EXPECT_EQ(count_containing(c.warnings(), "known DeepSpeed key zero_optimization.offload_optimizer.ratio "), 1u);
+  EXPECT_TRUE(parse(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 1.0}}})")
+                  .warnings()
+                  .empty());
+}
+
 TEST(ConfigUnimplemented, ActivationCheckpointingWarnsOnce) {
   Config c = parse(R"({"activation_checkpointing": {"partition_activations": true, "cpu_checkpointing": true,
                                                     "number_checkpoints": 4}})");
