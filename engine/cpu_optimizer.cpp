@@ -5,7 +5,7 @@
 
 #include "engine/optimizer.h"
 #include "offload/cpu_optimizer.h"
-#include "offload/huge_pages.h"
+#include "offload/host_tensors.h"
 #include "zero/error.h"
 
 namespace zero::engine {
@@ -19,16 +19,7 @@ void check_host_fp32(const at::Tensor& t, const char* what) {
 
 // The gradient of `p` as the kernels read it: contiguous fp32, fp16 or bf16 in host memory.
 offload::GradArray host_grad(const at::Tensor& p, const char* what) {
-  const at::Tensor& g = p.grad();
-  if (g.is_cpu() && g.is_contiguous() && g.numel() == p.numel()) {
-    const auto* bits = static_cast<const uint16_t*>(g.data_ptr());
-    switch (g.scalar_type()) {
-      case at::kFloat: return offload::GradArray(g.data_ptr<float>());
-      case at::kHalf: return offload::GradArray(bits, offload::GradDtype::kHalf);
-      case at::kBFloat16: return offload::GradArray(bits, offload::GradDtype::kBFloat16);
-      default: break;
-    }
-  }
+  if (auto g = offload::grad_array(p.grad()); g && p.grad().numel() == p.numel()) return *g;
   throw OffloadError(std::string(what) + ": the gradient must be a contiguous fp32, fp16 or bf16 host tensor of " +
                      std::to_string(p.numel()) + " elements");
 }
@@ -51,13 +42,10 @@ void finish_fp32_copy(const at::Tensor& p, const at::Tensor& target) {
   if (target.defined() && target.scalar_type() == at::kFloat) target.copy_(p);
 }
 
-// A state tensor like `p` (host fp32) filled with `value`, backed by huge
-// pages where the kernel gives them (offload/huge_pages.h): the kernels
-// stream through it every step.
+// A state tensor like `p` (a 1-D host fp32 master) filled with `value`, with
+// huge pages: the kernels stream through it every step.
 at::Tensor host_state_like(const at::Tensor& p, double value) {
-  at::Tensor t = torch::empty_like(p);
-  offload::advise_huge_pages(t.data_ptr(), t.nbytes());
-  return t.fill_(value);
+  return offload::empty_with_huge_pages(p.numel(), p.options()).fill_(value);
 }
 
 at::Tensor run_closure(torch::optim::Optimizer::LossClosure& closure) {

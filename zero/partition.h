@@ -44,6 +44,7 @@
 #include <c10/core/Event.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -219,6 +220,8 @@ class ShardedParams {
   void finish(Bucket& bucket);
   void acquire_staging(Bucket& bucket);
   void add_squares_on_device(const at::Tensor& grad);
+  bool squared_on_device(size_t k) const;
+  double host_grad_sq() const;
   at::Tensor partition_slice(const Bucket& bucket) const;
 
   std::shared_ptr<comm::ProcessGroup> pg_;
@@ -239,6 +242,7 @@ class ShardedParams {
   std::vector<at::Tensor> master_flat_;    // per bucket, same tensors as master_
   std::vector<at::Tensor> master_grads_;   // offload: per bucket, host gradients (training dtype; none on CPU ranks)
   at::Tensor device_grad_sq_;              // offload with an accelerator: their sum of squares, summed there
+  mutable std::optional<double> host_grad_sq_;  // host gradients' sum of squares, once per step (host_grad_sq)
   // Note [Offload copies]: page-locked buffers for updated shards on their
   // way to the accelerator, each free once its copy has run (`copied`).
   struct Staging {

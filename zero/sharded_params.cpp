@@ -12,23 +12,13 @@
 #include <thread>
 
 #include "offload/cpu_optimizer.h"
-#include "offload/huge_pages.h"
+#include "offload/host_tensors.h"
 #include "zero/error.h"
 #include "zero/partition.h"
 
 namespace zero::partition {
 
-namespace {
-// An uninitialised tensor; in host memory, backed by huge pages where the
-// kernel gives them (offload/huge_pages.h): the host optimizer and the
-// bucket copies stream through these arrays. Page-locked memory is not
-// advised (it is allocated and touched by CUDA).
-at::Tensor empty_with_huge_pages(int64_t numel, const at::TensorOptions& options) {
-  at::Tensor t = torch::empty({numel}, options);
-  if (t.is_cpu() && !options.pinned_memory()) offload::advise_huge_pages(t.data_ptr(), t.nbytes());
-  return t;
-}
-}  // namespace
+using offload::empty_with_huge_pages;
 
 // Runs after a parameter's AccumulateGrad: its gradient for this backward
 // is complete (checked on LibTorch 1.13 and 2.11, see DESIGN.md).
@@ -108,7 +98,7 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
   auto host_tensor = [&](const at::Tensor& source, at::ScalarType dtype, bool pinned, bool zeros = false) {
     auto opts = torch::TensorOptions().dtype(dtype).device(at::kCPU);
     if (pinned) opts = opts.pinned_memory(true);
-    at::Tensor t = pinned ? torch::empty({source.numel()}, opts) : empty_with_huge_pages(source.numel(), opts);
+    at::Tensor t = empty_with_huge_pages(source.numel(), opts);
     if (zeros) {
       t.zero_();
     } else {
@@ -350,6 +340,7 @@ void ShardedParams::add_squares_on_device(const at::Tensor& grad) {
 
 void ShardedParams::attach_master_grads() {
   device_grad_sq_ = at::Tensor();
+  host_grad_sq_.reset();
   // Copies to the host started during backward must land before the host reads them.
   bool pending_copies = false;
   for (const auto& b : buckets_) pending_copies = pending_copies || (b.grad_on_host && b.full.is_cuda());
@@ -381,57 +372,54 @@ void ShardedParams::attach_master_grads() {
 }
 
 void ShardedParams::detach_master_grads() {
+  host_grad_sq_.reset();
   for (auto& m : master_flat_) m.mutable_grad() = at::Tensor();
   for (auto& b : buckets_) b.grad_on_host = false;
 }
 
-namespace {
-// Host gradients the fused sum-of-squares pass reads: contiguous fp32, fp16 or bf16.
-std::optional<offload::GradArray> host_grad(const at::Tensor& g) {
-  if (!g.is_cpu() || !g.is_contiguous()) return std::nullopt;
-  switch (g.scalar_type()) {
-    case at::kFloat: return offload::GradArray(g.data_ptr<float>());
-    case at::kHalf: return offload::GradArray(static_cast<const uint16_t*>(g.data_ptr()), offload::GradDtype::kHalf);
-    case at::kBFloat16:
-      return offload::GradArray(static_cast<const uint16_t*>(g.data_ptr()), offload::GradDtype::kBFloat16);
-    default: return std::nullopt;
-  }
+
+// Whether master tensor k's gradient is summed on the accelerator (device_grad_sq_).
+bool ShardedParams::squared_on_device(size_t k) const {
+  return device_grad_sq_.defined() && master_grads_[k].defined();
 }
-}  // namespace
+
+// The sum of squares of the gradients in host memory (offload, CPU ranks),
+// made in one fused pass per step that the fp16 overflow check and the norm
+// share: the sum is not finite exactly when an element is not.
+double ShardedParams::host_grad_sq() const {
+  if (!host_grad_sq_) {
+    double sum = 0.0;
+    for (size_t k = 0; k < master_flat_.size(); ++k) {
+      const at::Tensor& g = master_flat_[k].grad();
+      if (squared_on_device(k)) continue;
+      if (auto h = offload::grad_array(g)) sum += offload::sum_of_squares(*h, g.numel());
+    }
+    host_grad_sq_ = sum;
+  }
+  return *host_grad_sq_;
+}
 
 // One device-to-host read per call, not one per bucket.
 double ShardedParams::local_grad_sq_norm() const {
   if (master_flat_.empty()) return 0.0;
-  double host = 0.0;  // host gradients (offload, CPU ranks): one fused pass
   at::Tensor sum = at::zeros({}, master_flat_.front().options().dtype(at::kDouble));
   if (device_grad_sq_.defined()) sum += device_grad_sq_.cpu();
   for (size_t k = 0; k < master_flat_.size(); ++k) {
-    if (device_grad_sq_.defined() && master_grads_[k].defined()) continue;  // summed on the accelerator
     const at::Tensor& g = master_flat_[k].grad();
-    if (auto h = host_grad(g)) {
-      host += offload::sum_of_squares(*h, g.numel());
-    } else {
-      sum += g.pow(2).sum(at::kDouble);
-    }
+    if (!squared_on_device(k) && !offload::grad_array(g)) sum += g.pow(2).sum(at::kDouble);
   }
-  return host + sum.item<double>();
+  return host_grad_sq() + sum.item<double>();
 }
 
 bool ShardedParams::local_grads_finite() const {
   if (master_flat_.empty()) return true;
   at::Tensor finite = at::ones({}, master_flat_.front().options().dtype(at::kBool));
-  bool host_finite = true;  // the sum of squares is finite exactly when every element is
-  if (device_grad_sq_.defined()) host_finite = std::isfinite(device_grad_sq_.item<double>());
   for (size_t k = 0; k < master_flat_.size(); ++k) {
-    if (device_grad_sq_.defined() && master_grads_[k].defined()) continue;  // in device_grad_sq_
-    const at::Tensor& m = master_flat_[k];
-    if (auto h = host_grad(m.grad())) {
-      host_finite = host_finite && std::isfinite(offload::sum_of_squares(*h, m.grad().numel()));
-    } else {
-      finite.logical_and_(m.grad().isfinite().all());
-    }
+    const at::Tensor& g = master_flat_[k].grad();
+    if (!squared_on_device(k) && !offload::grad_array(g)) finite.logical_and_(g.isfinite().all());
   }
-  return host_finite && finite.item<bool>();
+  const bool device_finite = !device_grad_sq_.defined() || std::isfinite(device_grad_sq_.item<double>());
+  return std::isfinite(host_grad_sq()) && device_finite && finite.item<bool>();
 }
 
 void ShardedParams::scale_master_grads(double factor) {
