@@ -3,6 +3,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/torch.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <mutex>
 #include <sstream>
@@ -198,6 +200,15 @@ CudaBackend choose_cuda_backend(const GroupOptions& options) {
   return CudaBackend::Nccl;
 }
 
+// A write to a peer that has gone away must become a CommError that names
+// the rank (the health monitor's diagnosis), not kill this process: gloo's
+// TCP pairs and the store write to sockets without MSG_NOSIGNAL. A handler
+// the program installed itself is left alone.
+void ignore_sigpipe() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
+}
+
 }  // namespace
 
 // The world joined from the environment, shared while anyone holds it: a
@@ -231,6 +242,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchInfo& launch, const
   for (int r = 0; r < launch.world_size; ++r) info.global_ranks.push_back(r);
   info.timeout = world->timeout;
   if (launch.world_size > 1) {
+    ignore_sigpipe();
     world->store = connect_store(launch, world->timeout);
     world->health = std::make_shared<HealthMonitor>(connect_store(launch, world->timeout, /*client_only=*/true),
                                                     launch.rank, launch.world_size);
