@@ -5,7 +5,7 @@
 // per-process figure); bench/gpu/run_offload.sh runs them and FSDP2's
 // offload on the same model and batch (bench/gpu/fsdp2_offload.py).
 //
-//   bench_offload_headline --device cuda --cap-gb 80 --offload cpu
+//   bench_offload_headline --device cuda --cap-gb 80 --offload cpu [--ratio 0.6]
 //       --depth 32 --width 4096 --heads 32 --context 1024 --micro 2
 //
 // On CUDA, --cap-gb caps the caching allocator (setMemoryFraction) as if
@@ -89,7 +89,10 @@ std::string ds_config(const zero_bench::Flags& flags) {
             {"reduce_bucket_size", flags.num("bucket")},
             {"sub_group_size", flags.num("bucket")}};
   const std::string offload = flags.str("offload");  // none | cpu | cpu+param
-  if (offload != "none") z["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
+  if (offload != "none") {
+    // --ratio below 1: partial offload, the rest of the optimizer on the device.
+    z["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}, {"ratio", std::stod(flags.str("ratio"))}};
+  }
   if (offload == "cpu+param") z["offload_param"] = {{"device", "cpu"}, {"pin_memory", true}};
   json c = {{"train_micro_batch_size_per_gpu", flags.num("micro")},
             {"gradient_accumulation_steps", 1},
@@ -106,7 +109,7 @@ std::string ds_config(const zero_bench::Flags& flags) {
 int main(int argc, char** argv) {
   try {
     const zero_bench::Flags flags(argc, argv,
-                                  {{"device", "auto"}, {"cap-gb", "0"}, {"offload", "cpu"}, {"stage", "2"},
+                                  {{"device", "auto"}, {"cap-gb", "0"}, {"offload", "cpu"}, {"ratio", "1"}, {"stage", "2"},
                                    {"dtype", "bf16"}, {"depth", "4"}, {"width", "256"}, {"heads", "4"},
                                    {"context", "128"}, {"vocab", "50304"}, {"micro", "2"}, {"steps", "4"},
                                    {"warmup", "1"}, {"bucket", "500000000"}, {"out", ""}});
@@ -125,7 +128,7 @@ int main(int argc, char** argv) {
     options.context = flags.num("context");
     const int64_t micro = flags.num("micro"), steps = flags.num("steps"), warmup = flags.num("warmup");
 
-    json result = {{"offload", flags.str("offload")}, {"stage", flags.num("stage")}, {"dtype", flags.str("dtype")},
+    json result = {{"offload", flags.str("offload")}, {"ratio", std::stod(flags.str("ratio"))}, {"stage", flags.num("stage")}, {"dtype", flags.str("dtype")},
                    {"device", device.str()}, {"ranks", N}, {"cap_bytes", cap}, {"device_total_bytes", device_total},
                    {"depth", options.depth}, {"width", options.width}, {"context", options.context},
                    {"micro_batch", micro}, {"tokens_per_step", micro * options.context * N}, {"oom", false}};

@@ -32,8 +32,6 @@ void visit_offload_optimizer(Fields& f, OffloadOptimizerConfig& o) {
   f.flag("pipeline_write", o.pipeline_write);
   f.flag("fast_init", o.fast_init);
   f.number("ratio", o.ratio, Opt().min(0).max(1));
-  // Partial offload (ZeRO-Offload++): zero offloads all of the optimizer.
-  if (f.reading() && o.device != "none" && o.ratio < 1.0) f.warn(unimplemented_warning(f.path("ratio")));
 }
 
 void visit_offload_param(Fields& f, OffloadParamConfig& o) {
@@ -243,9 +241,11 @@ void check_offload(const ZeroOptimizationConfig& z) {
   if (opt.device == "nvme" && z.stage < 3)
     throw ConfigError("zero_optimization.offload_optimizer.device \"nvme\" needs stage 3 (" + stage +
                       "); use \"cpu\" at stages 1 and 2");
-  if (opt.device != "none" && opt.ratio < 1.0 && z.stage < 3)
-    throw ConfigError("zero_optimization.offload_optimizer.ratio below 1 (partial offload) needs stage 3 (" +
-                      stage + ")");
+  // Partial offload (Note [Partial offload] in zero/partition.h): DeepSpeed
+  // takes it at stage 3 only; zero at stages 1-3 alike.
+  if (opt.device == "nvme" && opt.ratio < 1.0)
+    throw ConfigError("zero_optimization.offload_optimizer.ratio below 1 (partial offload) needs device \"cpu\"; with "
+                      "\"nvme\" every optimizer state is swapped (set ratio to 1, or device to \"cpu\")");
   if (opt.device == "nvme" && opt.nvme_path.empty())
     throw ConfigError("zero_optimization.offload_optimizer.nvme_path is required when device is \"nvme\"");
   if (par.device == "nvme" && par.nvme_path.empty())

@@ -1,6 +1,7 @@
 #include "engine/cpu_optimizer.h"
 
 #include <chrono>
+#include <cmath>
 #include <sstream>
 
 #include "engine/optimizer.h"
@@ -42,12 +43,6 @@ void finish_fp32_copy(const at::Tensor& p, const at::Tensor& target) {
   if (target.defined() && target.scalar_type() == at::kFloat) target.copy_(p);
 }
 
-// A state tensor like `p` (a 1-D host fp32 master) filled with `value`, with
-// huge pages: the kernels stream through it every step.
-at::Tensor host_state_like(const at::Tensor& p, double value) {
-  return offload::empty_with_huge_pages(p.numel(), p.options()).fill_(value);
-}
-
 at::Tensor run_closure(torch::optim::Optimizer::LossClosure& closure) {
   if (!closure) return {};
   at::AutoGradMode enable_grad(true);
@@ -58,12 +53,41 @@ at::Tensor run_closure(torch::optim::Optimizer::LossClosure& closure) {
 
 // ---- HostOptimizer ----
 
-void HostOptimizer::update_one(torch::optim::OptimizerParamGroup& group, at::Tensor& p, size_t i) {
-  if (!sink_.target) return update(group, p, at::Tensor());
-  if (!p.grad().defined()) {
-    throw OffloadError("offloaded tensor " + std::to_string(i) + " has no gradient; its target would not be written");
+HostOptimizer::HostOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
+                             std::unique_ptr<torch::optim::OptimizerOptions> defaults,
+                             const std::vector<at::Tensor>& elsewhere)
+    : Optimizer(std::move(groups), std::move(defaults)) {
+  for (const auto& t : elsewhere) elsewhere_.insert(t.unsafeGetTensorImpl());
+  for (const auto& g : param_groups_) {
+    for (const auto& p : g.params()) {
+      if (on_host(p)) check_host_fp32(p, "offload_optimizer");
+    }
   }
-  update(group, p, sink_.target(i));
+}
+
+// Host states get huge pages: the kernels stream through them every step.
+at::Tensor HostOptimizer::state_like(const at::Tensor& p, double value) const {
+  if (!on_host(p)) return at::full_like(p, value);
+  return offload::empty_with_huge_pages(p.numel(), p.options()).fill_(value);
+}
+
+void HostOptimizer::update_one(torch::optim::OptimizerParamGroup& group, at::Tensor& p, size_t i) {
+  at::Tensor target;
+  if (sink_.target) {
+    if (!p.grad().defined()) {
+      throw OffloadError("offloaded tensor " + std::to_string(i) + " has no gradient; its target would not be written");
+    }
+    target = sink_.target(i);
+  }
+  if (on_host(p)) {
+    update(group, p, target);
+  } else if (p.grad().defined()) {
+    // One bucket's gradient widened at a time, scaled as the kernels scale theirs.
+    at::Tensor grad = p.grad().to(at::kFloat);
+    if (grad_scale_ != 1.0f) grad = grad.mul(grad_scale_);
+    update_elsewhere(group, p, grad);
+    if (target.defined()) target.copy_(p);
+  }
   if (sink_.written) sink_.written(i);
 }
 
@@ -89,11 +113,19 @@ torch::Tensor HostOptimizer::step(LossClosure closure) {
     for (auto& p : group.params()) flat.emplace_back(&group, &p);
   }
   if (!store_) {
+    // Partial offload: the updates elsewhere are queued first (asynchronous
+    // on an accelerator), so they run while the host kernels run.
+    for (size_t i = 0; i < flat.size(); ++i) {
+      if (!on_host(*flat[i].second)) update_one(*flat[i].first, *flat[i].second, i);
+    }
     const auto start = Clock::now();
-    for (size_t i = 0; i < flat.size(); ++i) update_one(*flat[i].first, *flat[i].second, i);
+    for (size_t i = 0; i < flat.size(); ++i) {
+      if (on_host(*flat[i].second)) update_one(*flat[i].first, *flat[i].second, i);
+    }
     timing_.compute_s += since(start);
     return loss;
   }
+  if (!elsewhere_.empty()) throw OffloadError("NVMe offload updates every tensor on the host (partial offload needs device \"cpu\")");
   // Sub-groups: consecutive parameters of about sub_group_numel elements.
   std::vector<std::vector<size_t>> sub_groups(1);
   int64_t filled = 0;
@@ -135,14 +167,13 @@ torch::Tensor HostOptimizer::step(LossClosure closure) {
 
 // ---- CpuAdam ----
 
-CpuAdam::CpuAdam(std::vector<torch::optim::OptimizerParamGroup> groups, bool decoupled)
-    : HostOptimizer(groups, decoupled ? std::unique_ptr<torch::optim::OptimizerOptions>(std::make_unique<torch::optim::AdamWOptions>())
-                                      : std::make_unique<torch::optim::AdamOptions>()),
-      decoupled_(decoupled) {
-  for (const auto& g : param_groups_) {
-    for (const auto& p : g.params()) check_host_fp32(p, "CpuAdam");
-  }
-}
+CpuAdam::CpuAdam(std::vector<torch::optim::OptimizerParamGroup> groups, bool decoupled,
+                 const std::vector<at::Tensor>& elsewhere)
+    : HostOptimizer(groups,
+                    decoupled ? std::unique_ptr<torch::optim::OptimizerOptions>(std::make_unique<torch::optim::AdamWOptions>())
+                              : std::make_unique<torch::optim::AdamOptions>(),
+                    elsewhere),
+      decoupled_(decoupled) {}
 
 void CpuAdam::make_states() {
   for (auto& g : param_groups_) {
@@ -151,11 +182,11 @@ void CpuAdam::make_states() {
       if (state_.count(key)) continue;
       if (decoupled_) {
         auto s = std::make_unique<torch::optim::AdamWParamState>();
-        s->exp_avg(host_state_like(p, 0.0)).exp_avg_sq(host_state_like(p, 0.0));
+        s->exp_avg(state_like(p, 0.0)).exp_avg_sq(state_like(p, 0.0));
         state_[key] = std::move(s);
       } else {
         auto s = std::make_unique<torch::optim::AdamParamState>();
-        s->exp_avg(host_state_like(p, 0.0)).exp_avg_sq(host_state_like(p, 0.0));
+        s->exp_avg(state_like(p, 0.0)).exp_avg_sq(state_like(p, 0.0));
         state_[key] = std::move(s);
       }
     }
@@ -207,17 +238,56 @@ void CpuAdam::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, co
   finish_fp32_copy(p, target);
 }
 
+// torch::optim::Adam's arithmetic (AdamW's decoupled decay first), as it
+// runs without offload.
+void CpuAdam::update_elsewhere(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& grad_in) {
+  make_states();
+  double lr, b1, b2, eps, wd;
+  if (decoupled_) {
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    lr = o.lr(), b1 = std::get<0>(o.betas()), b2 = std::get<1>(o.betas()), eps = o.eps(), wd = o.weight_decay();
+  } else {
+    const auto& o = static_cast<const torch::optim::AdamOptions&>(group.options());
+    lr = o.lr(), b1 = std::get<0>(o.betas()), b2 = std::get<1>(o.betas()), eps = o.eps(), wd = o.weight_decay();
+  }
+  auto& s = *state_.at(state_key(p));
+  int64_t step;
+  at::Tensor m, v;
+  if (decoupled_) {
+    auto& a = static_cast<torch::optim::AdamWParamState&>(s);
+    a.step(a.step() + 1);
+    step = a.step(), m = a.exp_avg(), v = a.exp_avg_sq();
+  } else {
+    auto& a = static_cast<torch::optim::AdamParamState&>(s);
+    a.step(a.step() + 1);
+    step = a.step(), m = a.exp_avg(), v = a.exp_avg_sq();
+  }
+  at::Tensor grad = grad_in;
+  if (wd != 0) {
+    if (decoupled_) {
+      p.mul_(1 - lr * wd);
+    } else {
+      grad = grad.add(p, wd);
+    }
+  }
+  const double bias_correction1 = 1 - std::pow(b1, step);
+  const double bias_correction2 = 1 - std::pow(b2, step);
+  m.mul_(b1).add_(grad, 1 - b1);
+  v.mul_(b2).addcmul_(grad, grad, 1 - b2);
+  const at::Tensor denom = (v.sqrt() / std::sqrt(bias_correction2)).add_(eps);
+  p.addcdiv_(m, denom, -lr / bias_correction1);
+}
+
 // ---- CpuAdagrad ----
 
-CpuAdagrad::CpuAdagrad(std::vector<torch::optim::OptimizerParamGroup> groups)
-    : HostOptimizer(groups, std::make_unique<torch::optim::AdagradOptions>()) {
+CpuAdagrad::CpuAdagrad(std::vector<torch::optim::OptimizerParamGroup> groups, const std::vector<at::Tensor>& elsewhere)
+    : HostOptimizer(groups, std::make_unique<torch::optim::AdagradOptions>(), elsewhere) {
   for (auto& group : param_groups_) {  // torch::optim::Adagrad makes its state up front
     const auto& o = static_cast<const torch::optim::AdagradOptions&>(group.options());
     for (auto& p : group.params()) {
-      check_host_fp32(p, "CpuAdagrad");
       auto s = std::make_unique<torch::optim::AdagradParamState>();
       s->step(0);
-      s->sum(host_state_like(p, o.initial_accumulator_value()));
+      s->sum(state_like(p, o.initial_accumulator_value()));
       state_[state_key(p)] = std::move(s);
     }
   }
@@ -241,6 +311,18 @@ void CpuAdagrad::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p,
   const auto [copy, copy_dtype] = fused_copy(p, target);
   offload::adagrad_step(h, p.numel(), p.data_ptr<float>(), grad, s.sum().data_ptr<float>(), copy, copy_dtype);
   finish_fp32_copy(p, target);
+}
+
+// torch::optim::Adagrad's arithmetic, as it runs without offload.
+void CpuAdagrad::update_elsewhere(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& grad_in) {
+  const auto& o = static_cast<const torch::optim::AdagradOptions&>(group.options());
+  auto& s = static_cast<torch::optim::AdagradParamState&>(*state_.at(state_key(p)));
+  s.step(s.step() + 1);
+  at::Tensor grad = o.weight_decay() != 0 ? grad_in.add(p, o.weight_decay()) : grad_in;
+  const double clr = o.lr() / (1 + static_cast<double>(s.step() - 1) * o.lr_decay());
+  s.sum().addcmul_(grad, grad, 1.0);
+  const at::Tensor std = s.sum().sqrt().add_(o.eps());
+  p.addcdiv_(grad, std, -clr);
 }
 
 }  // namespace zero::engine

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <unordered_set>
 #include <vector>
 
 #include "offload/swapped_tensors.h"
@@ -28,9 +29,15 @@ struct UpdateSink {
 
 // What CpuAdam and CpuAdagrad share: the targets, the walk over the tensors
 // and, with NVMe offload, the pipeline over sub-groups.
+//
+// Partial offload (Note [Partial offload] in zero/partition.h): the tensors
+// listed in `elsewhere` stay where they are (usually the accelerator) and
+// are updated there with tensor operations, torch::optim's arithmetic, before
+// the host kernels update the rest, so that both run at once.
 class HostOptimizer : public torch::optim::Optimizer {
  public:
-  using Optimizer::Optimizer;
+  HostOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
+                std::unique_ptr<torch::optim::OptimizerOptions> defaults, const std::vector<at::Tensor>& elsewhere);
   torch::Tensor step(LossClosure closure = nullptr) override;
   void set_update_sink(UpdateSink sink) { sink_ = std::move(sink); }
 
@@ -59,10 +66,18 @@ class HostOptimizer : public torch::optim::Optimizer {
  protected:
   // Updates `p` of `group`, writing its new value to `target` when defined.
   virtual void update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& target) = 0;
+  // Updates `p`, not updated by the host kernels, with tensor operations
+  // where it lives, given its gradient widened to fp32 and scaled.
+  virtual void update_elsewhere(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& grad) = 0;
+  // Whether the host kernels update `p` (its states live in host memory).
+  bool on_host(const at::Tensor& p) const { return elsewhere_.count(p.unsafeGetTensorImpl()) == 0; }
+  // A state tensor like `p` filled with `value`, where p's states live.
+  at::Tensor state_like(const at::Tensor& p, double value) const;
   float grad_scale_ = 1.0f;
 
  private:
   void update_one(torch::optim::OptimizerParamGroup& group, at::Tensor& p, size_t i);
+  std::unordered_set<const void*> elsewhere_;
   UpdateSink sink_;
   offload::SwappedTensors* store_ = nullptr;
   Timing timing_;
@@ -73,12 +88,14 @@ class HostOptimizer : public torch::optim::Optimizer {
 class CpuAdam : public HostOptimizer {
  public:
   // groups carry AdamWOptions (decoupled weight decay) or AdamOptions (L2).
-  CpuAdam(std::vector<torch::optim::OptimizerParamGroup> groups, bool decoupled);
+  CpuAdam(std::vector<torch::optim::OptimizerParamGroup> groups, bool decoupled,
+          const std::vector<at::Tensor>& elsewhere = {});
   void make_states() override;
   std::vector<at::Tensor> states_of(const at::Tensor& p) override;
 
  protected:
   void update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& target) override;
+  void update_elsewhere(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& grad) override;
 
  private:
   bool decoupled_;
@@ -86,12 +103,14 @@ class CpuAdam : public HostOptimizer {
 
 class CpuAdagrad : public HostOptimizer {
  public:
-  explicit CpuAdagrad(std::vector<torch::optim::OptimizerParamGroup> groups);
+  explicit CpuAdagrad(std::vector<torch::optim::OptimizerParamGroup> groups,
+                      const std::vector<at::Tensor>& elsewhere = {});
   void make_states() override {}  // made up front, as torch::optim::Adagrad does
   std::vector<at::Tensor> states_of(const at::Tensor& p) override;
 
  protected:
   void update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& target) override;
+  void update_elsewhere(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& grad) override;
 };
 
 }  // namespace zero::engine

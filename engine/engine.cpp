@@ -167,6 +167,7 @@ void Engine::Impl::build_params(InitOptions& options) {
   popts.max_live_numel = config.zero_optimization.stage3_max_live_parameters;
   const auto& offload = config.zero_optimization.offload_optimizer;
   popts.offload_optimizer = offload.device == "cpu" || offload.device == "nvme";
+  popts.offload_ratio = offload.ratio;
   popts.offload_master_to_disk = offload.device == "nvme";
   popts.pin_memory = offload.pin_memory;
   const auto& offload_param = config.zero_optimization.offload_param;
@@ -205,17 +206,20 @@ void Engine::Impl::build_params(InitOptions& options) {
   layout.all_reduce_sum = [group, shared](at::Tensor& t) {
     if (shared) group->all_reduce(t, comm::ReduceOp::Sum);
   };
+  // The optimizer's tensors are master() group by group; each is one bucket.
+  std::vector<size_t> bucket_of;
+  for (size_t g = 0; g < sharded->master().size(); ++g) {
+    for (size_t k = 0; k < sharded->buckets().size(); ++k) {
+      if (sharded->buckets()[k].group == static_cast<int>(g)) bucket_of.push_back(k);
+    }
+  }
   engine::HostStep host;
   host.enabled = popts.offload_optimizer;
+  for (size_t k = 0; k < sharded->buckets().size(); ++k) {  // Note [Partial offload]
+    if (host.enabled && !sharded->buckets()[k].master_on_host) host.elsewhere.push_back(sharded->master_tensors()[k]);
+  }
   optimizer = engine::make_optimizer(config.optimizer, opt_groups, layout, host);
   if (auto* host_optimizer = dynamic_cast<engine::HostOptimizer*>(optimizer.get())) {
-    // The optimizer's tensors are master() group by group; each is one bucket.
-    std::vector<size_t> bucket_of;
-    for (size_t g = 0; g < sharded->master().size(); ++g) {
-      for (size_t k = 0; k < sharded->buckets().size(); ++k) {
-        if (sharded->buckets()[k].group == static_cast<int>(g)) bucket_of.push_back(k);
-      }
-    }
     partition::ShardedParams* params = sharded.get();
     host_optimizer->set_update_sink({[params, bucket_of](size_t i) { return params->update_target(bucket_of[i]); },
                                      [params, bucket_of](size_t i) { params->updated(bucket_of[i]); }});
@@ -425,15 +429,26 @@ MemoryReport Engine::Impl::memory() const {
   r.host_offloaded = sharded->offloaded_param_bytes(/*nvme=*/false);
   r.nvme_offloaded = sharded->offloaded_param_bytes(/*nvme=*/true);
   if (sharded->options().offload_optimizer) {
-    r.fp32_master = 0;
-    for (const auto& m : sharded->master_tensors()) r.fp32_master += m.nbytes();
+    // Of the master weights and states, those of the buckets on the host
+    // (all of them unless partial, Note [Partial offload]). A host master is
+    // always apart from the parameters, so master_bytes() counts it, fp32 too.
+    int64_t host_master = 0, host_states = 0;
+    for (size_t k = 0; k < sharded->buckets().size(); ++k) {
+      if (!sharded->buckets()[k].master_on_host) continue;
+      const at::Tensor& m = sharded->master_tensors()[k];
+      host_master += m.nbytes();
+      for (const auto& kind : engine::state_kinds(config.optimizer)) {
+        const at::Tensor state = engine::state_tensor(*optimizer, config.optimizer, m, kind, false);
+        if (state.defined()) host_states += state.nbytes();
+      }
+    }
     r.offload_buffers = sharded->offload_buffer_bytes();
     if (nvme) {
       r.nvme_offloaded += nvme->nvme_bytes();
       r.host_offloaded += nvme->resident_bytes() + r.offload_buffers;
       r.nvme_host_peak = nvme->peak_resident_bytes();
     } else {
-      r.host_offloaded += r.fp32_master + r.optimizer_states + r.offload_buffers;
+      r.host_offloaded += host_master + host_states + r.offload_buffers;
     }
   }
   for (const auto& b : module->buffers()) r.buffers += b.nbytes();

@@ -83,16 +83,16 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c
       if (config.decoupled_weight_decay()) {
         torch::optim::AdamWOptions o(p.lr);
         o.betas({p.betas[0], p.betas[1]}).eps(p.eps);
-        return std::make_unique<CpuAdam>(param_groups(groups, o), true);
+        return std::make_unique<CpuAdam>(param_groups(groups, o), true, host.elsewhere);
       }
       torch::optim::AdamOptions o(p.lr);
       o.betas({p.betas[0], p.betas[1]}).eps(p.eps);
-      return std::make_unique<CpuAdam>(param_groups(groups, o), false);
+      return std::make_unique<CpuAdam>(param_groups(groups, o), false, host.elsewhere);
     }
     if (config.type == "Adagrad") {
       torch::optim::AdagradOptions o(p.lr);
       o.lr_decay(p.lr_decay).eps(p.eps).initial_accumulator_value(p.initial_accumulator_value);
-      return std::make_unique<CpuAdagrad>(param_groups(groups, o));
+      return std::make_unique<CpuAdagrad>(param_groups(groups, o), host.elsewhere);
     }
     throw ConfigError("zero_optimization.offload_optimizer runs Adam, AdamW or Adagrad on the CPU; optimizer.type \"" +
                       config.type + "\" is not supported with it (use one of those, or set offload_optimizer.device to \"none\")");

@@ -47,6 +47,8 @@ struct ShardLayout {
 // the engine gives it the UpdateSink that takes its results to the parameters.
 struct HostStep {
   bool enabled = false;
+  // Partial offload: the tensors updated where they live, not by the host kernels.
+  std::vector<at::Tensor> elsewhere;
 };
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& config,

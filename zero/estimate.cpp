@@ -2,6 +2,7 @@
 #include "zero/estimate.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "zero/error.h"
 
@@ -61,6 +62,10 @@ MemoryEstimate estimate_memory(const EstimateInput& in) {
           "the NVMe buffer counts must be in [0, 1024]");
   require(in.offload_param_buffer_size >= 0 && in.offload_param_buffer_size <= 1000000000000,
           "offload_param_buffer_size must be in [0, 1e12]");
+  require(in.offload_optimizer_ratio >= 0 && in.offload_optimizer_ratio <= 1,
+          "offload_optimizer_ratio must be in [0, 1]");
+  require(in.offload_optimizer_ratio == 1 || in.offload_optimizer != "nvme",
+          "offload_optimizer_ratio below 1 (partial offload) needs offload_optimizer \"cpu\"");
   require(known_device(in.offload_optimizer), "offload_optimizer must be none, cpu or nvme; got \"" + in.offload_optimizer + "\"");
   require(known_device(in.offload_param), "offload_param must be none, cpu or nvme; got \"" + in.offload_param + "\"");
   require(offload_optimizer_allowed(in.offload_optimizer, in.stage),
@@ -94,17 +99,19 @@ MemoryEstimate estimate_memory(const EstimateInput& in) {
   if (in.offload_optimizer != "none") {   // stages 1-3
     const bool nvme = in.offload_optimizer == "nvme";
     MemoryBytes& to = nvme ? m.nvme : m.host;
-    to.fp32_master = s * 4;   // with fp32 training too: the CPU optimizer's copy of the shard
-    to.optimizer_states = s * k;
-    // The reduced gradient shard the CPU optimizer reads, in the training dtype.
-    if (in.accelerator) m.host.gradients = s * b;
+    // Partial offload: the host share of the shard (the engine splits at bucket boundaries).
+    const int64_t off = nvme ? s : std::llround(in.offload_optimizer_ratio * static_cast<double>(s));
+    to.fp32_master = off * 4;   // with fp32 training too: the CPU optimizer's copy of the shard
+    to.optimizer_states = off * k;
+    // The reduced gradient shard the CPU optimizer reads, in the training
+    // dtype (a copy: the device keeps its reduced partition).
+    if (in.accelerator) m.host.gradients = off * b;
     // With an accelerator, the CPU optimizer writes each bucket's updated
     // shard into one of two page-locked staging buffers on its way there
     // (without one, straight into the parameters).
-    if (in.accelerator) m.host.params += 2 * ((std::min(in.reduce_bucket_size, p) + owners - 1) / owners) * b;
-    d.fp32_master = 0;
-    d.optimizer_states = 0;
-    if (in.stage >= 2) d.gradients = m.reduce_bucket;   // the reduced shard goes straight to the host
+    if (in.accelerator && off > 0) m.host.params += 2 * ((std::min(in.reduce_bucket_size, p) + owners - 1) / owners) * b;
+    d.fp32_master = in.mixed_precision ? (s - off) * 4 : 0;
+    d.optimizer_states = (s - off) * k;
     if (nvme) {
       // The step's sub-groups in host memory: read-ahead, current, write-behind.
       const int64_t sub = std::min(in.sub_group_size, s);

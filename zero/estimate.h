@@ -29,17 +29,22 @@
 //
 // Offload (each valid only where the config allows it; anything else throws):
 //   offload_optimizer "cpu" (stages 1-3): the fp32 master shard, the optimizer
-//     states and the reduced gradient shard S*b (in the training dtype, as
-//     the CPU optimizer reads it) live in host memory, and two page-locked
-//     staging buffers of a bucket's shard carry the updated parameters to
-//     the device (2*ceil(min(reduce_bucket_size, P)/N)*b, reported as host
-//     params). The device keeps no gradient shard at stages 2-3 (the reduced
-//     bucket is copied to the host), only the reduce bucket; at stage 1 it
-//     keeps its P*b gradients. With fp32 training the host still keeps an
-//     fp32 copy of the shard S*4 for the CPU optimizer to update (reported
-//     as fp32_master). Without an accelerator (EstimateInput::accelerator
-//     false: CPU ranks) the optimizer reads the gradients and writes the
-//     parameters where they are: no host gradient shard, no staging.
+//     states and a copy of the reduced gradient shard S*b (in the training
+//     dtype, as the CPU optimizer reads it) live in host memory, and two
+//     page-locked staging buffers of a bucket's shard carry the updated
+//     parameters to the device (2*ceil(min(reduce_bucket_size, P)/N)*b,
+//     reported as host params). The device keeps its gradients as without
+//     offload (the reduced partition accumulates there across micro-steps).
+//     With fp32 training the host still keeps an fp32 copy of the shard S*4
+//     for the CPU optimizer to update (reported as fp32_master). Without an
+//     accelerator (EstimateInput::accelerator false: CPU ranks) the
+//     optimizer reads the gradients and writes the parameters where they
+//     are: no host gradient shard, no staging.
+//     Partial offload (offload_optimizer_ratio r < 1): the host holds
+//     round(r*S) elements of master weights, states and gradient copies; the
+//     device keeps the rest of the master weights (mixed precision) and
+//     states. The engine splits at bucket boundaries, so its share differs
+//     from r*S by up to half a bucket's shard.
 //   offload_optimizer "nvme" (stage 3): master shard and states on NVMe; the
 //     host keeps the gradient shard and staging buffers as with "cpu", and
 //     the step's sub-groups in flight: up to 3 (read-ahead, current,
@@ -66,6 +71,7 @@ struct EstimateInput {
   int64_t reduce_bucket_size = 500000000;          // elements
   int64_t stage3_max_live_parameters = 1000000000;  // elements
   std::string offload_optimizer = "none";  // "none" | "cpu" | "nvme"
+  double offload_optimizer_ratio = 1.0;    // partial offload ("cpu"): the share on the host
   std::string offload_param = "none";      // "none" | "cpu" | "nvme"
   // The parameters live on an accelerator (the usual case). With CPU ranks
   // the offload optimizer reads the gradient shard where it was reduced, so

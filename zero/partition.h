@@ -38,6 +38,16 @@
 // page-locked staging buffers, copied to the accelerator asynchronously; a
 // bucket that stays gathered starts its all-gather at once. No host copy of
 // the whole partition in the training dtype is kept.
+//
+// Note [Partial offload]: offload_ratio below 1 (DeepSpeed's
+// offload_optimizer.ratio, ZeRO-Offload++'s "Twin-Flow") offloads only the
+// first buckets in flat order, whole buckets, until about that share of the
+// partition's elements is on the host: the layers whose gradients arrive
+// first, so their copies to the host overlap the rest of backward. The
+// other buckets keep their master weights and states where the parameters
+// are and are updated there while the host updates its share; their
+// gradients stay in the training dtype too (the optimizer widens one bucket
+// at a time).
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
@@ -65,6 +75,7 @@ struct Options {
   int64_t max_live_numel = 1000000000;     // stage3_max_live_parameters
   // offload_optimizer (Note [Offload copies])
   bool offload_optimizer = false;
+  double offload_ratio = 1.0;              // Note [Partial offload]
   bool pin_memory = false;                 // page-locked host tensors (with CUDA parameters)
   bool offload_master_to_disk = false;     // NVMe: the master weights are not resident, so fp32 gets copies too
   // offload_param (stage 3): "none", "cpu" (the shards of released buckets
@@ -94,6 +105,7 @@ struct Bucket {
   at::Tensor staging_base;      // a pooled buffer of the largest bucket's size
   at::Tensor reduced;           // reduce-scatter output, added to the partition
   int swap_id = -1;             // offload_param "nvme": the shard's id in the parameter store
+  bool master_on_host = false;  // offload: its master weights and states live in host memory (Note [Partial offload])
   bool grad_on_host = false;    // offload: its reduced gradients were copied to the host at the boundary
   bool read_pending = false;    // offload_param "nvme": a prefetch's read is in flight, its all-gather not started
   bool read_ahead = false;      // offload_param "nvme": its shard is being read for the next prefetch (not gathered yet)

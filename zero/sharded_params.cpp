@@ -90,6 +90,19 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
     partition_offset_.push_back(partition_numel_);
     partition_numel_ += b.shard_numel;
   }
+  // Note [Partial offload]: buckets go to the host in flat order while the
+  // share offloaded stays below the ratio by at least half the next bucket
+  // (the nearest split at a bucket boundary). Every rank has the same
+  // buckets, so the same split.
+  if (options_.offload_optimizer) {
+    const double wanted = options_.offload_ratio * static_cast<double>(partition_numel_);
+    int64_t offloaded = 0;
+    for (auto& b : buckets_) {
+      if (options_.offload_ratio < 1.0 && offloaded + b.shard_numel / 2.0 >= wanted) break;
+      b.master_on_host = true;
+      offloaded += b.shard_numel;
+    }
+  }
 
   // Each bucket's buffer, filled from the parameters; mixed-precision master
   // weights start from the model's exact fp32 values.
@@ -130,7 +143,7 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
     const bool shard_offloaded = !b.persistent && options_.offload_param != "none";
     if (shard_offloaded) b.shard = host_tensor(b.shard, options_.dtype, pin_transfers);  // gathered from here
     at::Tensor m;
-    if (options_.offload_optimizer) {  // Note [Offload copies]
+    if (b.master_on_host) {  // Note [Offload copies]
       // The master weights stay on the host (the updated parameters leave
       // through the staging buffers): pageable.
       m = host_tensor(values.slice(0, start, start + b.shard_numel), at::kFloat, /*pinned=*/false);
@@ -142,6 +155,7 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
       // Separate from the parameters in mixed precision, or when the shard
       // leaves for the host or disk.
       m = mixed || shard_offloaded ? values.slice(0, start, start + b.shard_numel).clone() : b.shard;
+      if (options_.offload_optimizer) master_grads_.push_back(at::Tensor());  // updated where it is
     }
     if (shard_offloaded && options_.offload_param == "nvme") {
       if (!param_store_) param_store_ = std::make_unique<offload::SwappedTensors>(options_.param_swap);
@@ -359,8 +373,10 @@ void ShardedParams::attach_master_grads() {
     if (options_.offload_optimizer) {
       // The host optimizer reads the gradient in the training dtype (Note
       // [Offload copies]); stages 2-3 copied it when the bucket was reduced.
+      // A bucket updated on the accelerator (Note [Partial offload]) keeps it
+      // there, in the training dtype too.
+      if (!grad.is_cpu()) add_squares_on_device(grad);
       if (master_grads_[k].defined()) {
-        add_squares_on_device(grad);
         if (!b.grad_on_host) master_grads_[k].copy_(grad);
         grad = master_grads_[k];
       }
@@ -378,9 +394,10 @@ void ShardedParams::detach_master_grads() {
 }
 
 
-// Whether master tensor k's gradient is summed on the accelerator (device_grad_sq_).
+// Whether master tensor k's gradient is summed on the accelerator
+// (device_grad_sq_): with offload, every bucket's is when the parameters are there.
 bool ShardedParams::squared_on_device(size_t k) const {
-  return device_grad_sq_.defined() && master_grads_[k].defined();
+  return device_grad_sq_.defined() && !buckets_[k].full.is_cpu();
 }
 
 // The sum of squares of the gradients in host memory (offload, CPU ranks),
@@ -467,7 +484,9 @@ at::Tensor ShardedParams::update_target(size_t k) {
   Bucket& b = buckets_[k];
   if (master_flat_[k].unsafeGetTensorImpl() == b.shard.unsafeGetTensorImpl()) return {};
   if (b.swap_id >= 0) param_store_->materialize({b.swap_id});  // written back by updated()
-  if (b.shard.is_cpu()) return b.shard;
+  // Written in place: a host shard by the host optimizer, or (Note [Partial
+  // offload]) a shard on the accelerator by the update made there.
+  if (b.shard.is_cpu() || !b.master_on_host) return b.shard;
   // The shard is on the accelerator: a staging buffer whose previous copy has run.
   if (update_staging_.empty()) {
     int64_t largest = 0;

@@ -240,6 +240,13 @@ TEST(ExactResume, Stage2CpuOffloadBf16) {
   s.offload = R"(, "offload_optimizer": {"device": "cpu"})";
   exact_resume(s, "offload_cpu");
 }
+TEST(ExactResume, Stage3PartialOffloadBf16) {  // some buckets' states on the host, the others' with the parameters
+  RunSetup s;
+  s.stage = 3;
+  s.dtype = "bf16";
+  s.offload = R"(, "offload_optimizer": {"device": "cpu", "ratio": 0.5})";
+  exact_resume(s, "offload_partial");
+}
 TEST(ExactResume, Stage3NvmeOffloadAccumulation) {
   RunSetup s;
   s.stage = 3;
@@ -498,6 +505,25 @@ TEST(Reshard, OffloadToNoneAndBack) {
   eb.load_checkpoint(dir);
   eb.save_checkpoint(again);
   expect_same_contents(dir, again, "offload -> none");
+}
+
+// Partial offload's checkpoint holds the same model-space state: it loads with all of it offloaded.
+TEST(Reshard, PartialOffloadToFullOffload) {
+  RunSetup s;
+  s.stage = 2;
+  s.offload = R"(, "offload_optimizer": {"device": "cpu", "ratio": 0.4})";
+  const std::string dir = dir_for("partial_full"), again = dir_for("partial_full_again");
+  Net a = make_net(1);
+  auto ea = make_engine(s, a);
+  train(ea, a, 0, 3, *g_world);
+  ea.save_checkpoint(dir);
+  RunSetup t = s;
+  t.offload = R"(, "offload_optimizer": {"device": "cpu"})";
+  Net b = make_net(2);
+  auto eb = make_engine(t, b);
+  eb.load_checkpoint(dir);
+  eb.save_checkpoint(again);
+  expect_same_contents(dir, again, "partial -> full offload");
 }
 
 TEST(Reshard, Stage2ToStage3SameRanks) { reshard(g_world->size(), 2, 3, "r23"); }

@@ -1,12 +1,14 @@
 // offload_optimizer in the engine, on 1 and 2 ranks (through zero-run):
-// training with the optimizer on the host (fused SIMD kernels) reaches the
-// same parameters as the same run without offload, at stages 1-3, fp32,
-// bf16 and fp16, with accumulation and clipping.
+// training with the optimizer on the host (fused SIMD kernels), all of it or
+// a share (partial offload), reaches the same parameters as the same run
+// without offload, at stages 1-3, fp32, bf16 and fp16 (elementwise: CPU
+// LibTorch has no fp16 matmul), with accumulation and clipping.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <filesystem>
 #include <map>
+#include <sstream>
 
 #include "zero/estimate.h"
 #include "zero/zero.h"
@@ -54,6 +56,9 @@ std::string config_json(const Case& c, const std::string& offload) {
                      R"(, "optimizer": )" + c.optimizer + R"(, "zero_optimization": {"stage": )" + std::to_string(c.stage) +
                      R"(, "reduce_bucket_size": 300, "stage3_param_persistence_threshold": 0)";
   if (offload == "cpu") json += R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true})";
+  if (offload.rfind("ratio ", 0) == 0) {  // partial offload: "ratio 0.5"
+    json += R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true, "ratio": )" + offload.substr(6) + "}";
+  }
   if (offload == "param_cpu") json += R"(, "offload_param": {"device": "cpu"})";
   if (offload == "param_nvme" || offload == "all_nvme") {
     json += R"(, "offload_param": {"device": "nvme", "nvme_path": ")" + nvme_dir() + R"("})";
@@ -108,13 +113,13 @@ int64_t expected_unit_shard_bytes(const Case& c) {
   return elements * b;
 }
 
-void expect_parity(const Case& c, const std::string& name, const std::string& offload = "cpu") {
+zero::MemoryReport expect_parity(const Case& c, const std::string& name, const std::string& offload = "cpu") {
   zero::MemoryReport report;
   const auto reference = train(c, "none");
   const auto offloaded = train(c, offload, &report);
-  // fp32: the kernels agree with torch::optim to ~1e-7 per step; bf16:
-  // a master weight that moved by that much may round to the next bf16.
-  const double tolerance = c.dtype == "bf16" ? 1e-2 : 1e-5;
+  // fp32: the kernels agree with torch::optim to ~1e-7 per step; 16-bit:
+  // a master weight that moved by that much may round to the next value.
+  const double tolerance = c.dtype == "fp32" ? 1e-5 : 1e-2;
   for (const auto& [key, t] : reference) {
     const double scale = t.abs().max().item<double>() + 1e-12;
     const double err = (t - offloaded.at(key)).abs().max().item<double>() / scale;
@@ -130,9 +135,10 @@ void expect_parity(const Case& c, const std::string& name, const std::string& of
     EXPECT_EQ(report.host_offloaded, expected_unit_shard_bytes(c)) << name;
   } else if (offload == "param_nvme") {
     EXPECT_EQ(report.nvme_offloaded, expected_unit_shard_bytes(c)) << name;
-  } else {
+  } else if (offload == "all_nvme") {
     EXPECT_EQ(report.nvme_offloaded, expected_unit_shard_bytes(c) + report.fp32_master + report.optimizer_states) << name;
   }
+  return report;
 }
 
 // zero-config --estimate's host and NVMe bytes against what the engine holds
@@ -140,9 +146,11 @@ void expect_parity(const Case& c, const std::string& name, const std::string& of
 // the engine adds per bucket (the estimate pads the whole model once). On
 // CPU ranks the gradient shard already is in host memory and gets no second
 // copy (accelerator = false).
-void expect_estimate_matches(const Case& c, const std::string& offload) {
+void expect_estimate_matches(const Case& c, const std::string& offload, double ratio = 1.0) {
   zero::MemoryReport report;
-  train(c, offload, &report);
+  std::ostringstream partial;
+  partial << "ratio " << ratio;
+  train(c, ratio < 1.0 ? partial.str() : offload, &report);
   zero::EstimateInput in;
   in.params = kIn * kHidden + kHidden + kHidden * kHidden + kHidden + kHidden * kOut + kOut;
   in.world_size = g_world->size();
@@ -152,14 +160,19 @@ void expect_estimate_matches(const Case& c, const std::string& offload) {
   in.state_bytes_per_element = 8;
   in.reduce_bucket_size = 300;
   in.offload_optimizer = offload;
+  in.offload_optimizer_ratio = ratio;
   in.sub_group_size = 500;
   in.accelerator = false;
   const zero::MemoryEstimate m = zero::estimate_memory(in);
   const double slack = 0.02;  // per-bucket padding
-  const std::string what = offload + " stage " + std::to_string(c.stage) + " " + c.dtype;
+  const std::string what = offload + " stage " + std::to_string(c.stage) + " " + c.dtype + " ratio " + std::to_string(ratio);
   if (offload == "cpu") {
     EXPECT_NEAR(report.host_offloaded, m.host.total(), slack * m.host.total()) << what;
     EXPECT_EQ(m.nvme.total(), 0) << what;
+    // What stays on the device: master weights and states of the rest.
+    const int64_t device_kept = report.fp32_master + report.optimizer_states - report.host_offloaded;
+    const int64_t estimated = m.device.fp32_master + m.device.optimizer_states;
+    EXPECT_NEAR(device_kept, estimated, slack * (m.device.fp32_master + m.host.fp32_master + m.device.optimizer_states + m.host.optimizer_states)) << what;
   } else {
     EXPECT_NEAR(report.nvme_offloaded, m.nvme.total(), slack * m.nvme.total()) << what;
     EXPECT_NEAR(report.offload_buffers, m.host.gradients + m.host.params, slack * (m.host.gradients + m.host.params)) << what;
@@ -191,16 +204,67 @@ TEST(OffloadParity, ParamCpuStage3) { expect_parity({3, "fp32", 2, 0.0, kAdamW},
 TEST(OffloadParity, ParamNvmeStage3Bf16) { expect_parity({3, "bf16", 1, 0.5, kAdamW}, "param nvme bf16", "param_nvme"); }
 TEST(OffloadParity, ParamAndOptimizerNvmeStage3) { expect_parity({3, "fp32", 2, 0.0, kAdamW}, "all nvme", "all_nvme"); }
 
-// fp16 with an overflow on one rank: both runs skip the same step.
+// Partial offload (Note [Partial offload] in zero/partition.h): whole
+// buckets in flat order go to the host, the nearest split to the ratio. The
+// model's buckets, in flat order (reverse registration, a parameter above
+// reduce_bucket_size 300 alone): out.bias, out.weight, fc2.bias, fc2.weight,
+// fc1.bias, fc1.weight; on 1 or 2 ranks ratio 0.3 offloads the first three,
+// 0.5 the first four (e.g. 1 rank, 0.5 of 3050 elements: 450 + 1600 is
+// nearer than 450). The host holds their master weights and states (on CPU
+// ranks nothing else), the rest stays with the parameters.
+int64_t first_buckets_shard_elements(int buckets) {
+  const int64_t W = g_world->size();
+  const int64_t numel[] = {kOut, kHidden * kOut, kHidden, kHidden * kHidden, kHidden, kIn * kHidden};
+  int64_t elements = 0;
+  for (int k = 0; k < buckets; ++k) elements += (numel[k] + W - 1) / W;
+  return elements;
+}
+
+void expect_partial_parity(const Case& c, double ratio, int host_buckets, int64_t host_bytes_per_element) {
+  const std::string name = "ratio " + std::to_string(ratio) + " stage " + std::to_string(c.stage) + " " + c.dtype;
+  std::ostringstream r;
+  r << "ratio " << ratio;
+  const zero::MemoryReport report = expect_parity(c, name, r.str());
+  EXPECT_EQ(report.host_offloaded, host_bytes_per_element * first_buckets_shard_elements(host_buckets)) << name;
+  EXPECT_EQ(report.offload_buffers, 0) << name;  // CPU ranks: no gradient copies, no staging
+  // The buckets left on the device keep their master weights (16-bit
+  // training) and states there.
+  const int64_t device_elements = first_buckets_shard_elements(6) - first_buckets_shard_elements(host_buckets);
+  const int64_t device_master = c.dtype == "fp32" ? 0 : 4 * device_elements;
+  EXPECT_EQ(report.fp32_master + report.optimizer_states - report.host_offloaded,
+            device_master + (host_bytes_per_element - 4) * device_elements)
+      << name;
+}
+
+TEST(PartialOffload, Stage1AdamWHalf) { expect_partial_parity({1, "fp32", 1, 0.0, kAdamW}, 0.5, 4, 12); }
+TEST(PartialOffload, Stage2Bf16AccumulationClipping) { expect_partial_parity({2, "bf16", 2, 1.0, kAdamW}, 0.3, 3, 12); }
+TEST(PartialOffload, Stage2AdamL2Clipping) { expect_partial_parity({2, "fp32", 3, 0.5, kAdamL2}, 0.5, 4, 12); }
+TEST(PartialOffload, Stage3Bf16Adagrad) { expect_partial_parity({3, "bf16", 1, 0.0, kAdagrad}, 0.5, 4, 8); }
+TEST(PartialOffload, Stage3RatioZeroKeepsEverythingOnTheDevice) {
+  expect_partial_parity({3, "fp32", 2, 0.5, kAdamW}, 0.0, 0, 12);
+}
+// The estimate's host and device shares at the ratio of the engine's split
+// (the first four buckets), where the estimate's round(ratio * S) lands on it.
+TEST(PartialOffload, EstimateMatchesTheEngine) {
+  const double share = static_cast<double>(first_buckets_shard_elements(4)) / first_buckets_shard_elements(6);
+  expect_estimate_matches({2, "bf16", 1, 0.0, R"({"type": "AdamW", "params": {"lr": 0.01}})"}, "cpu", share);
+  expect_estimate_matches({3, "bf16", 1, 0.0, R"({"type": "AdamW", "params": {"lr": 0.01}})"}, "cpu", share);
+}
+
+// fp16 with an overflow on one rank, in each of the two parameters (each a
+// bucket of its own) in turn: both runs skip the same two steps.
 void fp16_parity(int stage, const std::string& offload_json, const at::Device device = at::kCPU) {
+  constexpr int64_t kWidth = 37;
   auto run = [&](bool offload) {
     torch::manual_seed(3);
-    auto w = torch::randn({37}) * 0.1;
     struct Elementwise : torch::nn::Module {
-      explicit Elementwise(torch::Tensor init) { w = register_parameter("w", init); }
-      torch::Tensor w;
+      Elementwise() {
+        w = register_parameter("w", torch::randn({kWidth}) * 0.1);
+        v = register_parameter("v", torch::randn({kWidth}) * 0.1);
+      }
+      torch::Tensor w, v;
     };
-    auto model = std::make_shared<Elementwise>(w);
+    auto model = std::make_shared<Elementwise>();
     model->to(device);
     std::string json = R"({"train_micro_batch_size_per_gpu": 4, "steps_per_print": 1000000,
       "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "fp16": {"enabled": true, "initial_scale_power": 8},
@@ -209,16 +273,19 @@ void fp16_parity(int stage, const std::string& offload_json, const at::Device de
     zero::InitOptions options;
     options.group = g_world;
     auto engine = zero::initialize(zero::Config::from_json(json + "}}"), model, options);
-    for (int step = 0; step < 6; ++step) {
+    for (int step = 0; step < 7; ++step) {
       auto gen = at::detail::createCPUGenerator(500 + step * 7 + g_world->rank());
-      auto x = torch::randn({4, 37}, gen).to(at::kHalf);
-      if (step == 2 && g_world->rank() == g_world->size() - 1) x[0][0] = INFINITY;
+      auto x = torch::randn({4, 2 * kWidth}, gen).to(at::kHalf);
+      const bool last = g_world->rank() == g_world->size() - 1;
+      if (step == 2 && last) x[0][0] = INFINITY;       // w's gradient
+      if (step == 4 && last) x[1][kWidth] = INFINITY;  // v's gradient
       x = x.to(device);
-      engine.backward(((x * model->w).sum(1).to(at::kFloat) - 1.0).pow(2).mean());
+      auto y = (x.slice(1, 0, kWidth) * model->w).sum(1) + (x.slice(1, kWidth) * model->v).sum(1);
+      engine.backward((y.to(at::kFloat) - 1.0).pow(2).mean());
       engine.step();
     }
-    EXPECT_EQ(engine.skipped_steps(), 1);
-    return engine.gathered_state_dict().front().second.to(at::kCPU, at::kFloat);
+    EXPECT_EQ(engine.skipped_steps(), 2);
+    return torch::cat({model->w.detach().to(at::kCPU, at::kFloat), model->v.detach().to(at::kCPU, at::kFloat)});
   };
   const auto a = run(false), b = run(true);
   EXPECT_LT((a - b).abs().max().item<double>(), 2e-3 * a.abs().max().item<double>());
@@ -227,6 +294,10 @@ void fp16_parity(int stage, const std::string& offload_json, const at::Device de
 TEST(OffloadParity, Fp16OverflowSkippingCpu) { fp16_parity(2, R"(, "offload_optimizer": {"device": "cpu"})"); }
 TEST(OffloadParity, Fp16OverflowSkippingNvmeStage3) {
   fp16_parity(3, R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + nvme_dir() + R"("})");
+}
+// Partial offload: v's bucket (first in flat order) on the host, w's where it is.
+TEST(PartialOffload, Fp16OverflowSkipping) {
+  fp16_parity(2, R"(, "offload_optimizer": {"device": "cpu", "ratio": 0.5})");
 }
 
 TEST(OffloadConfig, UnsupportedOptimizerIsAClearError) {
@@ -257,6 +328,10 @@ TEST(Cuda, OffloadMatchesNoOffload) {
   }
   expect_parity(Case{3, "bf16", 2, 0.5, kAdamW, true}, "cuda param cpu", "param_cpu");
   fp16_parity(2, R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true})", at::Device(at::kCUDA, 0));
+  // Partial offload: the buckets kept on the GPU are updated there while the host updates its share.
+  expect_parity(Case{2, "bf16", 2, 0.5, kAdamW, true}, "cuda partial stage 2", "ratio 0.5");
+  expect_parity(Case{3, "bf16", 1, 0.5, kAdagrad, true}, "cuda partial stage 3", "ratio 0.3");
+  fp16_parity(2, R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true, "ratio": 0.5})", at::Device(at::kCUDA, 0));
 }
 
 }  // namespace

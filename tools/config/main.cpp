@@ -185,6 +185,7 @@ zero::EstimateInput stage_input(const zero::Config& c, zero::EstimateInput in, i
   const auto& z = c.zero_optimization;
   in.stage = stage;
   in.offload_optimizer = zero::offload_optimizer_allowed(z.offload_optimizer.device, stage) ? z.offload_optimizer.device : "none";
+  in.offload_optimizer_ratio = in.offload_optimizer == "cpu" ? z.offload_optimizer.ratio : 1.0;
   in.offload_param = zero::offload_param_allowed(z.offload_param.device, stage) ? z.offload_param.device : "none";
   return in;
 }
@@ -339,9 +340,13 @@ int run_estimate(const Options& o) {
          "  as the engine pads every bucket to a multiple of the world size.\n";
   const std::string& opt = z.offload_optimizer.device;
   if (opt == "cpu")
-    out << "- offload_optimizer cpu (stages 1-3): fp32 master, optimizer states, the gradient shard in the\n"
-           "  training dtype and two staging buffers of a bucket's shard (the updated parameters on their way\n"
-           "  to the device), in host memory; at stages 2-3 the device keeps only the reduce bucket of gradients.\n";
+    out << "- offload_optimizer cpu (stages 1-3): fp32 master, optimizer states, a copy of the gradient shard\n"
+           "  in the training dtype and two staging buffers of a bucket's shard (the updated parameters on their\n"
+           "  way to the device), in host memory; the device keeps its gradients as without offload.\n";
+  if (opt == "cpu" && z.offload_optimizer.ratio < 1.0)
+    out << "- partial offload (ratio " << z.offload_optimizer.ratio
+        << "): that share of the shard on the host, the rest of the master\n"
+           "  weights and states on the device (the engine splits at bucket boundaries).\n";
   if (opt == "nvme")
     out << "- offload_optimizer nvme (stage 3 only): fp32 master and optimizer states on NVMe; the host keeps\n"
            "  the gradient shard, two staging buffers, and up to 3 sub-groups of min(sub_group_size "
