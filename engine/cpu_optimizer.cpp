@@ -82,9 +82,11 @@ void HostOptimizer::update_one(torch::optim::OptimizerParamGroup& group, at::Ten
   if (on_host(p)) {
     update(group, p, target);
   } else if (p.grad().defined()) {
-    // One bucket's gradient widened at a time, scaled as the kernels scale theirs.
+    // One bucket's gradient widened at a time, scaled as the kernels scale
+    // theirs (in place when widening made a copy; the gradient itself is
+    // left alone).
     at::Tensor grad = p.grad().to(at::kFloat);
-    if (grad_scale_ != 1.0f) grad = grad.mul(grad_scale_);
+    if (grad_scale_ != 1.0f) grad = grad.is_same(p.grad()) ? grad.mul(grad_scale_) : grad.mul_(grad_scale_);
     update_elsewhere(group, p, grad);
     if (target.defined()) target.copy_(p);
   }

@@ -38,6 +38,13 @@
 // page-locked staging buffers, copied to the accelerator asynchronously; a
 // bucket that stays gathered starts its all-gather at once. No host copy of
 // the whole partition in the training dtype is kept.
+// Without gradient accumulation (accumulation_steps 1) at stages 2-3, a
+// bucket whose gradients go to the host has no part in the accelerator's
+// gradient partition at all: its reduce-scatter lands in a temporary that is
+// copied to the host at once (a second backward before the step adds to
+// the host copy through the accelerator), and its sum of squares is taken
+// there from that temporary. With accumulation the partition keeps it, as
+// accumulating on the host would cross the bus on every micro-step.
 //
 // Note [Partial offload]: offload_ratio below 1 (DeepSpeed's
 // offload_optimizer.ratio, ZeRO-Offload++'s "Twin-Flow") offloads only the
@@ -78,6 +85,11 @@ struct Options {
   double offload_ratio = 1.0;              // Note [Partial offload]
   bool pin_memory = false;                 // page-locked host tensors (with CUDA parameters)
   bool offload_master_to_disk = false;     // NVMe: the master weights are not resident, so fp32 gets copies too
+  int64_t accumulation_steps = 1;          // micro-steps per optimizer step (Note [Offload copies])
+  // Copy the reduced gradients of offloaded buckets to host tensors even
+  // when the parameters are in host memory (CPU ranks), as an accelerator
+  // needs: the same bookkeeping runs, and is tested, without one.
+  bool host_grad_copies = false;
   // offload_param (stage 3): "none", "cpu" (the shards of released buckets
   // live in host memory) or "nvme" (in files, read back for each gather).
   std::string offload_param = "none";
@@ -106,7 +118,10 @@ struct Bucket {
   at::Tensor reduced;           // reduce-scatter output, added to the partition
   int swap_id = -1;             // offload_param "nvme": the shard's id in the parameter store
   bool master_on_host = false;  // offload: its master weights and states live in host memory (Note [Partial offload])
-  bool grad_on_host = false;    // offload: its reduced gradients were copied to the host at the boundary
+  bool grad_copied = false;     // offload: its reduced gradients are copied to a host tensor for the optimizer
+  bool grad_off_device = false; // ... and have no slice of the device's partition (Note [Offload copies])
+  bool grad_on_host = false;    // offload: the host copy holds this step's reduced gradients
+  at::Tensor grad_sq;           // grad_off_device on an accelerator: the host copy's sum of squares, there
   bool read_pending = false;    // offload_param "nvme": a prefetch's read is in flight, its all-gather not started
   bool read_ahead = false;      // offload_param "nvme": its shard is being read for the next prefetch (not gathered yet)
   at::Tensor gather_input;      // the shard on the parameters' device while a gather runs
@@ -209,7 +224,7 @@ class ShardedParams {
   // Mid-accumulation checkpoints: the gradient accumulated so far, as this
   // rank holds it (stages 0-1: the whole unreduced buffer; stages 2-3: the
   // reduced partition), and its restoration.
-  at::Tensor accumulated_grads() const { return flat_grads_.defined() ? flat_grads_ : partition_grads_; }
+  at::Tensor accumulated_grads() const;
   void restore_accumulated_grads(const at::Tensor& grads);
 
   int owners() const { return owners_; }
@@ -232,6 +247,8 @@ class ShardedParams {
   void finish(Bucket& bucket);
   void acquire_staging(Bucket& bucket);
   void add_squares_on_device(const at::Tensor& grad);
+  static at::Tensor squares_on_device(const at::Tensor& grad);
+  void grad_to_host(Bucket& bucket, const at::Tensor& reduced);
   bool squared_on_device(size_t k) const;
   double host_grad_sq() const;
   at::Tensor partition_slice(const Bucket& bucket) const;
@@ -244,8 +261,9 @@ class ShardedParams {
   std::vector<Bucket> buckets_;
   std::vector<int64_t> partition_offset_;  // per bucket: where its shard sits in the partition
   int64_t numel_ = 0, flat_numel_ = 0, partition_numel_ = 0;
+  int64_t partition_grad_numel_ = 0;       // of partition_grads_: the buckets with a slice there
   at::Tensor flat_grads_;       // stages 0-1: full gradient buffer (training dtype)
-  at::Tensor partition_grads_;  // stages 2-3: this rank's reduced gradients (training dtype)
+  at::Tensor partition_grads_;  // stages 2-3: this rank's reduced gradients (training dtype), but grad_off_device buckets'
   std::vector<at::Tensor> staging_pool_;   // free bucket buffers
   int64_t staging_bytes_ = 0;
   size_t staging_buffers_ = 0;

@@ -87,7 +87,6 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
   }
   for (const auto& b : buckets_) {
     max_bucket_numel_ = std::max(max_bucket_numel_, b.numel);
-    partition_offset_.push_back(partition_numel_);
     partition_numel_ += b.shard_numel;
   }
   // Note [Partial offload]: buckets go to the host in flat order while the
@@ -102,6 +101,15 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
       b.master_on_host = true;
       offloaded += b.shard_numel;
     }
+  }
+  // Note [Offload copies]: which gradients are copied to the host, and which
+  // of those skip the device's partition.
+  const bool accelerator = !params_.empty() && !params_.front().tensor.device().is_cpu();
+  for (auto& b : buckets_) {
+    b.grad_copied = b.master_on_host && (accelerator || options_.host_grad_copies);
+    b.grad_off_device = b.grad_copied && options_.stage >= 2 && options_.accumulation_steps == 1;
+    partition_offset_.push_back(b.grad_off_device ? -1 : partition_grad_numel_);
+    if (!b.grad_off_device) partition_grad_numel_ += b.shard_numel;
   }
 
   // Each bucket's buffer, filled from the parameters; mixed-precision master
@@ -149,8 +157,7 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
       m = host_tensor(values.slice(0, start, start + b.shard_numel), at::kFloat, /*pinned=*/false);
       // The reduced gradients, in the training dtype: copied to the host
       // when the parameters are elsewhere; read in place when they are there.
-      master_grads_.push_back(m.device() == device ? at::Tensor()
-                                                   : host_tensor(m, options_.dtype, pin_transfers, /*zeros=*/true));
+      master_grads_.push_back(b.grad_copied ? host_tensor(m, options_.dtype, pin_transfers, /*zeros=*/true) : at::Tensor());
     } else {
       // Separate from the parameters in mixed precision, or when the shard
       // leaves for the host or disk.
@@ -172,7 +179,7 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
   if (options_.stage <= 1) {
     flat_grads_ = empty_with_huge_pages(flat_numel_, grad_options).zero_();
   } else {
-    partition_grads_ = empty_with_huge_pages(partition_numel_, grad_options).zero_();
+    partition_grads_ = empty_with_huge_pages(partition_grad_numel_, grad_options).zero_();
   }
 
   for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
@@ -197,6 +204,7 @@ ShardedParams::~ShardedParams() {
 
 at::Tensor ShardedParams::partition_slice(const Bucket& b) const {
   const int64_t start = partition_offset_[&b - buckets_.data()];
+  if (start < 0) throw PartitionError("internal: a bucket whose gradients go to the host has no partition slice");
   return partition_grads_.slice(0, start, start + b.shard_numel);
 }
 
@@ -265,7 +273,7 @@ void ShardedParams::launch(Bucket& b) {
     b.work = pg_->reduce_scatter_async(mine, bucket, comm::ReduceOp::Avg);
   } else {
     if (!b.staging.defined()) acquire_staging(b);  // no gradient arrived: zeros
-    b.fresh_output = partition_fresh_;
+    b.fresh_output = partition_fresh_ && !b.grad_off_device;
     b.reduced = b.fresh_output ? partition_slice(b) : torch::empty({b.shard_numel}, b.staging.options());
     b.work = pg_->reduce_scatter_async(b.reduced, b.staging, comm::ReduceOp::Avg);
   }
@@ -277,18 +285,35 @@ void ShardedParams::finish(Bucket& b) {
   b.work->wait();
   b.work.reset();
   if (options_.stage >= 2) {
-    if (!b.fresh_output) partition_slice(b).add_(b.reduced);
+    if (b.grad_off_device) {
+      grad_to_host(b, b.reduced);
+    } else if (!b.fresh_output) {
+      partition_slice(b).add_(b.reduced);
+    }
     b.reduced = at::Tensor();
     staging_pool_.push_back(b.staging_base);
     b.staging = b.staging_base = at::Tensor();
     // Offload: at the boundary the bucket's part of the partition is final;
     // it leaves for the host while backward goes on (Note [Offload copies]).
     const size_t k = &b - buckets_.data();
-    if (boundary_ && !master_grads_.empty() && master_grads_[k].defined()) {
+    if (boundary_ && b.grad_copied && !b.grad_off_device) {
       master_grads_[k].copy_(partition_slice(b), /*non_blocking=*/true);
       b.grad_on_host = true;
     }
   }
+}
+
+// A grad_off_device bucket's reduced shard goes to its host copy (Note
+// [Offload copies]): copied, or added through the device when the copy
+// already holds a backward's (a second backward before the step). Its sum
+// of squares is taken on the device, from the value the copy will hold.
+void ShardedParams::grad_to_host(Bucket& b, const at::Tensor& reduced) {
+  at::Tensor& host = master_grads_[&b - buckets_.data()];
+  at::Tensor value = reduced;
+  if (b.grad_on_host) value = host.to(reduced.device(), /*non_blocking=*/true).add_(reduced);
+  host.copy_(value, /*non_blocking=*/true);
+  b.grad_on_host = true;
+  if (!value.is_cpu()) b.grad_sq = squares_on_device(value);
 }
 
 // Stages 2-3 keep no full gradient: a bucket borrows a buffer from a small
@@ -343,13 +368,19 @@ void ShardedParams::end_backward() {
 // in a fraction of the time the host would take to read its copy, so the
 // norm is summed there (local_grad_sq_norm). fp32 pieces of 16 Mi elements
 // keep the temporary small.
-void ShardedParams::add_squares_on_device(const at::Tensor& grad) {
+at::Tensor ShardedParams::squares_on_device(const at::Tensor& grad) {
   constexpr int64_t kPiece = int64_t{1} << 24;
-  if (!device_grad_sq_.defined()) device_grad_sq_ = at::zeros({}, grad.options().dtype(at::kDouble));
+  at::Tensor sum = at::zeros({}, grad.options().dtype(at::kDouble));
   for (int64_t start = 0; start < grad.numel(); start += kPiece) {
     const at::Tensor piece = grad.slice(0, start, std::min(grad.numel(), start + kPiece)).to(at::kFloat);
-    device_grad_sq_ += piece.pow(2).sum(at::kDouble);
+    sum += piece.pow(2).sum(at::kDouble);
   }
+  return sum;
+}
+
+void ShardedParams::add_squares_on_device(const at::Tensor& grad) {
+  at::Tensor sum = squares_on_device(grad);
+  device_grad_sq_ = device_grad_sq_.defined() ? device_grad_sq_ + sum : sum;
 }
 
 void ShardedParams::attach_master_grads() {
@@ -361,6 +392,15 @@ void ShardedParams::attach_master_grads() {
   if (pending_copies) torch::cuda::synchronize();
   for (size_t k = 0; k < buckets_.size(); ++k) {
     Bucket& b = buckets_[k];
+    if (b.grad_off_device) {  // its host copy is complete (zeros when no backward ran since the last step)
+      if (!b.grad_on_host) {
+        master_grads_[k].zero_();
+      } else if (b.grad_sq.defined()) {
+        device_grad_sq_ = device_grad_sq_.defined() ? device_grad_sq_ + b.grad_sq : b.grad_sq;
+      }
+      master_flat_[k].mutable_grad() = master_grads_[k];
+      continue;
+    }
     at::Tensor grad;
     if (options_.stage == 0) {
       grad = flat_grads_.slice(0, b.offset, b.offset + b.numel);
@@ -390,7 +430,10 @@ void ShardedParams::attach_master_grads() {
 void ShardedParams::detach_master_grads() {
   host_grad_sq_.reset();
   for (auto& m : master_flat_) m.mutable_grad() = at::Tensor();
-  for (auto& b : buckets_) b.grad_on_host = false;
+  for (auto& b : buckets_) {
+    b.grad_on_host = false;
+    b.grad_sq = at::Tensor();
+  }
 }
 
 
@@ -586,6 +629,15 @@ std::vector<ShardedParams::Fragment> ShardedParams::fragments() const {
     }
   }
   return out;
+}
+
+// Mid-accumulation state exists only with accumulation_steps above 1, when
+// every bucket has its slice of the partition (Note [Offload copies]).
+at::Tensor ShardedParams::accumulated_grads() const {
+  for (const auto& b : buckets_) {
+    if (b.grad_off_device) throw PartitionError("internal: no accumulated gradients without gradient accumulation");
+  }
+  return flat_grads_.defined() ? flat_grads_ : partition_grads_;
 }
 
 void ShardedParams::restore_accumulated_grads(const at::Tensor& grads) {

@@ -147,11 +147,14 @@ TEST(ConfigEstimate, CpuOptimizerOffloadMovesMasterStatesAndGradientShard) {
     EXPECT_EQ(m.nvme.total(), 0) << stage;
     EXPECT_EQ(m.device.fp32_master, 0) << stage;
     EXPECT_EQ(m.device.optimizer_states, 0) << stage;
-    // The device keeps its gradients (the reduced partition accumulates
-    // there; the host gets a copy) and parameters.
-    EXPECT_EQ(m.device.total(), on_device.device.total() - s * 4 - s * k) << stage;
-    EXPECT_EQ(m.device.gradients, on_device.device.gradients) << stage;
+    // Without accumulation, stages 2-3 send each reduced bucket straight to
+    // the host: the device keeps the reduce bucket only; stage 1 its P*b.
+    const int64_t grad_shard_left = stage >= 2 ? s * b : 0;
+    EXPECT_EQ(m.device.total(), on_device.device.total() - s * 4 - s * k - grad_shard_left) << stage;
     EXPECT_EQ(m.device.params, on_device.device.params) << stage;
+    // With accumulation the sum builds up in the device's partition.
+    in.gradient_accumulation_steps = 4;
+    EXPECT_EQ(zero::estimate_memory(in).device.gradients, on_device.device.gradients) << stage;
   }
   // fp32 training: the host keeps the CPU optimizer's fp32 copy of the shard.
   EstimateInput in = mixed_adam(psi, n, 2);
@@ -162,12 +165,13 @@ TEST(ConfigEstimate, CpuOptimizerOffloadMovesMasterStatesAndGradientShard) {
   EXPECT_EQ(m.host.fp32_master, s * 4);
   EXPECT_EQ(m.host.params, 2 * (in.reduce_bucket_size / n) * 4);  // fp32 staging buffers
   EXPECT_EQ(m.host.gradients, s * 4);
-  EXPECT_EQ(m.device.total(), 4 * psi + s * 4 + m.reduce_bucket);  // fp32 parameters and gradient partition
+  EXPECT_EQ(m.device.total(), 4 * psi + m.reduce_bucket);  // fp32 parameters and the reduce bucket
   // CPU ranks: the optimizer reads the gradient shard where it was reduced
   // and writes the parameters in place.
   in.accelerator = false;
   EXPECT_EQ(zero::estimate_memory(in).host.gradients, 0);
   EXPECT_EQ(zero::estimate_memory(in).host.params, 0);
+  EXPECT_EQ(zero::estimate_memory(in).device.gradients, s * 4 + m.reduce_bucket);
 }
 
 // Partial offload: round(ratio * S) elements of master weights, states and
@@ -188,8 +192,9 @@ TEST(ConfigEstimate, PartialOffloadSplitsMasterAndStates) {
     EXPECT_EQ(m.host.params, all.host.params) << stage;   // the same two staging buffers
     EXPECT_EQ(m.device.fp32_master, (s - off) * 4) << stage;
     EXPECT_EQ(m.device.optimizer_states, (s - off) * k) << stage;
-    EXPECT_EQ(m.device.gradients, all.device.gradients) << stage;
-    EXPECT_EQ(m.all().total(), all.all().total() - (s - off) * b) << stage;   // no host gradient copy for the rest
+    // The rest's gradients stay on the device (stages 2-3; stage 1 keeps P*b anyway).
+    EXPECT_EQ(m.device.gradients, all.device.gradients + (stage >= 2 ? (s - off) * b : 0)) << stage;
+    EXPECT_EQ(m.all().total(), all.all().total() - (stage >= 2 ? 0 : (s - off) * b)) << stage;
     in.offload_optimizer_ratio = 0.0;
     const MemoryEstimate none = zero::estimate_memory(in);
     EXPECT_EQ(none.host.total(), 0) << stage;
@@ -222,7 +227,7 @@ TEST(ConfigEstimate, NvmeAndParamOffloadAtStage3) {
   in.offload_optimizer = "nvme";
   in.sub_group_size = 50000000;  // 4 sub-groups of the 2e8-element shard
   m = zero::estimate_memory(in);
-  EXPECT_EQ(m.device.total(), s * b + m.reduce_bucket);   // only the gradients stay
+  EXPECT_EQ(m.device.total(), m.reduce_bucket);   // only the reduce bucket stays
   EXPECT_EQ(m.nvme.params, s * b);
   EXPECT_EQ(m.nvme.fp32_master, s * 4);
   EXPECT_EQ(m.nvme.optimizer_states, s * 8);
@@ -371,8 +376,7 @@ TEST(ConfigEstimateTool, NvmeOffloadAppliesAtStage3Only) {
   const auto& s3 = j["stages"][3];
   EXPECT_EQ(s3["offload_optimizer"], "nvme");
   EXPECT_EQ(s3["offload_param"], "nvme");
-  EXPECT_EQ(s3["device"]["total"], s3["device"]["gradients"]);   // nothing but the gradients stays
-  EXPECT_EQ(s3["device"]["gradients"].get<int64_t>(), int64_t{1000000000} * 2 + s3["reduce_bucket"].get<int64_t>());
+  EXPECT_EQ(s3["device"]["total"], s3["reduce_bucket"]);   // gradient_accumulation_steps 1: only the reduce bucket
   EXPECT_GT(s3["nvme"]["total"].get<int64_t>(), 0);
   for (int stage = 0; stage < 3; ++stage) {
     EXPECT_EQ(j["stages"][stage]["offload_optimizer"], "none") << stage;   // nvme needs stage 3

@@ -177,6 +177,12 @@ EstimateSetup estimate_setup(const zero::Config& c, int64_t params, int world_si
   in.offload_optimizer_buffer_count = z.offload_optimizer.buffer_count;
   in.offload_param_buffer_count = z.offload_param.buffer_count;
   in.offload_param_buffer_size = z.offload_param.buffer_size;
+  try {  // the batch may not resolve for this world size; offload's figures then assume no accumulation
+    zero::Config resolved = c;
+    resolved.resolve(world_size);
+    in.gradient_accumulation_steps = resolved.batch.gradient_accumulation_steps.value_or(1);
+  } catch (const zero::Error&) {
+  }
   return e;
 }
 
@@ -342,7 +348,9 @@ int run_estimate(const Options& o) {
   if (opt == "cpu")
     out << "- offload_optimizer cpu (stages 1-3): fp32 master, optimizer states, a copy of the gradient shard\n"
            "  in the training dtype and two staging buffers of a bucket's shard (the updated parameters on their\n"
-           "  way to the device), in host memory; the device keeps its gradients as without offload.\n";
+           "  way to the device), in host memory. At stages 2-3 without gradient accumulation (here "
+        << "gradient_accumulation_steps " << setup.base.gradient_accumulation_steps
+        << ")\n  the device keeps no gradients of the offloaded share.\n";
   if (opt == "cpu" && z.offload_optimizer.ratio < 1.0)
     out << "- partial offload (ratio " << z.offload_optimizer.ratio
         << "): that share of the shard on the host, the rest of the master\n"
