@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -246,6 +247,23 @@ TEST(ExactResume, Stage3PartialOffloadBf16) {  // some buckets' states on the ho
   s.dtype = "bf16";
   s.offload = R"(, "offload_optimizer": {"device": "cpu", "ratio": 0.5})";
   exact_resume(s, "offload_partial");
+}
+// With the gradient copies an accelerator makes (run here on CPU ranks):
+// without accumulation the offloaded gradients leave the partition; with it,
+// a mid-accumulation save holds the partition's sum.
+TEST(ExactResume, CpuOffloadWithHostGradientCopies) {
+  struct Copies {
+    Copies() { setenv("ZERO_OFFLOAD_HOST_GRAD_COPIES", "1", 1); }
+    ~Copies() { unsetenv("ZERO_OFFLOAD_HOST_GRAD_COPIES"); }
+  } copies;
+  RunSetup s;
+  s.stage = 3;
+  s.dtype = "bf16";
+  s.offload = R"(, "offload_optimizer": {"device": "cpu", "ratio": 0.5})";
+  exact_resume(s, "offload_copies");
+  s.stage = 2;
+  s.gas = 2;
+  exact_resume(s, "offload_copies_mid", 2, /*extra_micro=*/1);
 }
 TEST(ExactResume, Stage3NvmeOffloadAccumulation) {
   RunSetup s;
