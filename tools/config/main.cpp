@@ -348,9 +348,9 @@ int run_estimate(const Options& o) {
   if (opt == "cpu")
     out << "- offload_optimizer cpu (stages 1-3): fp32 master, optimizer states, a copy of the gradient shard\n"
            "  in the training dtype and two staging buffers of a bucket's shard (the updated parameters on their\n"
-           "  way to the device), in host memory. At stages 2-3 without gradient accumulation (here "
-        << "gradient_accumulation_steps " << setup.base.gradient_accumulation_steps
-        << ")\n  the device keeps no gradients of the offloaded share.\n";
+           "  way to the device), in host memory. At stages 2-3 without gradient accumulation\n"
+           "  (gradient_accumulation_steps here: "
+        << setup.base.gradient_accumulation_steps << ") the device keeps no gradients of the offloaded share.\n";
   if (opt == "cpu" && z.offload_optimizer.ratio < 1.0)
     out << "- partial offload (ratio " << z.offload_optimizer.ratio
         << "): that share of the shard on the host, the rest of the master\n"
