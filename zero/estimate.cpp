@@ -104,8 +104,7 @@ MemoryEstimate estimate_memory(const EstimateInput& in) {
     const int64_t off = nvme ? s : std::llround(in.offload_optimizer_ratio * static_cast<double>(s));
     to.fp32_master = off * 4;   // with fp32 training too: the CPU optimizer's copy of the shard
     to.optimizer_states = off * k;
-    // The reduced gradient shard the CPU optimizer reads, in the training
-    // dtype (a copy: the device keeps its reduced partition).
+    // The reduced gradient shard the CPU optimizer reads, in the training dtype.
     if (in.accelerator) m.host.gradients = off * b;
     // With an accelerator, the CPU optimizer writes each bucket's updated
     // shard into one of two page-locked staging buffers on its way there
