@@ -220,8 +220,23 @@ void Engine::Impl::build_params(InitOptions& options) {
   }
   engine::HostStep host;
   host.enabled = popts.offload_optimizer;
+  int64_t offloaded = 0;
   for (size_t k = 0; k < sharded->buckets().size(); ++k) {  // Note [Partial offload]
-    if (host.enabled && !sharded->buckets()[k].master_on_host) host.elsewhere.push_back(sharded->master_tensors()[k]);
+    if (!host.enabled) break;
+    if (sharded->buckets()[k].master_on_host) {
+      offloaded += sharded->buckets()[k].shard_numel;
+    } else {
+      host.elsewhere.push_back(sharded->master_tensors()[k]);
+    }
+  }
+  if (host.enabled && popts.offload_ratio < 1.0) {  // the split falls at bucket boundaries: say where
+    std::ostringstream line;
+    line.setf(std::ios::fixed);
+    line.precision(1);
+    line << "partial offload (ratio " << popts.offload_ratio << "): " << 100.0 * offloaded / std::max<int64_t>(sharded->partition_numel(), 1)
+         << "% of this rank's partition is offloaded (" << offloaded << " of " << sharded->partition_numel()
+         << " elements: whole buckets, and a smaller reduce_bucket_size splits finer, down to one parameter)";
+    log::info("offload", line.str());
   }
   optimizer = engine::make_optimizer(config.optimizer, opt_groups, layout, host);
   if (auto* host_optimizer = dynamic_cast<engine::HostOptimizer*>(optimizer.get())) {

@@ -2,9 +2,10 @@
 # The offload headline on one GPU (see bench/offload_headline.cpp): a
 # GPT-style model of about 6.65 B parameters (106 GB of mixed-precision
 # training state) with the CUDA allocator capped at CAP_GB (80), trained
-# with offload_optimizer "cpu"; the same model without offload (expected to
-# run out of memory); and FSDP2 + CPUOffloadPolicy on the same model and
-# batch (bench/gpu/fsdp2_offload.py), all in this one run. The offload and
+# with offload_optimizer "cpu", all of it and a share (partial offload);
+# the same model without offload (expected to run out of memory); and
+# FSDP2 + CPUOffloadPolicy on the same model and batch
+# (bench/gpu/fsdp2_offload.py), all in this one run. The offload and
 # checkpoint tests on CUDA and a small model go first, as checks that the
 # CUDA path works at all.
 # Same machine requirements as bench/gpu/run.sh. Writes results.jsonl,
@@ -15,7 +16,10 @@
 # run offloads that share of the optimizer and keeps the rest on the GPU),
 # ADAM ("foreach": FSDP2's AdamW; "foreach fused" runs both), SKIP (names of
 # runs to leave out: offload_cuda, ckpt_cuda, small, none, offload, partial,
-# fsdp2).
+# fsdp2). Where one command may run at most 10 minutes, split it in two
+# (the build is reused; results.jsonl and summary.txt accumulate):
+#   SKIP="none offload partial fsdp2" bash bench/gpu/run_offload.sh
+#   SKIP="offload_cuda ckpt_cuda" bash bench/gpu/run_offload.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-gpu-out}"
