@@ -65,8 +65,10 @@ std::string config_json(const Case& c, const std::string& offload) {
                      R"(, "optimizer": )" + c.optimizer + R"(, "zero_optimization": {"stage": )" + std::to_string(c.stage) +
                      R"(, "reduce_bucket_size": 300, "stage3_param_persistence_threshold": 0)";
   if (offload == "cpu") json += R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true})";
-  if (offload.rfind("ratio ", 0) == 0) {  // partial offload: "ratio 0.5"
-    json += R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true, "ratio": )" + offload.substr(6) + "}";
+  if (offload.rfind("ratio ", 0) == 0) {  // partial offload: "ratio 0.5" (with " param_cpu": that too)
+    const std::string ratio = offload.substr(6, offload.find(' ', 6) - 6);
+    json += R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true, "ratio": )" + ratio + "}";
+    if (offload.find(" param_cpu") != std::string::npos) json += R"(, "offload_param": {"device": "cpu"})";
   }
   if (offload == "param_cpu") json += R"(, "offload_param": {"device": "cpu"})";
   if (offload == "param_nvme" || offload == "all_nvme") {
@@ -272,6 +274,11 @@ TEST(PartialOffload, Stage2TwoBackwardsBeforeAStep) {
   expect_partial_parity(c, 0.5, 4, 12);
 }
 TEST(PartialOffload, Stage3Bf16Adagrad) { expect_partial_parity({3, "bf16", 1, 0.0, kAdagrad}, 0.5, 4, 8); }
+// With offload_param too: the units' shards in host memory, the buckets
+// kept "on the device" update their masters there and copy to those shards.
+TEST(PartialOffload, Stage3WithParamOffload) {
+  expect_parity({3, "bf16", 2, 0.5, kAdamW}, "ratio 0.5 param cpu", "ratio 0.5 param_cpu");
+}
 TEST(PartialOffload, Stage3RatioZeroKeepsEverythingOnTheDevice) {
   expect_partial_parity({3, "fp32", 2, 0.5, kAdamW}, 0.0, 0, 12);
 }
