@@ -241,11 +241,6 @@ void check_offload(const ZeroOptimizationConfig& z) {
   if (opt.device == "nvme" && z.stage < 3)
     throw ConfigError("zero_optimization.offload_optimizer.device \"nvme\" needs stage 3 (" + stage +
                       "); use \"cpu\" at stages 1 and 2");
-  // Partial offload (Note [Partial offload] in zero/partition.h): DeepSpeed
-  // takes it at stage 3 only; zero at stages 1-3 alike.
-  if (opt.device == "nvme" && opt.ratio < 1.0)
-    throw ConfigError("zero_optimization.offload_optimizer.ratio below 1 (partial offload) needs device \"cpu\"; with "
-                      "\"nvme\" every optimizer state is swapped (set ratio to 1, or device to \"cpu\")");
   if (opt.device == "nvme" && opt.nvme_path.empty())
     throw ConfigError("zero_optimization.offload_optimizer.nvme_path is required when device is \"nvme\"");
   if (par.device == "nvme" && par.nvme_path.empty())

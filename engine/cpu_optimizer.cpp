@@ -114,24 +114,27 @@ torch::Tensor HostOptimizer::step(LossClosure closure) {
   for (auto& group : param_groups_) {
     for (auto& p : group.params()) flat.emplace_back(&group, &p);
   }
+  // Partial offload: the updates elsewhere are queued first (asynchronous
+  // on an accelerator), so they run while the host kernels run.
+  std::vector<size_t> host;
+  for (size_t i = 0; i < flat.size(); ++i) {
+    if (on_host(*flat[i].second)) {
+      host.push_back(i);
+    } else {
+      update_one(*flat[i].first, *flat[i].second, i);
+    }
+  }
   if (!store_) {
-    // Partial offload: the updates elsewhere are queued first (asynchronous
-    // on an accelerator), so they run while the host kernels run.
-    for (size_t i = 0; i < flat.size(); ++i) {
-      if (!on_host(*flat[i].second)) update_one(*flat[i].first, *flat[i].second, i);
-    }
     const auto start = Clock::now();
-    for (size_t i = 0; i < flat.size(); ++i) {
-      if (on_host(*flat[i].second)) update_one(*flat[i].first, *flat[i].second, i);
-    }
+    for (size_t i : host) update_one(*flat[i].first, *flat[i].second, i);
     timing_.compute_s += since(start);
     return loss;
   }
-  if (!elsewhere_.empty()) throw OffloadError("NVMe offload updates every tensor on the host (partial offload needs device \"cpu\")");
+  if (host.empty()) return loss;
   // Sub-groups: consecutive parameters of about sub_group_numel elements.
   std::vector<std::vector<size_t>> sub_groups(1);
   int64_t filled = 0;
-  for (size_t i = 0; i < flat.size(); ++i) {
+  for (size_t i : host) {
     if (filled > 0 && filled + flat[i].second->numel() > sub_group_numel_) {
       sub_groups.emplace_back();
       filled = 0;

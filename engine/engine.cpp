@@ -245,8 +245,9 @@ void Engine::Impl::build_params(InitOptions& options) {
                                      [params, bucket_of](size_t i) { params->updated(bucket_of[i]); }});
   }
   if (popts.offload_master_to_disk) {
-    // ZeRO-Infinity: every master shard and its states go to files under
-    // nvme_path; the optimizer step brings them back sub-group by sub-group.
+    // ZeRO-Infinity: every offloaded master shard and its states go to
+    // files under nvme_path (with partial offload, the others stay with the
+    // parameters); the optimizer step brings them back sub-group by sub-group.
     auto* host_optimizer = dynamic_cast<engine::HostOptimizer*>(optimizer.get());
     host_optimizer->make_states();
     offload::SwapOptions so;
@@ -260,6 +261,10 @@ void Engine::Impl::build_params(InitOptions& options) {
     for (const auto& group : optimizer->param_groups()) {
       for (const auto& p : group.params()) {
         const std::string key = "master" + std::to_string(ids.size());
+        if (!sharded->buckets()[bucket_of[ids.size()]].master_on_host) {
+          ids.emplace_back();  // Note [Partial offload]: not swapped
+          continue;
+        }
         ids.push_back({nvme->add(p, key)});
         int state = 0;
         for (const auto& t : host_optimizer->states_of(p)) ids.back().push_back(nvme->add(t, key + ".state" + std::to_string(state++)));

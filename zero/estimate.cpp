@@ -65,8 +65,6 @@ MemoryEstimate estimate_memory(const EstimateInput& in) {
   require(in.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be at least 1");
   require(in.offload_optimizer_ratio >= 0 && in.offload_optimizer_ratio <= 1,
           "offload_optimizer_ratio must be in [0, 1]");
-  require(in.offload_optimizer_ratio == 1 || in.offload_optimizer != "nvme",
-          "offload_optimizer_ratio below 1 (partial offload) needs offload_optimizer \"cpu\"");
   require(known_device(in.offload_optimizer), "offload_optimizer must be none, cpu or nvme; got \"" + in.offload_optimizer + "\"");
   require(known_device(in.offload_param), "offload_param must be none, cpu or nvme; got \"" + in.offload_param + "\"");
   require(offload_optimizer_allowed(in.offload_optimizer, in.stage),
@@ -101,7 +99,7 @@ MemoryEstimate estimate_memory(const EstimateInput& in) {
     const bool nvme = in.offload_optimizer == "nvme";
     MemoryBytes& to = nvme ? m.nvme : m.host;
     // Partial offload: the host share of the shard (the engine splits at bucket boundaries).
-    const int64_t off = nvme ? s : std::llround(in.offload_optimizer_ratio * static_cast<double>(s));
+    const int64_t off = std::llround(in.offload_optimizer_ratio * static_cast<double>(s));
     to.fp32_master = off * 4;   // with fp32 training too: the CPU optimizer's copy of the shard
     to.optimizer_states = off * k;
     // The reduced gradient shard the CPU optimizer reads, in the training dtype.
@@ -117,8 +115,8 @@ MemoryEstimate estimate_memory(const EstimateInput& in) {
     if (in.accelerator && in.stage >= 2 && in.gradient_accumulation_steps == 1) d.gradients -= off * b;
     if (nvme) {
       // The step's sub-groups in host memory: read-ahead, current, write-behind.
-      const int64_t sub = std::min(in.sub_group_size, s);
-      const int64_t resident = std::min<int64_t>(3, sub > 0 ? (s + sub - 1) / sub : 0);
+      const int64_t sub = std::min(in.sub_group_size, off);
+      const int64_t resident = std::min<int64_t>(3, sub > 0 ? (off + sub - 1) / sub : 0);
       m.host.fp32_master = resident * sub * 4;
       m.host.optimizer_states = resident * sub * k;
     }

@@ -53,7 +53,8 @@
 //     write-behind) of min(sub_group_size, S) elements of master weights and
 //     states (host fp32_master and optimizer_states; the engine makes a
 //     sub-group of whole buckets, so a bucket larger than sub_group_size is
-//     one sub-group). offload_optimizer_buffer_count is not used.
+//     one sub-group). offload_optimizer_buffer_count is not used. Partial
+//     offload likewise: round(r*S) elements on NVMe, the rest on the device.
 //   offload_param "cpu" (stage 3): the parameter shard S*b lives in host memory.
 //   offload_param "nvme" (stage 3): the shard on NVMe; the host keeps
 //     offload_param_buffer_count buffers of offload_param_buffer_size

@@ -54,7 +54,7 @@
 // other buckets keep their master weights and states where the parameters
 // are and are updated there while the host updates its share; their
 // gradients stay in the training dtype too (the optimizer widens one bucket
-// at a time).
+// at a time). With NVMe offload only the host share is swapped to files.
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 

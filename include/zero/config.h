@@ -63,7 +63,7 @@ struct OffloadOptimizerConfig {
   bool pipeline_read = false;
   bool pipeline_write = false;
   bool fast_init = false;
-  double ratio = 1.0;            // share of the partition offloaded (partial offload, device "cpu"), whole buckets
+  double ratio = 1.0;            // share of the partition offloaded (partial offload), whole buckets
 };
 
 // "zero_optimization.offload_param" (stage 3 only). device: "none" | "cpu" | "nvme".

@@ -274,6 +274,10 @@ TEST(ExactResume, Stage3NvmeOffloadAccumulation) {
   s.offload = R"(, "sub_group_size": 100, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + nvme +
               R"("}, "offload_param": {"device": "nvme", "nvme_path": ")" + nvme + R"("})";
   exact_resume(s, "offload_nvme");
+  // Partial: half the optimizer on NVMe, the rest with the parameters.
+  s.offload = R"(, "sub_group_size": 100, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + nvme +
+              R"(", "ratio": 0.5})";
+  exact_resume(s, "offload_nvme_partial");
 }
 // Saving a tag that exists replaces it (the old and the new one are swapped
 // in one step): the load gets the new state, nothing is left in .saving.

@@ -202,10 +202,16 @@ TEST(ConfigEstimate, PartialOffloadSplitsMasterAndStates) {
     in.offload_optimizer_ratio = 1.0;
     EXPECT_EQ(none.device.total(), zero::estimate_memory(in).device.total()) << stage;
   }
+  // NVMe: the share on disk, sub-groups of it in flight on the host, the rest on the device.
   EstimateInput in = mixed_adam(psi, n, 3);
   in.offload_optimizer = "nvme";
   in.offload_optimizer_ratio = 0.5;
-  EXPECT_THROW(zero::estimate_memory(in), zero::PartitionError);   // nvme swaps everything
+  in.sub_group_size = 40000000;   // 2.5 sub-groups of the 1e8-element share
+  const MemoryEstimate nvme = zero::estimate_memory(in);
+  EXPECT_EQ(nvme.nvme.fp32_master, s / 2 * 4);
+  EXPECT_EQ(nvme.nvme.optimizer_states, s / 2 * k);
+  EXPECT_EQ(nvme.host.fp32_master, 3 * int64_t{40000000} * 4);
+  EXPECT_EQ(nvme.device.optimizer_states, s / 2 * k);
   in.offload_optimizer = "cpu";
   in.offload_optimizer_ratio = 1.5;
   EXPECT_THROW(zero::estimate_memory(in), zero::PartitionError);

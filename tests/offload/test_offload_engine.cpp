@@ -65,9 +65,14 @@ std::string config_json(const Case& c, const std::string& offload) {
                      R"(, "optimizer": )" + c.optimizer + R"(, "zero_optimization": {"stage": )" + std::to_string(c.stage) +
                      R"(, "reduce_bucket_size": 300, "stage3_param_persistence_threshold": 0)";
   if (offload == "cpu") json += R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true})";
-  if (offload.rfind("ratio ", 0) == 0) {  // partial offload: "ratio 0.5" (with " param_cpu": that too)
+  if (offload.rfind("ratio ", 0) == 0) {  // partial offload: "ratio 0.5" (+ " param_cpu", or " nvme" for the optimizer)
     const std::string ratio = offload.substr(6, offload.find(' ', 6) - 6);
-    json += R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true, "ratio": )" + ratio + "}";
+    if (offload.find(" nvme") != std::string::npos) {
+      json += R"(, "sub_group_size": 500, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + nvme_dir() +
+              R"(", "ratio": )" + ratio + "}";
+    } else {
+      json += R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true, "ratio": )" + ratio + "}";
+    }
     if (offload.find(" param_cpu") != std::string::npos) json += R"(, "offload_param": {"device": "cpu"})";
   }
   if (offload == "param_cpu") json += R"(, "offload_param": {"device": "cpu"})";
@@ -278,6 +283,15 @@ TEST(PartialOffload, Stage3Bf16Adagrad) { expect_partial_parity({3, "bf16", 1, 0
 // kept "on the device" update their masters there and copy to those shards.
 TEST(PartialOffload, Stage3WithParamOffload) {
   expect_parity({3, "bf16", 2, 0.5, kAdamW}, "ratio 0.5 param cpu", "ratio 0.5 param_cpu");
+}
+// NVMe: the offloaded share's master weights and states in files, stepped
+// sub-group by sub-group; the rest updated with the parameters.
+TEST(PartialOffload, NvmeStage3) {
+  for (const Case& c : {Case{3, "fp32", 2, 0.5, kAdamW}, Case{3, "bf16", 1, 0.0, kAdagrad}}) {
+    const zero::MemoryReport report = expect_parity(c, "ratio 0.5 nvme " + c.dtype, "ratio 0.5 nvme");
+    const int64_t bytes_per_element = c.optimizer == kAdagrad ? 8 : 12;
+    EXPECT_EQ(report.nvme_offloaded, bytes_per_element * first_buckets_shard_elements(4)) << c.dtype;
+  }
 }
 TEST(PartialOffload, Stage3RatioZeroKeepsEverythingOnTheDevice) {
   expect_partial_parity({3, "fp32", 2, 0.5, kAdamW}, 0.0, 0, 12);

@@ -191,7 +191,7 @@ zero::EstimateInput stage_input(const zero::Config& c, zero::EstimateInput in, i
   const auto& z = c.zero_optimization;
   in.stage = stage;
   in.offload_optimizer = zero::offload_optimizer_allowed(z.offload_optimizer.device, stage) ? z.offload_optimizer.device : "none";
-  in.offload_optimizer_ratio = in.offload_optimizer == "cpu" ? z.offload_optimizer.ratio : 1.0;
+  in.offload_optimizer_ratio = in.offload_optimizer != "none" ? z.offload_optimizer.ratio : 1.0;
   in.offload_param = zero::offload_param_allowed(z.offload_param.device, stage) ? z.offload_param.device : "none";
   return in;
 }
@@ -351,9 +351,9 @@ int run_estimate(const Options& o) {
            "  way to the device), in host memory. At stages 2-3 without gradient accumulation\n"
            "  (gradient_accumulation_steps here: "
         << setup.base.gradient_accumulation_steps << ") the device keeps no gradients of the offloaded share.\n";
-  if (opt == "cpu" && z.offload_optimizer.ratio < 1.0)
-    out << "- partial offload (ratio " << z.offload_optimizer.ratio
-        << "): that share of the shard on the host, the rest of the master\n"
+  if (opt != "none" && z.offload_optimizer.ratio < 1.0)
+    out << "- partial offload (ratio " << z.offload_optimizer.ratio << "): that share of the shard on the "
+        << (opt == "cpu" ? "host" : "NVMe") << ", the rest of the master\n"
            "  weights and states on the device (the engine splits at bucket boundaries).\n";
   if (opt == "nvme")
     out << "- offload_optimizer nvme (stage 3 only): fp32 master and optimizer states on NVMe; the host keeps\n"
