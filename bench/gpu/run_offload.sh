@@ -49,7 +49,7 @@ run offload_cuda 180 build-gpu/tools/launcher/zero-run --nproc 1 build-gpu/tests
 grep -E '\[  (PASSED|FAILED|SKIPPED) \]|Failure' "$out/offload_cuda.log" | head -20 | tee -a "$out/summary.txt"
 run ckpt_cuda 180 build-gpu/tools/launcher/zero-run --nproc 1 build-gpu/tests/ckpt/test_checkpoint --gtest_filter='Cuda.*:ExactResume.Stage2*:NvmeOffload.*'
 grep -E '\[  (PASSED|FAILED|SKIPPED) \]|Failure' "$out/ckpt_cuda.log" | head -20 | tee -a "$out/summary.txt"
-run small 120 sh -c "ZERO_LOG_LEVEL=warn $bin --device cuda --offload cpu --steps 3 && ZERO_LOG_LEVEL=warn $bin --device cuda --offload none --steps 3" || exit 1
+run small 150 sh -c "ZERO_LOG_LEVEL=warn $bin --device cuda --offload cpu --steps 3 && ZERO_LOG_LEVEL=warn $bin --device cuda --offload cpu --ratio 0.5 --steps 3 && ZERO_LOG_LEVEL=warn $bin --device cuda --offload none --steps 3" || exit 1
 run none 240 env ZERO_LOG_LEVEL=warn $bin --device cuda --cap-gb "$cap" --offload none --steps "$steps" $size
 run offload 420 env ZERO_LOG_LEVEL=warn $bin --device cuda --cap-gb "$cap" --offload cpu --steps "$steps" $size
 run partial 420 env ZERO_LOG_LEVEL=warn $bin --device cuda --cap-gb "$cap" --offload cpu --ratio "${RATIO:-0.6}" --steps "$steps" $size
