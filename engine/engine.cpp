@@ -457,23 +457,22 @@ MemoryReport Engine::Impl::memory() const {
     // Of the master weights and states, those of the buckets on the host
     // (all of them unless partial, Note [Partial offload]). A host master is
     // always apart from the parameters, so master_bytes() counts it, fp32 too.
-    int64_t host_master = 0, host_states = 0;
-    for (size_t k = 0; k < sharded->buckets().size(); ++k) {
-      if (!sharded->buckets()[k].master_on_host) continue;
-      const at::Tensor& m = sharded->master_tensors()[k];
-      host_master += m.nbytes();
-      for (const auto& kind : engine::state_kinds(config.optimizer)) {
-        const at::Tensor state = engine::state_tensor(*optimizer, config.optimizer, m, kind, false);
-        if (state.defined()) host_states += state.nbytes();
-      }
-    }
     r.offload_buffers = sharded->offload_buffer_bytes();
-    if (nvme) {
+    r.host_offloaded += r.offload_buffers;
+    if (nvme) {  // only the offloaded share is in the store
       r.nvme_offloaded += nvme->nvme_bytes();
-      r.host_offloaded += nvme->resident_bytes() + r.offload_buffers;
+      r.host_offloaded += nvme->resident_bytes();
       r.nvme_host_peak = nvme->peak_resident_bytes();
     } else {
-      r.host_offloaded += host_master + host_states + r.offload_buffers;
+      for (size_t k = 0; k < sharded->buckets().size(); ++k) {
+        if (!sharded->buckets()[k].master_on_host) continue;
+        const at::Tensor& m = sharded->master_tensors()[k];
+        r.host_offloaded += m.nbytes();
+        for (const auto& kind : engine::state_kinds(config.optimizer)) {
+          const at::Tensor state = engine::state_tensor(*optimizer, config.optimizer, m, kind, false);
+          if (state.defined()) r.host_offloaded += state.nbytes();
+        }
+      }
     }
   }
   for (const auto& b : module->buffers()) r.buffers += b.nbytes();

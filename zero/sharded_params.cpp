@@ -378,8 +378,7 @@ at::Tensor ShardedParams::squares_on_device(const at::Tensor& grad) {
   return sum;
 }
 
-void ShardedParams::add_squares_on_device(const at::Tensor& grad) {
-  at::Tensor sum = squares_on_device(grad);
+void ShardedParams::add_squares_on_device(const at::Tensor& sum) {
   device_grad_sq_ = device_grad_sq_.defined() ? device_grad_sq_ + sum : sum;
 }
 
@@ -396,7 +395,7 @@ void ShardedParams::attach_master_grads() {
       if (!b.grad_on_host) {
         master_grads_[k].zero_();
       } else if (b.grad_sq.defined()) {
-        device_grad_sq_ = device_grad_sq_.defined() ? device_grad_sq_ + b.grad_sq : b.grad_sq;
+        add_squares_on_device(b.grad_sq);
       }
       master_flat_[k].mutable_grad() = master_grads_[k];
       continue;
@@ -415,7 +414,7 @@ void ShardedParams::attach_master_grads() {
       // [Offload copies]); stages 2-3 copied it when the bucket was reduced.
       // A bucket updated on the accelerator (Note [Partial offload]) keeps it
       // there, in the training dtype too.
-      if (!grad.is_cpu()) add_squares_on_device(grad);
+      if (!grad.is_cpu()) add_squares_on_device(squares_on_device(grad));
       if (master_grads_[k].defined()) {
         if (!b.grad_on_host) master_grads_[k].copy_(grad);
         grad = master_grads_[k];

@@ -24,6 +24,12 @@ bool grad_copies() {
   const char* v = std::getenv("ZERO_OFFLOAD_HOST_GRAD_COPIES");
   return v && std::string(v) == "1";
 }
+// The offload mode of partial offload at `ratio` ("ratio 0.5"; see config_json).
+std::string partial_mode(double ratio) {
+  std::ostringstream mode;
+  mode << "ratio " << ratio;
+  return mode.str();
+}
 constexpr int64_t kIn = 24, kHidden = 40, kOut = 10;
 
 struct MlpImpl : torch::nn::Module {
@@ -166,9 +172,7 @@ zero::MemoryReport expect_parity(const Case& c, const std::string& name, const s
 // copy (accelerator = false).
 void expect_estimate_matches(const Case& c, const std::string& offload, double ratio = 1.0) {
   zero::MemoryReport report;
-  std::ostringstream partial;
-  partial << "ratio " << ratio;
-  train(c, ratio < 1.0 ? partial.str() : offload, &report);
+  train(c, ratio < 1.0 ? partial_mode(ratio) : offload, &report);
   zero::EstimateInput in;
   in.params = kIn * kHidden + kHidden + kHidden * kHidden + kHidden + kHidden * kOut + kOut;
   in.world_size = g_world->size();
@@ -241,9 +245,7 @@ int64_t first_buckets_shard_elements(int buckets) {
 
 void expect_partial_parity(const Case& c, double ratio, int host_buckets, int64_t host_bytes_per_element) {
   const std::string name = "ratio " + std::to_string(ratio) + " stage " + std::to_string(c.stage) + " " + c.dtype;
-  std::ostringstream r;
-  r << "ratio " << ratio;
-  const zero::MemoryReport report = expect_parity(c, name, r.str());
+  const zero::MemoryReport report = expect_parity(c, name, partial_mode(ratio));
   // CPU ranks: no staging buffers, and gradient copies only when asked for.
   const int64_t grad_bytes = c.dtype == "fp32" ? 4 : 2;
   const int64_t copies = grad_copies() ? grad_bytes * first_buckets_shard_elements(host_buckets) : 0;
