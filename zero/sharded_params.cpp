@@ -318,11 +318,20 @@ void ShardedParams::grad_to_host(Bucket& b, const at::Tensor& reduced) {
 
 // Stages 2-3 keep no full gradient: a bucket borrows a buffer from a small
 // pool while its gradients arrive and returns it once reduced. The pool
-// holds one buffer (two with overlap_comm); when none is free, the oldest
-// reduction in flight is waited for. Only buckets still being filled can
-// make it grow beyond that (their reduction must wait for an earlier bucket).
+// holds one buffer (two with overlap_comm); when none is free, a completed
+// reduction or else the oldest in flight is waited for. Only buckets still
+// being filled can make it grow beyond that (their reduction must wait for
+// an earlier bucket). It grows to its size before reusing a buffer, so how
+// many buffers there are does not depend on when reductions complete: the
+// memory report is the same in every run.
 void ShardedParams::acquire_staging(Bucket& b) {
   const size_t limit = options_.overlap_comm ? 2 : 1;
+  const auto grow = [&] {
+    staging_pool_.push_back(torch::empty({max_bucket_numel_}, partition_grads_.options()));
+    staging_bytes_ += staging_pool_.back().nbytes();
+    ++staging_buffers_;
+  };
+  if (staging_pool_.empty() && staging_buffers_ < limit) grow();
   while (staging_pool_.empty()) {
     for (auto& other : buckets_) {
       if (other.work && other.work->is_completed()) finish(other);
@@ -335,10 +344,8 @@ void ShardedParams::acquire_staging(Bucket& b) {
         break;
       }
     }
-    if (staging_buffers_ < limit || !oldest) {
-      staging_pool_.push_back(torch::empty({max_bucket_numel_}, partition_grads_.options()));
-      staging_bytes_ += staging_pool_.back().nbytes();
-      ++staging_buffers_;
+    if (!oldest) {
+      grow();
       break;
     }
     finish(*oldest);
