@@ -169,7 +169,6 @@ void Engine::Impl::build_params(InitOptions& options) {
   const auto& offload = config.zero_optimization.offload_optimizer;
   popts.offload_optimizer = offload.device == "cpu" || offload.device == "nvme";
   popts.offload_ratio = offload.ratio;
-  popts.accumulation_steps = gas;
   // For tests: the accelerator's gradient copies on CPU ranks (partition.h).
   const char* copies = std::getenv("ZERO_OFFLOAD_HOST_GRAD_COPIES");
   popts.host_grad_copies = copies && std::string(copies) == "1";

@@ -62,7 +62,6 @@ MemoryEstimate estimate_memory(const EstimateInput& in) {
           "the NVMe buffer counts must be in [0, 1024]");
   require(in.offload_param_buffer_size >= 0 && in.offload_param_buffer_size <= 1000000000000,
           "offload_param_buffer_size must be in [0, 1e12]");
-  require(in.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be at least 1");
   require(in.offload_optimizer_ratio >= 0 && in.offload_optimizer_ratio <= 1,
           "offload_optimizer_ratio must be in [0, 1]");
   require(known_device(in.offload_optimizer), "offload_optimizer must be none, cpu or nvme; got \"" + in.offload_optimizer + "\"");
@@ -110,9 +109,9 @@ MemoryEstimate estimate_memory(const EstimateInput& in) {
     if (in.accelerator && off > 0) m.host.params += 2 * ((std::min(in.reduce_bucket_size, p) + owners - 1) / owners) * b;
     d.fp32_master = in.mixed_precision ? (s - off) * 4 : 0;
     d.optimizer_states = (s - off) * k;
-    // Without accumulation the offloaded share's gradients leave the device
-    // partition (the reduced bucket goes straight to the host).
-    if (in.accelerator && in.stage >= 2 && in.gradient_accumulation_steps == 1) d.gradients -= off * b;
+    // The offloaded share's gradients leave the device partition (the
+    // reduced bucket goes straight to the host).
+    if (in.accelerator && in.stage >= 2) d.gradients -= off * b;
     if (nvme) {
       // The step's sub-groups in host memory: read-ahead, current, write-behind.
       const int64_t sub = std::min(in.sub_group_size, off);

@@ -33,10 +33,10 @@
 //     dtype, as the CPU optimizer reads it) live in host memory, and two
 //     page-locked staging buffers of a bucket's shard carry the updated
 //     parameters to the device (2*ceil(min(reduce_bucket_size, P)/N)*b,
-//     reported as host params). At stages 2-3 without gradient
-//     accumulation the device's gradient partition holds none of the
-//     offloaded share (each reduced bucket goes straight to the host); with
-//     accumulation it keeps all S*b (the sum builds up there).
+//     reported as host params). At stages 2-3 the device's gradient
+//     partition holds none of the offloaded share: each reduced bucket goes
+//     straight to the host (with gradient accumulation the sum builds up
+//     there, through the device), so the device keeps one reduce bucket.
 //     With fp32 training the host still keeps an fp32 copy of the shard S*4
 //     for the CPU optimizer to update (reported as fp32_master). Without an
 //     accelerator (EstimateInput::accelerator false: CPU ranks) the
@@ -75,7 +75,6 @@ struct EstimateInput {
   int64_t stage3_max_live_parameters = 1000000000;  // elements
   std::string offload_optimizer = "none";  // "none" | "cpu" | "nvme"
   double offload_optimizer_ratio = 1.0;    // partial offload ("cpu"): the share on the host
-  int64_t gradient_accumulation_steps = 1; // with offload at stages 2-3 (see above)
   std::string offload_param = "none";      // "none" | "cpu" | "nvme"
   // The parameters live on an accelerator (the usual case). With CPU ranks
   // the offload optimizer reads the gradient shard where it was reduced, so

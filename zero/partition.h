@@ -38,13 +38,15 @@
 // page-locked staging buffers, copied to the accelerator asynchronously; a
 // bucket that stays gathered starts its all-gather at once. No host copy of
 // the whole partition in the training dtype is kept.
-// Without gradient accumulation (accumulation_steps 1) at stages 2-3, a
-// bucket whose gradients go to the host has no part in the accelerator's
-// gradient partition at all: its reduce-scatter lands in a temporary that is
-// copied to the host at once (a second backward before the step adds to
-// the host copy through the accelerator), and its sum of squares is taken
-// there from that temporary. With accumulation the partition keeps it, as
-// accumulating on the host would cross the bus on every micro-step.
+// At stages 2-3 a bucket whose gradients go to the host has no part in the
+// accelerator's gradient partition at all: its reduce-scatter lands in a
+// temporary that is copied to the host at once, and its sum of squares is
+// taken there from that temporary. With gradient accumulation (or a second
+// backward before the step) the next micro-step adds to the host copy
+// through the accelerator, as DeepSpeed does: a round trip over the bus per
+// micro-step buys the accelerator the offloaded share's gradients, which
+// for a model that barely fits is the difference between training and
+// running out of memory.
 //
 // Note [Partial offload]: offload_ratio below 1 (DeepSpeed's
 // offload_optimizer.ratio, ZeRO-Offload++'s "Twin-Flow") offloads only the
@@ -85,7 +87,6 @@ struct Options {
   double offload_ratio = 1.0;              // Note [Partial offload]
   bool pin_memory = false;                 // page-locked host tensors (with CUDA parameters)
   bool offload_master_to_disk = false;     // NVMe: the master weights are not resident, so fp32 gets copies too
-  int64_t accumulation_steps = 1;          // micro-steps per optimizer step (Note [Offload copies])
   // Copy the reduced gradients of offloaded buckets to host tensors even
   // when the parameters are in host memory (CPU ranks), as an accelerator
   // needs: the same bookkeeping runs, and is tested, without one.

@@ -107,7 +107,7 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
   const bool accelerator = !params_.empty() && !params_.front().tensor.device().is_cpu();
   for (auto& b : buckets_) {
     b.grad_copied = b.master_on_host && (accelerator || options_.host_grad_copies);
-    b.grad_off_device = b.grad_copied && options_.stage >= 2 && options_.accumulation_steps == 1;
+    b.grad_off_device = b.grad_copied && options_.stage >= 2;
     partition_offset_.push_back(b.grad_off_device ? -1 : partition_grad_numel_);
     if (!b.grad_off_device) partition_grad_numel_ += b.shard_numel;
   }
@@ -637,23 +637,55 @@ std::vector<ShardedParams::Fragment> ShardedParams::fragments() const {
   return out;
 }
 
-// Mid-accumulation state exists only with accumulation_steps above 1, when
-// every bucket has its slice of the partition (Note [Offload copies]).
+// Mid-accumulation gradients (a checkpoint between micro-steps): at stages
+// 2-3 every bucket's shard in bucket order, those in host copies (Note
+// [Offload copies]) too, so that the layout is the same with and without
+// offload. Assembled in host memory when some are there.
 at::Tensor ShardedParams::accumulated_grads() const {
+  if (flat_grads_.defined()) return flat_grads_;
+  bool off_device = false, pending_copies = false;
   for (const auto& b : buckets_) {
-    if (b.grad_off_device) throw PartitionError("internal: no accumulated gradients without gradient accumulation");
+    off_device = off_device || b.grad_off_device;
+    pending_copies = pending_copies || (b.grad_off_device && b.grad_on_host && b.full.is_cuda());
   }
-  return flat_grads_.defined() ? flat_grads_ : partition_grads_;
+  if (!off_device) return partition_grads_;
+  if (pending_copies) torch::cuda::synchronize();
+  std::vector<at::Tensor> shards;
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    const Bucket& b = buckets_[k];
+    if (!b.grad_off_device) {
+      shards.push_back(partition_slice(b).to(at::kCPU));
+    } else {  // zeros when no backward ran since the last step
+      shards.push_back(b.grad_on_host ? master_grads_[k] : at::zeros_like(master_grads_[k]));
+    }
+  }
+  return at::cat(shards);
 }
 
 void ShardedParams::restore_accumulated_grads(const at::Tensor& grads) {
-  at::Tensor target = accumulated_grads();
-  if (grads.numel() != target.numel()) {
+  const int64_t expected = flat_grads_.defined() ? flat_grads_.numel() : partition_numel_;
+  if (grads.numel() != expected) {
     throw PartitionError("accumulated gradients of " + std::to_string(grads.numel()) + " elements do not fit this rank's " +
-                         std::to_string(target.numel()));
+                         std::to_string(expected));
   }
-  target.copy_(grads.reshape(-1));
-  partition_fresh_ = false;  // stages 2-3: later reductions add to it
+  const at::Tensor values = grads.reshape(-1);
+  if (flat_grads_.defined()) {
+    flat_grads_.copy_(values);
+    return;
+  }
+  int64_t start = 0;
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    Bucket& b = buckets_[k];
+    const at::Tensor shard = values.slice(0, start, start + b.shard_numel);
+    start += b.shard_numel;
+    if (b.grad_off_device) {
+      master_grads_[k].copy_(shard);
+      b.grad_on_host = true;  // later reductions add to it
+    } else {
+      partition_slice(b).copy_(shard);
+    }
+  }
+  partition_fresh_ = false;  // later reductions add to it
 }
 
 void ShardedParams::zero_grads() {

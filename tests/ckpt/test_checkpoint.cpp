@@ -464,6 +464,15 @@ void expect_same_contents(const std::string& dir1, const std::string& dir2, cons
   }
   EXPECT_GT(compared, 0);
   EXPECT_EQ(m1.engine["optimizer_steps"], m2.engine["optimizer_steps"]) << what;
+  // Saved in the middle of an accumulation: each rank's gradients so far.
+  for (int rank = 0; rank < m1.world_size; ++rank) {
+    ASSERT_EQ(r1.has(rank, "accum/grads"), r2.has(rank, "accum/grads")) << what << ": rank " << rank;
+    if (!r1.has(rank, "accum/grads")) continue;
+    std::vector<uint8_t> s1, s2;
+    const zero::ckpt::TensorData g1 = r1.read_whole(rank, "accum/grads", s1), g2 = r2.read_whole(rank, "accum/grads", s2);
+    ASSERT_EQ(g1.bytes, g2.bytes) << what << ": accum/grads of rank " << rank;
+    EXPECT_EQ(0, std::memcmp(g1.data, g2.data, g1.bytes)) << what << ": accum/grads of rank " << rank;
+  }
 }
 
 // Saved by all W ranks at `from` stage; loaded by the first M ranks at `to`
@@ -512,14 +521,15 @@ void reshard(int M, int from, int to, const std::string& name) {
 
 // A checkpoint saved with offload `from` loads with offload `to` and saves
 // the same contents again (checkpoints are in model space whatever is offloaded).
-void save_load_save(int stage, const std::string& from, const std::string& to, const std::string& name) {
+void save_load_save(int stage, const std::string& from, const std::string& to, const std::string& name, int64_t gas = 1) {
   RunSetup s;
   s.stage = stage;
+  s.gas = gas;
   s.offload = from;
   const std::string dir = dir_for(name), again = dir_for(name + "_again");
   Net a = make_net(1);
   auto ea = make_engine(s, a);
-  train(ea, a, 0, 3, *g_world);
+  train(ea, a, 0, 3, *g_world);  // with gas 2: in the middle of an accumulation
   ea.save_checkpoint(dir);
   RunSetup t = s;
   t.offload = to;
@@ -534,6 +544,20 @@ TEST(Reshard, OffloadToNone) { save_load_save(3, R"(, "offload_optimizer": {"dev
 TEST(Reshard, PartialOffloadToFullOffload) {
   save_load_save(2, R"(, "offload_optimizer": {"device": "cpu", "ratio": 0.4})",
                  R"(, "offload_optimizer": {"device": "cpu"})", "partial_full");
+}
+// The gradients summed so far are saved in the same layout whether some of
+// them were in host copies (an accelerator's offload, forced here on CPU
+// ranks) or all in the partition: each loads into the other.
+TEST(Reshard, MidAccumulationGradientsWithAndWithoutHostCopies) {
+  struct Copies {
+    Copies() { setenv("ZERO_OFFLOAD_HOST_GRAD_COPIES", "1", 1); }
+    ~Copies() { unsetenv("ZERO_OFFLOAD_HOST_GRAD_COPIES"); }
+  } copies;
+  for (int stage : {2, 3}) {
+    const std::string tag = "mid_copies" + std::to_string(stage);
+    save_load_save(stage, R"(, "offload_optimizer": {"device": "cpu", "ratio": 0.5})", "", tag + "_none", 2);
+    save_load_save(stage, "", R"(, "offload_optimizer": {"device": "cpu"})", tag + "_all", 2);
+  }
 }
 
 TEST(Reshard, Stage2ToStage3SameRanks) { reshard(g_world->size(), 2, 3, "r23"); }

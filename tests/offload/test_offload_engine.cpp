@@ -258,13 +258,13 @@ void expect_partial_parity(const Case& c, double ratio, int host_buckets, int64_
   EXPECT_EQ(report.fp32_master + report.optimizer_states + report.offload_buffers - report.host_offloaded,
             device_master + (host_bytes_per_element - 4) * device_elements)
       << name;
-  // With the copies and no accumulation, the offloaded buckets' gradients
-  // leave the partition: it holds the device buckets' shards (and the
+  // With the copies the offloaded buckets' gradients leave the partition,
+  // with accumulation too: it holds the device buckets' shards (and the
   // reduce buckets' buffers, whatever this ratio).
   if (grad_copies() && c.stage >= 2) {
     zero::MemoryReport kept;
     train(c, "ratio 0", &kept);
-    const int64_t left = c.gas == 1 ? grad_bytes * first_buckets_shard_elements(host_buckets) : 0;
+    const int64_t left = grad_bytes * first_buckets_shard_elements(host_buckets);
     EXPECT_EQ(kept.gradients - report.gradients, left) << name;
   }
 }

@@ -180,7 +180,6 @@ EstimateSetup estimate_setup(const zero::Config& c, int64_t params, int world_si
   try {  // the batch may not resolve for this world size; offload's figures then assume no accumulation
     zero::Config resolved = c;
     resolved.resolve(world_size);
-    in.gradient_accumulation_steps = resolved.batch.gradient_accumulation_steps.value_or(1);
   } catch (const zero::Error&) {
   }
   return e;
@@ -348,9 +347,8 @@ int run_estimate(const Options& o) {
   if (opt == "cpu")
     out << "- offload_optimizer cpu (stages 1-3): fp32 master, optimizer states, a copy of the gradient shard\n"
            "  in the training dtype and two staging buffers of a bucket's shard (the updated parameters on their\n"
-           "  way to the device), in host memory. At stages 2-3 without gradient accumulation\n"
-           "  (gradient_accumulation_steps here: "
-        << setup.base.gradient_accumulation_steps << ") the device keeps no gradients of the offloaded share.\n";
+           "  way to the device), in host memory. At stages 2-3 the device keeps no gradients of the offloaded\n"
+           "  share (with gradient accumulation they add up on the host, through the device).\n";
   if (opt != "none" && z.offload_optimizer.ratio < 1.0)
     out << "- partial offload (ratio " << z.offload_optimizer.ratio << "): that share of the shard on the "
         << (opt == "cpu" ? "host" : "NVMe") << ", the rest of the master\n"
