@@ -249,6 +249,7 @@ class ShardedParams {
   void acquire_staging(Bucket& bucket);
   static at::Tensor squares_on_device(const at::Tensor& grad);  // a 0-d sum on grad's device
   void add_squares_on_device(const at::Tensor& sum);              // into device_grad_sq_
+  void wait_for_host_grad_copies() const;
   void grad_to_host(Bucket& bucket, const at::Tensor& reduced);
   bool squared_on_device(size_t k) const;
   double host_grad_sq() const;

@@ -248,14 +248,18 @@ TEST(ExactResume, Stage3PartialOffloadBf16) {  // some buckets' states on the ho
   s.offload = R"(, "offload_optimizer": {"device": "cpu", "ratio": 0.5})";
   exact_resume(s, "offload_partial");
 }
+// While alive: offloaded gradients are copied to host tensors as an
+// accelerator needs, here on CPU ranks (ZERO_OFFLOAD_HOST_GRAD_COPIES).
+struct HostGradCopies {
+  HostGradCopies() { setenv("ZERO_OFFLOAD_HOST_GRAD_COPIES", "1", 1); }
+  ~HostGradCopies() { unsetenv("ZERO_OFFLOAD_HOST_GRAD_COPIES"); }
+};
+
 // With the gradient copies an accelerator makes (run here on CPU ranks):
 // without accumulation the offloaded gradients leave the partition; with it,
 // a mid-accumulation save holds the partition's sum.
 TEST(ExactResume, CpuOffloadWithHostGradientCopies) {
-  struct Copies {
-    Copies() { setenv("ZERO_OFFLOAD_HOST_GRAD_COPIES", "1", 1); }
-    ~Copies() { unsetenv("ZERO_OFFLOAD_HOST_GRAD_COPIES"); }
-  } copies;
+  const HostGradCopies copies;
   RunSetup s;
   s.stage = 3;
   s.dtype = "bf16";
@@ -549,10 +553,7 @@ TEST(Reshard, PartialOffloadToFullOffload) {
 // them were in host copies (an accelerator's offload, forced here on CPU
 // ranks) or all in the partition: each loads into the other.
 TEST(Reshard, MidAccumulationGradientsWithAndWithoutHostCopies) {
-  struct Copies {
-    Copies() { setenv("ZERO_OFFLOAD_HOST_GRAD_COPIES", "1", 1); }
-    ~Copies() { unsetenv("ZERO_OFFLOAD_HOST_GRAD_COPIES"); }
-  } copies;
+  const HostGradCopies copies;
   for (int stage : {2, 3}) {
     const std::string tag = "mid_copies" + std::to_string(stage);
     save_load_save(stage, R"(, "offload_optimizer": {"device": "cpu", "ratio": 0.5})", "", tag + "_none", 2);
