@@ -141,6 +141,7 @@ int main(int argc, char** argv) {
     in.mixed_precision = setup.dtype != "fp32";
     in.state_bytes_per_element = zero::optimizer_state_bytes("AdamW", false, 0.0);
     in.reduce_bucket_size = setup.reduce_bucket_size;
+    in.overlap_comm = engine.config().zero_optimization.overlap_comm;
     in.stage3_max_live_parameters = engine.config().zero_optimization.stage3_max_live_parameters;
     const zero::MemoryEstimate est = zero::estimate_memory(in);
 
@@ -155,7 +156,7 @@ int main(int argc, char** argv) {
            << "\", \"estimate\": "
            << kinds_json(est.device.params, est.device.gradients, est.device.fp32_master,
                          est.device.optimizer_states, -1)
-           << ", \"estimate_reduce_bucket\": " << est.reduce_bucket
+           << ", \"estimate_reduce_buffers\": " << est.reduce_buffers
            << ", \"estimate_gathered_params_max\": " << est.gathered_params_max << ", \"ranks\": [";
       for (int r = 0; r < N; ++r) {
         const int64_t* f = &a[r * kFields];

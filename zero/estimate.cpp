@@ -85,8 +85,9 @@ MemoryEstimate estimate_memory(const EstimateInput& in) {
   MemoryBytes& d = m.device;
   d.params = (in.stage == 3 ? s : p) * b;
   if (in.stage >= 2) {
-    m.reduce_bucket = std::min(in.reduce_bucket_size, p) * b;
-    d.gradients = s * b + m.reduce_bucket;
+    m.reduce_buffer_count = in.overlap_comm ? 2 : 1;
+    m.reduce_buffers = m.reduce_buffer_count * std::min(in.reduce_bucket_size, p) * b;
+    d.gradients = s * b + m.reduce_buffers;
   } else {
     d.gradients = p * b;
   }

@@ -17,11 +17,12 @@
 //
 // Bytes held per rank, without offload:
 //   params       stages 0-2: P*b            stage 3: S*b
-//   gradients    stages 0-1: P*b            stages 2-3: S*b + one reduce bucket
-//                                           min(reduce_bucket_size, P)*b
+//   gradients    stages 0-1: P*b            stages 2-3: S*b + the reduce buffers,
+//                                           min(reduce_bucket_size, P)*b each:
+//                                           one, two with overlap_comm
 //   fp32 master  mixed precision only:      stage 0: P*4, stages 1-3: S*4
 //   optimizer    stage 0: P*K               stages 1-3: S*K
-// Mixed-precision Adam, Ψ divisible by N, bucket left out: 16Ψ, 4Ψ + 12Ψ/N,
+// Mixed-precision Adam, Ψ divisible by N, reduce buffers left out: 16Ψ, 4Ψ + 12Ψ/N,
 // 2Ψ + 14Ψ/N, 16Ψ/N, DeepSpeed's figures.
 // Not counted: activations, the module's buffers, temporaries, and at stage 3
 // the parameters of the units being gathered (stage3_prefetch_bucket_size /
@@ -36,7 +37,7 @@
 //     reported as host params). At stages 2-3 the device's gradient
 //     partition holds none of the offloaded share: each reduced bucket goes
 //     straight to the host (with gradient accumulation the sum builds up
-//     there, through the device), so the device keeps one reduce bucket.
+//     there, through the device), so the device keeps the reduce buffers.
 //     With fp32 training the host still keeps an fp32 copy of the shard S*4
 //     for the CPU optimizer to update (reported as fp32_master). Without an
 //     accelerator (EstimateInput::accelerator false: CPU ranks) the
@@ -72,6 +73,10 @@ struct EstimateInput {
   int state_bytes_per_element = 8;     // K: see optimizer_state_bytes()
   bool mixed_precision = false;        // fp16/bf16 with an fp32 master copy
   int64_t reduce_bucket_size = 500000000;          // elements
+  // Stages 2-3 reduce a bucket while backward fills the next: two reduce
+  // buffers instead of one (a bucket that fills before an earlier one is
+  // reduced can borrow a third; not counted).
+  bool overlap_comm = false;
   int64_t stage3_max_live_parameters = 1000000000;  // elements
   std::string offload_optimizer = "none";  // "none" | "cpu" | "nvme"
   double offload_optimizer_ratio = 1.0;    // partial offload ("cpu"): the share on the host
@@ -102,7 +107,10 @@ struct MemoryEstimate {
   MemoryBytes device;          // accelerator memory of one rank
   MemoryBytes host;            // host memory for one rank (pinned when offloading)
   MemoryBytes nvme;            // NVMe space for one rank
-  int64_t reduce_bucket = 0;   // bytes of the reduce bucket inside device.gradients (stages 2-3)
+  // Stages 2-3: the reduce buffers inside device.gradients, each the size
+  // of a bucket, min(reduce_bucket_size, P)*b.
+  int64_t reduce_buffers = 0;       // bytes, all of them
+  int reduce_buffer_count = 0;      // 1, or 2 with overlap_comm
   // Stage 3: up to this many more device bytes for the parameters of the
   // units being gathered, min(Ψ, stage3_max_live_parameters)*b; not in device.
   int64_t gathered_params_max = 0;

@@ -34,18 +34,18 @@ TEST(ConfigEstimate, MixedPrecisionAdamGivesDeepSpeedsFigures) {
     const int64_t expected[4] = {16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n};
     for (int stage = 0; stage <= 3; ++stage) {
       MemoryEstimate m = zero::estimate_memory(mixed_adam(psi, n, stage));
-      EXPECT_EQ(m.device.total() - m.reduce_bucket, expected[stage]) << "stage " << stage << ", N " << n;
+      EXPECT_EQ(m.device.total() - m.reduce_buffers, expected[stage]) << "stage " << stage << ", N " << n;
       EXPECT_EQ(m.host.total(), 0);
       EXPECT_EQ(m.nvme.total(), 0);
       EXPECT_EQ(m.padded_params, psi);
-      EXPECT_EQ(m.reduce_bucket, stage >= 2 ? int64_t{500000000} * 2 : 0) << stage;   // one bucket of 5e8 bf16
+      EXPECT_EQ(m.reduce_buffers, stage >= 2 ? int64_t{500000000} * 2 : 0) << stage;   // one buffer of 5e8 bf16
       EXPECT_EQ(m.gathered_params_max, stage == 3 ? int64_t{1000000000} * 2 : 0) << stage;   // max_live 1e9
     }
   }
   // Per kind at stage 2: 2Ψ params, 2Ψ/N grads (+ bucket), 4Ψ/N master, 8Ψ/N Adam.
   MemoryEstimate m = zero::estimate_memory(mixed_adam(psi, 8, 2));
   EXPECT_EQ(m.device.params, 2 * psi);
-  EXPECT_EQ(m.device.gradients, 2 * psi / 8 + m.reduce_bucket);
+  EXPECT_EQ(m.device.gradients, 2 * psi / 8 + m.reduce_buffers);
   EXPECT_EQ(m.device.fp32_master, 4 * psi / 8);
   EXPECT_EQ(m.device.optimizer_states, 8 * psi / 8);
 }
@@ -53,15 +53,26 @@ TEST(ConfigEstimate, MixedPrecisionAdamGivesDeepSpeedsFigures) {
 TEST(ConfigEstimate, BucketAndGatheredParamsAreBoundedByTheModel) {
   EstimateInput in = mixed_adam(1000, 4, 3);
   MemoryEstimate m = zero::estimate_memory(in);
-  EXPECT_EQ(m.reduce_bucket, 1000 * 2);          // min(reduce_bucket_size, P) * b
+  EXPECT_EQ(m.reduce_buffers, 1000 * 2);         // min(reduce_bucket_size, P) * b
   EXPECT_EQ(m.gathered_params_max, 1000 * 2);    // min(Ψ, stage3_max_live_parameters) * b
   in.params = 4000000000;
   in.reduce_bucket_size = 200000000;
   in.stage3_max_live_parameters = 300000000;
   m = zero::estimate_memory(in);
-  EXPECT_EQ(m.reduce_bucket, int64_t{200000000} * 2);
+  EXPECT_EQ(m.reduce_buffers, int64_t{200000000} * 2);
   EXPECT_EQ(m.gathered_params_max, int64_t{300000000} * 2);
-  EXPECT_EQ(m.device.gradients, int64_t{1000000000} * 2 + m.reduce_bucket);
+  EXPECT_EQ(m.device.gradients, int64_t{1000000000} * 2 + m.reduce_buffers);
+  EXPECT_EQ(m.reduce_buffer_count, 1);
+  // overlap_comm: a second buffer fills while the first is reduced.
+  in.overlap_comm = true;
+  m = zero::estimate_memory(in);
+  EXPECT_EQ(m.reduce_buffer_count, 2);
+  EXPECT_EQ(m.reduce_buffers, 2 * int64_t{200000000} * 2);
+  EXPECT_EQ(m.device.gradients, int64_t{1000000000} * 2 + 2 * int64_t{200000000} * 2);
+  in.stage = 1;   // stage 1 keeps the whole gradient: no reduce buffers
+  m = zero::estimate_memory(in);
+  EXPECT_EQ(m.reduce_buffers, 0);
+  EXPECT_EQ(m.device.gradients, int64_t{4000000000} * 2);
 }
 
 TEST(ConfigEstimate, PadsToAMultipleOfTheWorldSize) {
@@ -86,8 +97,8 @@ TEST(ConfigEstimate, PadsToAMultipleOfTheWorldSize) {
   m = zero::estimate_memory(mixed_adam(psi, 8, 2));
   EXPECT_EQ(m.padded_params, 7000000008);
   EXPECT_EQ(m.shard_params, 875000001);
-  EXPECT_EQ(m.device.total() - m.reduce_bucket, 2 * int64_t{7000000008} + 14 * int64_t{875000001});
-  EXPECT_GT(m.device.total() - m.reduce_bucket, 2 * psi + 14 * psi / 8);
+  EXPECT_EQ(m.device.total() - m.reduce_buffers, 2 * int64_t{7000000008} + 14 * int64_t{875000001});
+  EXPECT_GT(m.device.total() - m.reduce_buffers, 2 * psi + 14 * psi / 8);
 }
 
 TEST(ConfigEstimate, Fp32TrainingHasNoMasterCopy) {
@@ -108,8 +119,8 @@ TEST(ConfigEstimate, Fp32TrainingHasNoMasterCopy) {
   // Stage 3: fp32 keeps 4 + 4 + 8 bytes per shard element as well.
   fp32.stage = 3;
   f = zero::estimate_memory(fp32);
-  EXPECT_EQ(f.device.total() - f.reduce_bucket, 16 * s);
-  EXPECT_EQ(f.reduce_bucket, int64_t{500000000} * 4);
+  EXPECT_EQ(f.device.total() - f.reduce_buffers, 16 * s);
+  EXPECT_EQ(f.reduce_buffers, int64_t{500000000} * 4);
   EXPECT_EQ(f.gathered_params_max, psi * 4);   // below max_live 1e9
 }
 
@@ -148,7 +159,7 @@ TEST(ConfigEstimate, CpuOptimizerOffloadMovesMasterStatesAndGradientShard) {
     EXPECT_EQ(m.device.fp32_master, 0) << stage;
     EXPECT_EQ(m.device.optimizer_states, 0) << stage;
     // Stages 2-3 send each reduced bucket straight to the host (with
-    // accumulation too): the device keeps the reduce bucket only; stage 1
+    // accumulation too): the device keeps the reduce buffers only; stage 1
     // its P*b.
     const int64_t grad_shard_left = stage >= 2 ? s * b : 0;
     EXPECT_EQ(m.device.total(), on_device.device.total() - s * 4 - s * k - grad_shard_left) << stage;
@@ -163,13 +174,13 @@ TEST(ConfigEstimate, CpuOptimizerOffloadMovesMasterStatesAndGradientShard) {
   EXPECT_EQ(m.host.fp32_master, s * 4);
   EXPECT_EQ(m.host.params, 2 * (in.reduce_bucket_size / n) * 4);  // fp32 staging buffers
   EXPECT_EQ(m.host.gradients, s * 4);
-  EXPECT_EQ(m.device.total(), 4 * psi + m.reduce_bucket);  // fp32 parameters and the reduce bucket
+  EXPECT_EQ(m.device.total(), 4 * psi + m.reduce_buffers);  // fp32 parameters and the reduce buffer
   // CPU ranks: the optimizer reads the gradient shard where it was reduced
   // and writes the parameters in place.
   in.accelerator = false;
   EXPECT_EQ(zero::estimate_memory(in).host.gradients, 0);
   EXPECT_EQ(zero::estimate_memory(in).host.params, 0);
-  EXPECT_EQ(zero::estimate_memory(in).device.gradients, s * 4 + m.reduce_bucket);
+  EXPECT_EQ(zero::estimate_memory(in).device.gradients, s * 4 + m.reduce_buffers);
 }
 
 // Partial offload: round(ratio * S) elements of master weights, states and
@@ -231,7 +242,7 @@ TEST(ConfigEstimate, NvmeAndParamOffloadAtStage3) {
   in.offload_optimizer = "nvme";
   in.sub_group_size = 50000000;  // 4 sub-groups of the 2e8-element shard
   m = zero::estimate_memory(in);
-  EXPECT_EQ(m.device.total(), m.reduce_bucket);   // only the reduce bucket stays
+  EXPECT_EQ(m.device.total(), m.reduce_buffers);   // only the reduce buffer stays
   EXPECT_EQ(m.nvme.params, s * b);
   EXPECT_EQ(m.nvme.fp32_master, s * 4);
   EXPECT_EQ(m.nvme.optimizer_states, s * 8);
@@ -328,9 +339,11 @@ TEST(ConfigEstimateTool, PrintsOneRowPerStageAndMarksTheConfigsStage) {
     EXPECT_NE(rows[stage].find(std::to_string(stage)), std::string::npos) << rows[stage];
   EXPECT_NE(rows[3].find("* 3"), std::string::npos) << r.out;
   for (int stage = 0; stage < 3; ++stage) EXPECT_EQ(rows[stage].find('*'), std::string::npos) << rows[stage];
-  // fp32 AdamW, 7e9 parameters: stage 0 holds 16 x 7e9 bytes; stage 3 16 x 7e9 / 8 plus a 5e8 fp32 bucket.
+  // fp32 AdamW, 7e9 parameters: stage 0 holds 16 x 7e9 bytes; stage 3 16 x 7e9 / 8 plus two reduce
+  // buffers of 5e8 fp32 elements (the config has overlap_comm on).
   EXPECT_NE(rows[0].find("112.00"), std::string::npos) << rows[0];
-  EXPECT_NE(rows[3].find(" 16.00"), std::string::npos) << rows[3];
+  EXPECT_NE(rows[3].find(" 18.00"), std::string::npos) << rows[3];
+  EXPECT_NE(r.out.find("two reduce buffers of 2.00 GB"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("(GB)"), std::string::npos);
   EXPECT_NE(r.out.find("plus the parameters of the units being gathered"), std::string::npos) << r.out;
 
@@ -364,8 +377,10 @@ TEST(ConfigEstimateTool, JsonMatchesTheLibrary) {
     in.dtype_bytes = 4;
     in.state_bytes_per_element = 8;
     in.offload_optimizer = row["offload_optimizer"];
+    in.overlap_comm = true;   // as the config says
     MemoryEstimate m = zero::estimate_memory(in);
     EXPECT_EQ(row["device"]["total"], m.device.total()) << stage;
+    EXPECT_EQ(row["reduce_buffer_count"], stage >= 2 ? 2 : 0) << stage;
     EXPECT_EQ(row["host"]["total"], m.host.total()) << stage;
     EXPECT_EQ(row["device"]["optimizer_states"], stage == 0 ? 8 * 1500000000LL : 0) << stage;   // offloaded at 1-3
     EXPECT_EQ(row["nvme"]["total"], 0);
@@ -380,7 +395,7 @@ TEST(ConfigEstimateTool, NvmeOffloadAppliesAtStage3Only) {
   const auto& s3 = j["stages"][3];
   EXPECT_EQ(s3["offload_optimizer"], "nvme");
   EXPECT_EQ(s3["offload_param"], "nvme");
-  EXPECT_EQ(s3["device"]["total"], s3["reduce_bucket"]);   // only the reduce bucket
+  EXPECT_EQ(s3["device"]["total"], s3["reduce_buffers"]);   // only the reduce buffers
   EXPECT_GT(s3["nvme"]["total"].get<int64_t>(), 0);
   for (int stage = 0; stage < 3; ++stage) {
     EXPECT_EQ(j["stages"][stage]["offload_optimizer"], "none") << stage;   // nvme needs stage 3

@@ -172,6 +172,7 @@ EstimateSetup estimate_setup(const zero::Config& c, int64_t params, int world_si
   in.state_bytes_per_element =
       zero::optimizer_state_bytes(e.optimizer, c.optimizer.params.amsgrad, c.optimizer.params.momentum);
   in.reduce_bucket_size = z.reduce_bucket_size;
+  in.overlap_comm = z.overlap_comm;
   in.stage3_max_live_parameters = z.stage3_max_live_parameters;
   in.sub_group_size = z.sub_group_size;
   in.offload_optimizer_buffer_count = z.offload_optimizer.buffer_count;
@@ -291,7 +292,8 @@ int run_estimate(const Options& o) {
       r["device"] = bytes_json(m.device);
       r["host"] = bytes_json(m.host);
       r["nvme"] = bytes_json(m.nvme);
-      r["reduce_bucket"] = m.reduce_bucket;
+      r["reduce_buffers"] = m.reduce_buffers;
+      r["reduce_buffer_count"] = m.reduce_buffer_count;
       r["gathered_params_max"] = m.gathered_params_max;
       doc["stages"].push_back(r);
     }
@@ -337,8 +339,11 @@ int run_estimate(const Options& o) {
          "  max_live_parameters): up to "
       << human(s3.gathered_params_max) << " more on the device,\n  min(params, stage3_max_live_parameters "
       << count(z.stage3_max_live_parameters) << ") x " << b << " bytes.\n";
-  out << "- Stages 2-3: grads include one reduce bucket of " << human(rows[2].reduce_bucket) << " (reduce_bucket_size "
-      << count(z.reduce_bucket_size) << ")" << (z.overlap_comm ? ";\n  with overlap_comm up to two are in flight" : "")
+  const zero::MemoryEstimate& s2 = rows[2];
+  out << "- Stages 2-3: grads include " << (z.overlap_comm ? "two reduce buffers" : "one reduce buffer") << " of "
+      << human(s2.reduce_buffers / std::max(1, s2.reduce_buffer_count)) << " (reduce_bucket_size "
+      << count(z.reduce_bucket_size) << (z.overlap_comm ? ";\n  overlap_comm fills one while the other is reduced)"
+                                                        : "; overlap_comm off)")
       << ".\n";
   out << "- Padding: stages 1-3 pad to " << with_commas(rows[1].padded_params) << " parameters, "
       << with_commas(rows[1].shard_params) << " per rank: a lower bound,\n"
