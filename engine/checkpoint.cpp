@@ -300,10 +300,10 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in, 
       for (const auto& kind : all_kinds) {
         const at::Tensor source = kind == "fp32" ? masters[k]
                                                  : engine::state_tensor(*s.optimizer, s.config.optimizer, masters[k], kind, false);
-        TORCH_CHECK(source.scalar_type() == at::kFloat, "fp32 master weights and optimizer states expected");
+        if (source.scalar_type() != at::kFloat) throw CheckpointError("internal: fp32 master weights and optimizer states expected");
         for (const auto& f : fragments) {
           if (f.bucket != static_cast<int64_t>(k)) continue;
-          tensors.push_back({fragment_name(kind, s.sharded->param(f.param).name, f.param_offset), ckpt::DType::F32,
+          tensors.push_back({fragment_name(kind, s.sharded->param_name(f.param), f.param_offset), ckpt::DType::F32,
                              {f.length}, nullptr, static_cast<size_t>(f.length) * sizeof(float)});
           sources.push_back({source, f.start, k});
         }
@@ -534,7 +534,7 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
         if (!direct) staged.push_back(cpu);
         for (const auto& f : fragments) {
           if (f.bucket != static_cast<int64_t>(k)) continue;
-          const std::string& name = s.sharded->param(f.param).name;
+          const std::string& name = s.sharded->param_name(f.param);
           float* dst = cpu.data_ptr<float>() + f.start;
           if (kind == "fp32") {
             read_param(name, f.param_offset, f.length, dst);

@@ -5,7 +5,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
 #include <set>
 #include <sstream>
@@ -169,9 +168,7 @@ void Engine::Impl::build_params(InitOptions& options) {
   const auto& offload = config.zero_optimization.offload_optimizer;
   popts.offload_optimizer = offload.device == "cpu" || offload.device == "nvme";
   popts.offload_ratio = offload.ratio;
-  // For tests: the accelerator's gradient copies on CPU ranks (partition.h).
-  const char* copies = std::getenv("ZERO_OFFLOAD_HOST_GRAD_COPIES");
-  popts.host_grad_copies = copies && std::string(copies) == "1";
+  popts.host_grad_copies = env::offload_host_grad_copies();  // for tests (Note [Offload copies])
   popts.offload_master_to_disk = offload.device == "nvme";
   popts.pin_memory = offload.pin_memory;
   const auto& offload_param = config.zero_optimization.offload_param;
@@ -213,17 +210,17 @@ void Engine::Impl::build_params(InitOptions& options) {
   // The optimizer's tensors are master() group by group; each is one bucket.
   std::vector<size_t> bucket_of;
   for (size_t g = 0; g < sharded->master().size(); ++g) {
-    for (size_t k = 0; k < sharded->buckets().size(); ++k) {
-      if (sharded->buckets()[k].group == static_cast<int>(g)) bucket_of.push_back(k);
+    for (size_t k = 0; k < sharded->num_buckets(); ++k) {
+      if (sharded->layout().buckets()[k].group == static_cast<int>(g)) bucket_of.push_back(k);
     }
   }
   engine::HostStep host;
   host.enabled = popts.offload_optimizer;
   int64_t offloaded = 0;
-  for (size_t k = 0; k < sharded->buckets().size(); ++k) {  // Note [Partial offload]
+  for (size_t k = 0; k < sharded->num_buckets(); ++k) {  // Note [Partial offload]
     if (!host.enabled) break;
-    if (sharded->buckets()[k].master_on_host) {
-      offloaded += sharded->buckets()[k].shard_numel;
+    if (sharded->master_on_host(k)) {
+      offloaded += sharded->layout().buckets()[k].shard_numel;
     } else {
       host.elsewhere.push_back(sharded->master_tensors()[k]);
     }
@@ -260,7 +257,7 @@ void Engine::Impl::build_params(InitOptions& options) {
     for (const auto& group : optimizer->param_groups()) {
       for (const auto& p : group.params()) {
         const std::string key = "master" + std::to_string(ids.size());
-        if (!sharded->buckets()[bucket_of[ids.size()]].master_on_host) {
+        if (!sharded->master_on_host(bucket_of[ids.size()])) {
           ids.emplace_back();  // Note [Partial offload]: not swapped
           continue;
         }
@@ -297,7 +294,7 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
 
   log::info("engine", "stage " + std::to_string(z.stage) + ", " + c10::toString(s.dtype) + ", " +
                           std::to_string(s.pg->size()) + " rank(s), " + std::to_string(s.sharded->numel()) +
-                          " trainable parameters in " + std::to_string(s.sharded->buckets().size()) +
+                          " trainable parameters in " + std::to_string(s.sharded->num_buckets()) +
                           " bucket(s); this rank holds " + memory_report().describe());
 }
 
@@ -463,8 +460,8 @@ MemoryReport Engine::Impl::memory() const {
       r.host_offloaded += nvme->resident_bytes();
       r.nvme_host_peak = nvme->peak_resident_bytes();
     } else {
-      for (size_t k = 0; k < sharded->buckets().size(); ++k) {
-        if (!sharded->buckets()[k].master_on_host) continue;
+      for (size_t k = 0; k < sharded->num_buckets(); ++k) {
+        if (!sharded->master_on_host(k)) continue;
         const at::Tensor& m = sharded->master_tensors()[k];
         r.host_offloaded += m.nbytes();
         for (const auto& kind : engine::state_kinds(config.optimizer)) {
@@ -500,9 +497,7 @@ GatheredParameters Engine::gather_parameters(torch::nn::Module& module) {
   partition::ShardedParams* sharded = impl_->sharded.get();
   std::vector<int> buckets = sharded->gather_buckets_of(module.parameters());
   if (buckets.empty()) return GatheredParameters();
-  return GatheredParameters([sharded, buckets] {
-    for (int b : buckets) sharded->release(sharded->buckets()[b]);
-  });
+  return GatheredParameters([sharded, buckets] { sharded->release_buckets(buckets); });
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Engine::gathered_state_dict() {

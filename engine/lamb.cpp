@@ -4,7 +4,17 @@
 #include <string>
 #include <utility>
 
+#include "zero/error.h"
+
 namespace zero::engine {
+namespace {
+// Lamb's checks raise zero::EngineError, as every error zero raises derives
+// from zero::Error; the message is put together as TORCH_CHECK would.
+template <typename... Message>
+void check(bool ok, const Message&... message) {
+  if (!ok) throw EngineError(c10::str(message...));
+}
+}  // namespace
 
 Lamb::Lamb(std::vector<torch::optim::OptimizerParamGroup> groups, std::vector<std::vector<LambSegment>> segments,
            int64_t num_params, std::function<void(at::Tensor&)> all_reduce_sum, const LambOptions& defaults)
@@ -12,10 +22,10 @@ Lamb::Lamb(std::vector<torch::optim::OptimizerParamGroup> groups, std::vector<st
       num_params_(num_params),
       all_reduce_sum_(std::move(all_reduce_sum)),
       coeffs_(static_cast<size_t>(num_params), 1.0) {
-  TORCH_CHECK(num_params_ >= 0, "Lamb: num_params must be >= 0");
-  TORCH_CHECK(all_reduce_sum_, "Lamb: all_reduce_sum must be set (an identity on one rank)");
+  check(num_params_ >= 0, "Lamb: num_params must be >= 0");
+  check(static_cast<bool>(all_reduce_sum_), "Lamb: all_reduce_sum must be set (an identity on one rank)");
   for (size_t g = 0; g < param_groups_.size(); ++g) {
-    TORCH_CHECK(dynamic_cast<const LambParamOptions*>(&param_groups_[g].options()) != nullptr,
+    check(dynamic_cast<const LambParamOptions*>(&param_groups_[g].options()) != nullptr,
                 "Lamb: param group ", g, " has options other than LambParamOptions");
     for (const at::Tensor& p : param_groups_[g].params()) {
       Slot slot;
@@ -24,17 +34,17 @@ Lamb::Lamb(std::vector<torch::optim::OptimizerParamGroup> groups, std::vector<st
       slots_.push_back(std::move(slot));
     }
   }
-  TORCH_CHECK(segments.size() == slots_.size(), "Lamb: ", segments.size(), " segment lists for ", slots_.size(),
+  check(segments.size() == slots_.size(), "Lamb: ", segments.size(), " segment lists for ", slots_.size(),
               " shard tensors");
   for (size_t t = 0; t < slots_.size(); ++t) {
     const at::Tensor& p = slots_[t].param;
-    TORCH_CHECK(p.dim() == 1 && p.is_contiguous(), "Lamb: shard tensor ", t, " must be 1-D and contiguous");
-    TORCH_CHECK(p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble, "Lamb: shard tensor ", t,
+    check(p.dim() == 1 && p.is_contiguous(), "Lamb: shard tensor ", t, " must be 1-D and contiguous");
+    check(p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble, "Lamb: shard tensor ", t,
                 " must be fp32 (or fp64), got ", p.scalar_type());
     for (const LambSegment& s : segments[t]) {
-      TORCH_CHECK(s.param >= 0 && s.param < num_params_, "Lamb: segment of parameter ", s.param, " in tensor ", t,
+      check(s.param >= 0 && s.param < num_params_, "Lamb: segment of parameter ", s.param, " in tensor ", t,
                   " but num_params is ", num_params_);
-      TORCH_CHECK(s.start >= 0 && s.length >= 0 && s.start + s.length <= p.numel(), "Lamb: segment [", s.start, ", ",
+      check(s.start >= 0 && s.length >= 0 && s.start + s.length <= p.numel(), "Lamb: segment [", s.start, ", ",
                   s.start + s.length, ") is outside shard tensor ", t, " of ", p.numel(), " elements");
     }
     slots_[t].segments = std::move(segments[t]);
@@ -54,7 +64,7 @@ at::Tensor Lamb::update_of(const Slot& slot, const LambOptions& o) const {
 }
 
 at::Tensor Lamb::partial_norms() {
-  TORCH_CHECK(!pending_, "Lamb: partial_norms() called twice without apply()");
+  check(!pending_, "Lamb: partial_norms() called twice without apply()");
   torch::NoGradGuard no_grad;
   const at::Device device = slots_.empty() ? at::Device(at::kCPU) : slots_.front().param.device();
   at::Tensor partial = at::zeros({num_params_, 2}, at::TensorOptions().dtype(at::kDouble).device(device));
@@ -62,7 +72,7 @@ at::Tensor Lamb::partial_norms() {
   std::vector<int64_t> index;
   for (Slot& slot : slots_) {
     const at::Tensor& grad = slot.param.grad();
-    TORCH_CHECK(grad.defined(), "Lamb: a shard tensor has no grad; every rank must step every shard");
+    check(grad.defined(), "Lamb: a shard tensor has no grad; every rank must step every shard");
     if (!slot.exp_avg.defined()) {
       slot.exp_avg = at::zeros_like(slot.param, at::MemoryFormat::Contiguous);
       slot.exp_avg_sq = at::zeros_like(slot.param, at::MemoryFormat::Contiguous);
@@ -89,8 +99,8 @@ at::Tensor Lamb::partial_norms() {
 }
 
 void Lamb::apply(const at::Tensor& total_norms) {
-  TORCH_CHECK(pending_, "Lamb: apply() without partial_norms()");
-  TORCH_CHECK(total_norms.dim() == 2 && total_norms.size(0) == num_params_ && total_norms.size(1) == 2,
+  check(pending_, "Lamb: apply() without partial_norms()");
+  check(total_norms.dim() == 2 && total_norms.size(0) == num_params_ && total_norms.size(1) == 2,
               "Lamb: apply() expects [", num_params_, ", 2] norms, got ", total_norms.sizes());
   pending_ = false;
   torch::NoGradGuard no_grad;
@@ -146,7 +156,7 @@ void Lamb::save(torch::serialize::OutputArchive& archive) const {
 void Lamb::load(torch::serialize::InputArchive& archive) {
   at::Tensor value;
   archive.read("lamb.num_shards", value);
-  TORCH_CHECK(value.item<int64_t>() == static_cast<int64_t>(slots_.size()), "Lamb::load: the archive has ",
+  check(value.item<int64_t>() == static_cast<int64_t>(slots_.size()), "Lamb::load: the archive has ",
               value.item<int64_t>(), " shard tensors, this optimizer ", slots_.size());
   archive.read("lamb.step", value);
   const int64_t step = value.item<int64_t>();
@@ -155,10 +165,10 @@ void Lamb::load(torch::serialize::InputArchive& archive) {
     at::Tensor m, v;
     const bool has_m = archive.try_read("lamb.exp_avg." + std::to_string(t), m, /*is_buffer=*/true);
     const bool has_v = archive.try_read("lamb.exp_avg_sq." + std::to_string(t), v, /*is_buffer=*/true);
-    TORCH_CHECK(has_m == has_v, "Lamb::load: shard ", t, " has only one of its moments");
+    check(has_m == has_v, "Lamb::load: shard ", t, " has only one of its moments");
     if (!has_m) continue;
     const at::Tensor& p = slots_[t].param;
-    TORCH_CHECK(m.sizes() == p.sizes() && v.sizes() == p.sizes(), "Lamb::load: shard ", t, " moments of shape ",
+    check(m.sizes() == p.sizes() && v.sizes() == p.sizes(), "Lamb::load: shard ", t, " moments of shape ",
                 m.sizes(), ", the shard is ", p.sizes());
     moments[t] = {m.to(p.options()).contiguous(), v.to(p.options()).contiguous()};
   }

@@ -2,17 +2,12 @@
 // zero/'s one internal header: the trainable parameters of a model,
 // flattened into buckets and sharded across the data-parallel ranks.
 //
-// Note [Flat layout]: parameters of one group are laid out in reverse
-// registration order (the order backward produces their gradients) and cut
-// into buckets of at most reduce_bucket_size elements (a larger parameter
-// gets a bucket of its own); a bucket never mixes parameter groups or stage-3
-// units. Each bucket is padded to a multiple of the number of owners (the
-// world size at stages 1-3, 1 at stage 0) and rank r owns the r-th
-// contiguous shard of every bucket, ignoring parameter boundaries
-// (Megatron's distributed optimizer). A rank's partition is its shards of all
-// buckets; one reduce-scatter per bucket lands exactly on it, one all-gather
-// per bucket rebuilds the bucket. Each bucket's parameters are views into
-// the bucket's own buffer (`full`).
+// The pieces, each in its own file: the flat layout (flat_layout.h, Note
+// [Flat layout]: buckets, offsets, shards), the gradient strategy of each
+// stage (grad_reducer.h), the host copies of offloaded gradients
+// (host_grads.h), stage 3's release and gather (stage3_storage.cpp) and the
+// units' schedule (units.cpp). ShardedParams holds them together with the
+// master weights and their way back to the parameters.
 //
 // Note [Stage 3 storage]: at stage 3 a bucket of a unit keeps only its shard
 // between uses; `full` keeps its tensor (and the parameters their views)
@@ -69,6 +64,9 @@
 
 #include "offload/swapped_tensors.h"
 #include "zero/comm.h"
+#include "zero/flat_layout.h"
+#include "zero/grad_reducer.h"
+#include "zero/host_grads.h"
 #include "zero/unit.h"
 
 namespace zero::partition {
@@ -97,44 +95,20 @@ struct Options {
   offload::SwapOptions param_swap;         // with "nvme"
 };
 
+// A bucket's memory: its parameters' buffer and this rank's shard of it.
 struct Bucket {
-  int group = 0;
-  int unit = -1;                // stage 3: the unit it belongs to (-1: root)
-  int64_t offset = 0;           // in the flat index space
-  int64_t numel = 0;            // padded to a multiple of the owners
-  int64_t shard_numel = 0;      // numel / owners
-  std::vector<int> params;      // indices into ShardedParams' parameter list
-  at::Tensor full;              // the parameters' buffer (training dtype)
-  at::Tensor shard;             // this rank's shard of it (a view at stages 0-2)
-  bool persistent = true;       // stage 3: stays gathered
-  bool gathered = true;
-  comm::WorkHandle gather_work; // stage 3: a gather in flight
-  // Per backward:
-  int pending = 0;              // parameters whose gradient has not arrived
-  bool launched = false;
-  bool fresh_output = false;    // stages 2-3: reduce straight into the partition
-  comm::WorkHandle work;
-  at::Tensor staging;           // stages 2-3: the bucket's gradients until reduced (slice of staging_base)
-  at::Tensor staging_base;      // a pooled buffer of the largest bucket's size
-  at::Tensor reduced;           // reduce-scatter output, added to the partition
-  int swap_id = -1;             // offload_param "nvme": the shard's id in the parameter store
+  const LayoutBucket* span = nullptr;  // its place in the flat layout
+  at::Tensor full;              // the parameters' buffer (training dtype); the parameters are views into it
+  at::Tensor shard;             // this rank's shard of it (a view, unless released at stage 3)
   bool master_on_host = false;  // offload: its master weights and states live in host memory (Note [Partial offload])
-  bool grad_copied = false;     // offload: its reduced gradients are copied to a host tensor for the optimizer
-  bool grad_off_device = false; // ... and have no slice of the device's partition (Note [Offload copies])
-  bool grad_on_host = false;    // offload: the host copy holds this step's reduced gradients
-  at::Tensor grad_sq;           // grad_off_device on an accelerator: the host copy's sum of squares, there
+  // Stage 3 (Note [Stage 3 storage]):
+  bool persistent = true;       // stays gathered
+  bool gathered = true;
+  comm::WorkHandle gather_work; // a gather in flight
+  at::Tensor gather_input;      // the shard on the parameters' device while a gather runs
+  int swap_id = -1;             // offload_param "nvme": the shard's id in the parameter store
   bool read_pending = false;    // offload_param "nvme": a prefetch's read is in flight, its all-gather not started
   bool read_ahead = false;      // offload_param "nvme": its shard is being read for the next prefetch (not gathered yet)
-  at::Tensor gather_input;      // the shard on the parameters' device while a gather runs
-};
-
-struct Param {
-  std::string name;
-  at::Tensor tensor;            // the model's parameter (a view into its bucket's buffer)
-  int bucket = 0;
-  int64_t offset = 0;           // in the flat index space
-  bool fired = false;           // its gradient arrived in this backward
-  std::shared_ptr<torch::autograd::Node> accumulator;  // keeps the hook alive
 };
 
 class UnitScheduler;
@@ -170,8 +144,8 @@ class ShardedParams {
   // Copies the master weights into the parameters (all-gathering the
   // buckets that stay gathered).
   void publish();
-  // publish() of one bucket (index into buckets()): the all-gather it
-  // started, if any, for the caller to wait on.
+  // publish() of bucket k: the all-gather it started, if any, for the
+  // caller to wait on.
   comm::WorkHandle publish_bucket(size_t k);
   // offload_param "nvme": waits for the shard writes publish_bucket started.
   void wait_param_writes();
@@ -187,93 +161,75 @@ class ShardedParams {
   int64_t offload_buffer_bytes() const;
   // offload_param: bytes of parameter shards in host memory, and on NVMe.
   int64_t offloaded_param_bytes(bool nvme) const;
-  void zero_grads();
+  void zero_grads() { reducer_->zero(); }
 
   // Stage 3 (Note [Stage 3 storage]).
+  // Gathers the released buckets holding any of `tensors`; returns them.
+  std::vector<int> gather_buckets_of(const std::vector<at::Tensor>& tensors);
+  void release_buckets(const std::vector<int>& buckets);
+  // Installs the unit hooks on `units` (index = unit id).
+  void attach_units(const std::vector<UnitBase*>& units);
+
+  const FlatLayout& layout() const { return layout_; }
+  // For optimizers that need whole-parameter norms (Lamb): per master tensor
+  // (bucket by bucket, so group by group as master() lists them) the
+  // pieces of parameters in it.
+  std::vector<std::vector<FlatLayout::Piece>> master_pieces() const { return layout_.shard_pieces(); }
+  int64_t num_params() const { return static_cast<int64_t>(params_.size()); }
+  const std::string& param_name(int64_t i) const { return layout_.params()[i].name; }
+
+  // Note [Checkpoint layout] (ckpt/checkpoint.h): the pieces of parameters
+  // in this rank's master tensors, in model space.
+  std::vector<FlatLayout::Fragment> fragments() const { return layout_.fragments(); }
+  const std::vector<at::Tensor>& master_tensors() const { return master_flat_; }
+  // Mid-accumulation checkpoints: the gradient accumulated so far, as this
+  // rank holds it, and its restoration (GradReducer::accumulated).
+  at::Tensor accumulated_grads() const { return reducer_->accumulated(); }
+  void restore_accumulated_grads(const at::Tensor& grads) { reducer_->restore(grads); }
+
+  int owners() const { return layout_.owners(); }
+  int stage() const { return options_.stage; }
+  const Options& options() const { return options_; }
+  int64_t numel() const { return layout_.numel(); }            // trainable elements, unpadded
+  int64_t partition_numel() const { return layout_.partition_numel(); }
+  size_t num_buckets() const { return buckets_.size(); }
+  // Note [Partial offload]: bucket k's optimizer runs on the host.
+  bool master_on_host(size_t k) const { return buckets_[k].master_on_host; }
+  int64_t param_bytes() const;
+  int64_t grad_bytes() const { return reducer_->bytes(); }
+  int64_t master_bytes() const;
+
+ private:
+  friend struct GradReadyHook;
+  friend class UnitScheduler;
+  struct Param {
+    at::Tensor tensor;  // the model's parameter (a view into its bucket's buffer)
+    std::shared_ptr<torch::autograd::Node> accumulator;  // keeps the hook alive
+  };
+  void on_grad_ready(int index);
+  comm::WorkHandle gather_in_place(Bucket& bucket);  // a persistent bucket's all-gather, if it needs one
+  void build_buckets(const std::vector<at::Tensor>& tensors);
+  void add_squares_on_device(const at::Tensor& sum);  // into device_grad_sq_
+  bool squared_on_device(size_t k) const;
+  double host_grad_sq() const;
+  // Stage 3 (stage3_storage.cpp).
   void gather(Bucket& bucket, bool async);
   void start_gather(Bucket& bucket);  // the all-gather, once the shard is in memory
   void read_ahead(Bucket& bucket);    // offload_param "nvme": start reading the shard for a later gather
   void wait_gathered(Bucket& bucket);
   void release(Bucket& bucket);
   void release_all_unpersistent();
-  // Gathers the released buckets holding any of `tensors`; returns them.
-  std::vector<int> gather_buckets_of(const std::vector<at::Tensor>& tensors);
-  // Installs the unit hooks on `units` (index = unit id).
-  void attach_units(const std::vector<UnitBase*>& units);
-
-  // For optimizers that need whole-parameter norms (Lamb): per master tensor
-  // (group by group, as master() lists them) the pieces of parameters in it,
-  // as {parameter index, start in the shard, length}.
-  struct Piece {
-    int64_t param, start, length;
-  };
-  std::vector<std::vector<Piece>> master_pieces() const;
-  int64_t num_params() const { return static_cast<int64_t>(params_.size()); }
-  const Param& param(int64_t i) const { return params_[i]; }
-
-  // Note [Checkpoint layout] (ckpt/checkpoint.h): the pieces of parameters
-  // in this rank's master tensors, in model space.
-  struct Fragment {
-    int64_t param;         // index into the parameter list
-    int64_t param_offset;  // first element in the flattened parameter
-    int64_t bucket;        // master tensor (one per bucket, master_tensors()[bucket])
-    int64_t start;         // first element in that master tensor
-    int64_t length;
-  };
-  std::vector<Fragment> fragments() const;
-  const std::vector<at::Tensor>& master_tensors() const { return master_flat_; }
-  // Mid-accumulation checkpoints: the gradient accumulated so far, as this
-  // rank holds it (stages 0-1: the whole unreduced buffer; stages 2-3: the
-  // reduced partition), and its restoration.
-  at::Tensor accumulated_grads() const;
-  void restore_accumulated_grads(const at::Tensor& grads);
-
-  int owners() const { return owners_; }
-  int stage() const { return options_.stage; }
-  const Options& options() const { return options_; }
-  int64_t numel() const { return numel_; }            // trainable elements, unpadded
-  int64_t flat_numel() const { return flat_numel_; }  // padded
-  int64_t partition_numel() const { return partition_numel_; }
-  std::vector<Bucket>& buckets() { return buckets_; }
-  const std::vector<Bucket>& buckets() const { return buckets_; }
-  int64_t param_bytes() const;
-  int64_t grad_bytes() const;
-  int64_t master_bytes() const;
-
- private:
-  friend struct GradReadyHook;
-  void on_grad_ready(int index);
-  void launch_in_order();
-  void launch(Bucket& bucket);
-  void finish(Bucket& bucket);
-  void acquire_staging(Bucket& bucket);
-  static at::Tensor squares_on_device(const at::Tensor& grad);  // a 0-d sum on grad's device
-  void add_squares_on_device(const at::Tensor& sum);              // into device_grad_sq_
-  void wait_for_host_grad_copies() const;
-  void grad_to_host(Bucket& bucket, const at::Tensor& reduced);
-  bool squared_on_device(size_t k) const;
-  double host_grad_sq() const;
-  at::Tensor partition_slice(const Bucket& bucket) const;
 
   std::shared_ptr<comm::ProcessGroup> pg_;
   Options options_;
-  int owners_ = 1;
-  int rank_in_owners_ = 0;
-  std::vector<Param> params_;
-  std::vector<Bucket> buckets_;
-  std::vector<int64_t> partition_offset_;  // per bucket: where its shard sits in the partition
-  int64_t numel_ = 0, flat_numel_ = 0, partition_numel_ = 0;
-  int64_t partition_grad_numel_ = 0;       // of partition_grads_: the buckets with a slice there
-  at::Tensor flat_grads_;       // stages 0-1: full gradient buffer (training dtype)
-  at::Tensor partition_grads_;  // stages 2-3: this rank's reduced gradients (training dtype), but grad_off_device buckets'
-  std::vector<at::Tensor> staging_pool_;   // free bucket buffers
-  int64_t staging_bytes_ = 0;
-  size_t staging_buffers_ = 0;
-  int64_t max_bucket_numel_ = 0;
+  FlatLayout layout_;
+  std::vector<Param> params_;    // in the layout's order
+  std::vector<Bucket> buckets_;  // one per layout bucket
+  std::unique_ptr<HostGrads> host_grads_;  // offload_optimizer: the host copies of reduced gradients
+  std::unique_ptr<GradReducer> reducer_;   // the stage's strategy
   std::vector<std::vector<at::Tensor>> master_;
   std::vector<at::Tensor> master_flat_;    // per bucket, same tensors as master_
-  std::vector<at::Tensor> master_grads_;   // offload: per bucket, host gradients (training dtype; none on CPU ranks)
-  at::Tensor device_grad_sq_;              // offload with an accelerator: their sum of squares, summed there
+  at::Tensor device_grad_sq_;              // offload with an accelerator: the gradients' sum of squares, summed there
   mutable std::optional<double> host_grad_sq_;  // host gradients' sum of squares, once per step (host_grad_sq)
   // Note [Offload copies]: page-locked buffers for updated shards on their
   // way to the accelerator, each free once its copy has run (`copied`).
@@ -290,9 +246,6 @@ class ShardedParams {
   std::shared_ptr<UnitScheduler> scheduler_;  // stage 3
   std::vector<UnitBase*> units_;
   bool in_backward_ = false;
-  bool boundary_ = false;
-  bool partition_fresh_ = true;
-  size_t next_launch_ = 0;
 };
 
 // Stage 3: gathers and releases units around their forward and backward,

@@ -78,7 +78,7 @@ void ShardedParams::release(Bucket& b) {
 std::vector<int> ShardedParams::gather_buckets_of(const std::vector<at::Tensor>& tensors) {
   std::set<int> wanted;
   std::unordered_map<const void*, int> bucket_of;
-  for (const auto& p : params_) bucket_of[p.tensor.unsafeGetTensorImpl()] = p.bucket;
+  for (size_t i = 0; i < params_.size(); ++i) bucket_of[params_[i].tensor.unsafeGetTensorImpl()] = layout_.params()[i].bucket;
   for (const auto& t : tensors) {
     auto it = bucket_of.find(t.unsafeGetTensorImpl());
     if (it != bucket_of.end() && !buckets_[it->second].persistent && !buckets_[it->second].gathered) wanted.insert(it->second);
@@ -86,6 +86,10 @@ std::vector<int> ShardedParams::gather_buckets_of(const std::vector<at::Tensor>&
   for (int b : wanted) gather(buckets_[b], /*async=*/true);
   for (int b : wanted) wait_gathered(buckets_[b]);
   return {wanted.begin(), wanted.end()};
+}
+
+void ShardedParams::release_buckets(const std::vector<int>& buckets) {
+  for (int b : buckets) release(buckets_[b]);
 }
 
 void ShardedParams::release_all_unpersistent() {

@@ -10,27 +10,27 @@
 namespace zero::partition {
 
 UnitScheduler::UnitScheduler(ShardedParams& params, int units) : params_(params), buckets_of_(units) {
-  auto& buckets = params_.buckets();
+  auto& buckets = params_.buckets_;
   for (int b = 0; b < static_cast<int>(buckets.size()); ++b) {
-    if (buckets[b].unit >= 0 && !buckets[b].persistent) buckets_of_[buckets[b].unit].push_back(b);
+    if (buckets[b].span->unit >= 0 && !buckets[b].persistent) buckets_of_[buckets[b].span->unit].push_back(b);
   }
 }
 
 int64_t UnitScheduler::unit_numel(int unit) const {
   int64_t numel = 0;
-  for (int b : buckets_of_[unit]) numel += params_.buckets()[b].numel;
+  for (int b : buckets_of_[unit]) numel += params_.buckets_[b].span->numel;
   return numel;
 }
 
 void UnitScheduler::gather_unit(int unit, bool async) {
-  for (int b : buckets_of_[unit]) params_.gather(params_.buckets()[b], async);
+  for (int b : buckets_of_[unit]) params_.gather(params_.buckets_[b], async);
   if (!async) {
-    for (int b : buckets_of_[unit]) params_.wait_gathered(params_.buckets()[b]);
+    for (int b : buckets_of_[unit]) params_.wait_gathered(params_.buckets_[b]);
   }
 }
 
 void UnitScheduler::release_unit(int unit) {
-  for (int b : buckets_of_[unit]) params_.release(params_.buckets()[b]);
+  for (int b : buckets_of_[unit]) params_.release(params_.buckets_[b]);
 }
 
 // Starts gathering the unit that comes after `position` in this step's plan
@@ -42,18 +42,18 @@ void UnitScheduler::prefetch_after(int position, bool backward) {
   const int unit = order[next];
   const int64_t numel = unit_numel(unit);
   int64_t live = 0;
-  for (const auto& b : params_.buckets()) {
-    if (!b.persistent && b.gathered) live += b.numel;
+  for (const auto& b : params_.buckets_) {
+    if (!b.persistent && b.gathered) live += b.span->numel;
   }
   const auto& options = params_.options();
   if (numel > options.prefetch_numel || live + numel > options.max_live_numel) return;
   gather_unit(unit, /*async=*/true);
-  // offload_param "nvme" (Note [NVMe read-ahead] in sharded_params.cpp): the
+  // offload_param "nvme" (Note [NVMe read-ahead] in stage3_storage.cpp): the
   // unit after it starts reading its shards, so that its all-gather can
   // start at the next prefetch.
   const int after = backward ? next - 1 : next + 1;
   if (after < 0 || after >= static_cast<int>(order.size())) return;
-  for (int b : buckets_of_[order[after]]) params_.read_ahead(params_.buckets()[b]);
+  for (int b : buckets_of_[order[after]]) params_.read_ahead(params_.buckets_[b]);
 }
 
 void UnitScheduler::pre_forward(int unit) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/lamb.h"
+#include "zero/error.h"
 
 namespace {
 
@@ -403,17 +404,17 @@ TEST(Lamb, StateBytesAndSaveLoad) {
 TEST(Lamb, MisuseIsReported) {
   LambOptions o;
   Single s(torch::randn({4}), o);
-  EXPECT_THROW(s.lamb->step(), c10::Error);  // no grad
+  EXPECT_THROW(s.lamb->step(), zero::EngineError);  // no grad
   s.w.mutable_grad() = torch::ones({4});
   at::Tensor partial = s.lamb->partial_norms();
-  EXPECT_THROW(s.lamb->partial_norms(), c10::Error);
-  EXPECT_THROW(s.lamb->apply(torch::zeros({2, 2}, at::kDouble)), c10::Error);
+  EXPECT_THROW(s.lamb->partial_norms(), zero::EngineError);
+  EXPECT_THROW(s.lamb->apply(torch::zeros({2, 2}, at::kDouble)), zero::EngineError);
   s.lamb->apply(partial);
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(std::vector<at::Tensor>{torch::zeros({4})}, std::make_unique<LambParamOptions>());
-  EXPECT_THROW(Lamb(groups, {{{0, 2, 3}}}, 1, [](at::Tensor&) {}), c10::Error);  // out of bounds
-  EXPECT_THROW(Lamb(groups, {{{1, 0, 4}}}, 1, [](at::Tensor&) {}), c10::Error);  // no such param
-  EXPECT_THROW(Lamb(groups, {}, 1, [](at::Tensor&) {}), c10::Error);             // segment lists
+  EXPECT_THROW(Lamb(groups, {{{0, 2, 3}}}, 1, [](at::Tensor&) {}), zero::EngineError);  // out of bounds
+  EXPECT_THROW(Lamb(groups, {{{1, 0, 4}}}, 1, [](at::Tensor&) {}), zero::EngineError);  // no such param
+  EXPECT_THROW(Lamb(groups, {}, 1, [](at::Tensor&) {}), zero::EngineError);             // segment lists
 }
 
 }  // namespace

@@ -1,0 +1,98 @@
+#pragma once
+// How gradients become this rank's reduced partition: one strategy per
+// stage, chosen once at initialize (GradReducer::for_stage).
+//
+//   stage 0    all-reduce each bucket of a full gradient buffer at the
+//              accumulation boundary;
+//   stage 1    reduce-scatter each bucket of a full buffer at the boundary,
+//              in place, onto this rank's shard;
+//   stages 2-3 reduce-scatter each bucket as soon as its gradients are
+//              complete, every micro-step, into the partition (or to the
+//              host, Note [Offload copies]); no full gradient is kept, only
+//              a small pool of bucket buffers.
+//
+// The base class follows the gradients as they arrive: which buckets are
+// complete, and that every rank launches the same collectives in the same
+// (bucket) order whatever order its gradients complete in.
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "zero/comm.h"
+
+namespace zero::partition {
+
+class FlatLayout;
+class HostGrads;
+
+struct ReducerOptions {
+  int stage = 0;
+  bool overlap_comm = false;  // leave reductions in flight while backward goes on
+  at::TensorOptions grad_options;  // training dtype, the parameters' device
+};
+
+class GradReducer {
+ public:
+  // `host`: the host copies of offloaded buckets (may be null).
+  static std::unique_ptr<GradReducer> for_stage(const FlatLayout& layout, std::shared_ptr<comm::ProcessGroup> pg,
+                                                HostGrads* host, const ReducerOptions& options);
+  virtual ~GradReducer() = default;
+
+  // Brackets each micro-step's backward. `boundary`: the last micro-step
+  // before an optimizer step.
+  void begin_backward(bool boundary);
+  // Adds parameter i's gradient (flat layout order); true when that
+  // completes its bucket for this backward.
+  bool add(int param, const at::Tensor& grad);
+  // Launches the complete buckets that are next in bucket order.
+  void launch_ready();
+  // Reduces every bucket not reduced yet (unused parameters: zeros) and
+  // waits for all reductions.
+  void end_backward();
+  bool reduced(size_t k) const { return launched_[k]; }
+
+  // This rank's reduced gradient of bucket k for the step, in the training
+  // dtype (the whole bucket at stage 0); undefined when it lives only in
+  // the host copy.
+  virtual at::Tensor shard_grad(size_t k) const = 0;
+  // After the step: the next backward starts from zero.
+  virtual void zero() = 0;
+  // Bytes of gradient buffers on the parameters' device.
+  virtual int64_t bytes() const = 0;
+  // Mid-accumulation checkpoints: what this rank holds of the gradients
+  // summed so far (stages 0-1: the whole unreduced buffer; stages 2-3: every
+  // bucket's shard in bucket order, host copies included), and its restoration.
+  virtual at::Tensor accumulated() const = 0;
+  virtual void restore(const at::Tensor& values) = 0;
+  // Waits for collectives still in flight, swallowing their errors (an
+  // error was raised already): for destructors.
+  void settle() noexcept;
+
+ protected:
+  GradReducer(const FlatLayout& layout, std::shared_ptr<comm::ProcessGroup> pg, const ReducerOptions& options);
+  // Where bucket k's elements [start, start + numel) are summed.
+  virtual at::Tensor slot(size_t k, int64_t start, int64_t numel) = 0;
+  // Starts bucket k's reduction; works_[k] holds it, if any.
+  virtual void start(size_t k) = 0;
+  // Bucket k's reduction completed: lands its result.
+  virtual void land(size_t k) {}
+  // Every bucket of this backward is reduced.
+  virtual void backward_done() {}
+  // Waits for bucket k's reduction and lands it.
+  void finish(size_t k);
+
+  const FlatLayout& layout_;
+  std::shared_ptr<comm::ProcessGroup> pg_;
+  ReducerOptions options_;
+  std::vector<comm::WorkHandle> works_;
+  bool boundary_ = false;
+
+ private:
+  std::vector<int> pending_;    // per bucket: parameters whose gradient has not arrived
+  std::vector<bool> launched_;  // per bucket
+  std::vector<bool> fired_;     // per parameter
+  size_t next_launch_ = 0;
+};
+
+}  // namespace zero::partition
