@@ -12,11 +12,11 @@
 
 #include "core/env.h"
 #include "engine/engine_impl.h"
-#include "engine/cpu_optimizer.h"
+#include "engine/host_optimizer.h"
 #include "engine/optimizer.h"
 #include "zero/error.h"
 #include "zero/log.h"
-#include "zero/partition.h"
+#include "zero/internal/partition.h"
 
 namespace zero {
 namespace {

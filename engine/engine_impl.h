@@ -1,5 +1,5 @@
 #pragma once
-// Engine::Impl, shared by engine.cpp (the training loop) and checkpoint.cpp.
+// Engine::Impl, shared by engine.cpp (the training loop) and engine_checkpoint.cpp.
 #include <torch/torch.h>
 
 #include <chrono>
@@ -10,7 +10,7 @@
 #include "engine/lr_schedule.h"
 #include "offload/swapped_tensors.h"
 #include "zero/engine.h"
-#include "zero/partition.h"
+#include "zero/internal/partition.h"
 
 namespace zero {
 

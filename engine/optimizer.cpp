@@ -1,6 +1,6 @@
 #include "engine/optimizer.h"
 
-#include "engine/cpu_optimizer.h"
+#include "engine/host_optimizer.h"
 #include "engine/lamb.h"
 #include "engine/lr_schedule.h"
 #include "zero/error.h"

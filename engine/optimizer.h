@@ -43,7 +43,7 @@ struct ShardLayout {
   std::function<void(at::Tensor&)> all_reduce_sum;        // across the ranks that share the parameters
 };
 
-// offload_optimizer: the optimizer runs on the host (engine/cpu_optimizer.h);
+// offload_optimizer: the optimizer runs on the host (engine/host_optimizer.h);
 // the engine gives it the UpdateSink that takes its results to the parameters.
 struct HostStep {
   bool enabled = false;

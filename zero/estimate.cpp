@@ -1,5 +1,5 @@
-// Model-state memory per rank (zero/estimate.h). Torch-free.
-#include "zero/estimate.h"
+// Model-state memory per rank (zero/internal/estimate.h). Torch-free.
+#include "zero/internal/estimate.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
-// FlatLayout: buckets, offsets and shards (Note [Flat layout] in flat_layout.h).
-#include "zero/flat_layout.h"
+// FlatLayout: buckets, offsets and shards (Note [Flat layout] in internal/flat_layout.h).
+#include "zero/internal/flat_layout.h"
 
 #include <algorithm>
 

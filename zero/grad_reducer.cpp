@@ -1,10 +1,10 @@
 // GradReducer and its three strategies (grad_reducer.h).
-#include "zero/grad_reducer.h"
+#include "zero/internal/grad_reducer.h"
 
 #include "offload/host_tensors.h"
 #include "zero/error.h"
-#include "zero/flat_layout.h"
-#include "zero/host_grads.h"
+#include "zero/internal/flat_layout.h"
+#include "zero/internal/host_grads.h"
 
 namespace zero::partition {
 

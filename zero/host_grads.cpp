@@ -1,11 +1,11 @@
 // HostGrads: the reduced gradients of offloaded buckets, in host memory
 // (Note [Offload copies] in partition.h).
-#include "zero/host_grads.h"
+#include "zero/internal/host_grads.h"
 
 #include <torch/cuda.h>
 
 #include "offload/host_tensors.h"
-#include "zero/flat_layout.h"
+#include "zero/internal/flat_layout.h"
 
 namespace zero::partition {
 

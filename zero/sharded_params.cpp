@@ -14,7 +14,7 @@
 #include "offload/cpu_optimizer.h"
 #include "offload/host_tensors.h"
 #include "zero/error.h"
-#include "zero/partition.h"
+#include "zero/internal/partition.h"
 
 namespace zero::partition {
 

@@ -4,7 +4,7 @@
 #include <set>
 #include <unordered_map>
 
-#include "zero/partition.h"
+#include "zero/internal/partition.h"
 
 namespace zero::partition {
 
@@ -29,11 +29,11 @@ void ShardedParams::gather(Bucket& b, bool async) {
   refill_storage(b.full);
   b.gathered = true;
   if (b.swap_id >= 0) {
-    // offload_param "nvme": the shard is read back first. Note [NVMe
-    // read-ahead]: a shard read ahead has had a unit's compute to arrive, so
-    // a prefetch starts its all-gather at once (it overlaps the compute
-    // before the unit runs); otherwise a prefetch only starts the read and
-    // the all-gather follows when the unit waits for it.
+    // offload_param "nvme": the shard is read back first.
+    // Note [NVMe read-ahead]: a shard read ahead has had a unit's compute to
+    // arrive, so a prefetch starts its all-gather at once (it overlaps the
+    // compute before the unit runs); otherwise a prefetch only starts the
+    // read and the all-gather follows when the unit waits for it.
     const bool was_read_ahead = b.read_ahead;
     b.read_ahead = false;
     param_store_->swap_in({b.swap_id});

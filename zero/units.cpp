@@ -5,7 +5,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "zero/log.h"
-#include "zero/partition.h"
+#include "zero/internal/partition.h"
 
 namespace zero::partition {
 

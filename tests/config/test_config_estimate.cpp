@@ -1,4 +1,4 @@
-// The model-state memory estimate (zero/estimate.h) against the formulas of
+// The model-state memory estimate (zero/internal/estimate.h) against the formulas of
 // zero's accounting, and `zero-config --estimate` run as a user would.
 #include <sys/wait.h>
 #include <unistd.h>
@@ -7,7 +7,7 @@
 #include <regex>
 
 #include "config_test_util.h"
-#include "zero/estimate.h"
+#include "zero/internal/estimate.h"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <map>
 
 #include "zero/error.h"
-#include "zero/flat_layout.h"
+#include "zero/internal/flat_layout.h"
 
 namespace {
 

@@ -11,9 +11,9 @@
 
 #include "zero/comm.h"
 #include "zero/error.h"
-#include "zero/flat_layout.h"
-#include "zero/grad_reducer.h"
-#include "zero/host_grads.h"
+#include "zero/internal/flat_layout.h"
+#include "zero/internal/grad_reducer.h"
+#include "zero/internal/host_grads.h"
 
 namespace {
 

@@ -22,7 +22,7 @@
 #include "core/env.h"
 #include "zero/config.h"
 #include "zero/error.h"
-#include "zero/estimate.h"
+#include "zero/internal/estimate.h"
 
 namespace {
 

@@ -64,9 +64,9 @@
 
 #include "offload/swapped_tensors.h"
 #include "zero/comm.h"
-#include "zero/flat_layout.h"
-#include "zero/grad_reducer.h"
-#include "zero/host_grads.h"
+#include "zero/internal/flat_layout.h"
+#include "zero/internal/grad_reducer.h"
+#include "zero/internal/host_grads.h"
 #include "zero/unit.h"
 
 namespace zero::partition {

@@ -10,7 +10,7 @@
 //
 // Ψ = params, N = world_size, b = dtype_bytes, K = state_bytes_per_element.
 // Padding: every bucket is padded to a multiple of its owners (Note [Flat
-// layout] in zero/partition.h), so the estimate pads Ψ once:
+// layout] in zero/internal/flat_layout.h), so the estimate pads Ψ once:
 //   P = ceil(Ψ/N)*N at stages 1-3 (Ψ at stage 0, where nothing is sharded),
 //   S = P/N, the shard of one rank.
 // This is a lower bound of the engine's padding (each bucket adds its own).

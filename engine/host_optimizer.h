@@ -30,7 +30,7 @@ struct UpdateSink {
 // What CpuAdam and CpuAdagrad share: the targets, the walk over the tensors
 // and, with NVMe offload, the pipeline over sub-groups.
 //
-// Partial offload (Note [Partial offload] in zero/partition.h): the tensors
+// Partial offload (Note [Partial offload] in zero/internal/partition.h): the tensors
 // listed in `elsewhere` stay where they are (usually the accelerator) and
 // are updated there with tensor operations, torch::optim's arithmetic, before
 // the host kernels update the rest, so that both run at once.

@@ -1,4 +1,4 @@
-#include "engine/cpu_optimizer.h"
+#include "engine/host_optimizer.h"
 
 #include <chrono>
 #include <cmath>
