@@ -374,14 +374,10 @@ void Engine::Impl::take_step() {
   const int64_t taken = global_steps - skipped_steps - schedule_start;  // optimizer steps the schedule has seen
   lr = schedule->lr_at(taken);
   engine::set_hyperparameters(*optimizer, lr, schedule->momentum_at(taken));
-  optimizer->step();  // with offload, each bucket's way to the parameters starts as it is updated
+  optimizer->step();  // a host optimizer starts each bucket's way to the parameters as it updates it
   sharded->detach_master_grads();
   const auto gather_start = Clock::now();
-  if (sharded->options().offload_optimizer) {
-    sharded->finish_updates();
-  } else {
-    sharded->publish();
-  }
+  sharded->publish();
   t_gather += seconds_since(gather_start);
   sharded->zero_grads();
   ++global_steps;

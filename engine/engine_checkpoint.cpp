@@ -513,7 +513,6 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
   const auto fragments = s.sharded->fragments();
   std::vector<std::string> all_kinds{"fp32"};
   if (restore_states) all_kinds.insert(all_kinds.end(), m.states.begin(), m.states.end());
-  std::vector<comm::WorkHandle> publishing;
   NvmeWindow window(s.nvme.get(), nvme_ids(s.nvme.get(), *s.optimizer, s.config.optimizer, masters), true);
   for (size_t k = 0; k < masters.size(); ++k) {
     std::vector<at::Tensor> staged;  // host copies being hashed (see verify_only)
@@ -550,16 +549,13 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
         }
       }
     });
-    publishing.push_back(s.sharded->publish_bucket(k));  // the loaded master weights become the parameters
+    s.sharded->publish_bucket(k);  // the loaded master weights become the parameters
     if (reader && (!staged.empty() || s.nvme)) reader->wait_for_hashes();  // they read the memory about to go
   }
   // Checked while the last buckets are gathered, before anything else is
   // taken from the files.
   attempt([&] { reader->finish_verification(); });
-  for (auto& w : publishing) {
-    if (w) w->wait();
-  }
-  s.sharded->wait_param_writes();
+  s.sharded->publish();  // waits for the buckets published above
 
   attempt([&] {
     if (restore_states && !m.states.empty()) {

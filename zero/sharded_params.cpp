@@ -78,6 +78,7 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
                                               options_.pin_memory && accelerator);
   }
   buckets_.resize(n);
+  sent_.assign(n, false);
   params_.resize(tensors.size());
   master_.assign(groups.size(), {});
   for (size_t k = 0; k < n; ++k) {
@@ -286,41 +287,25 @@ void ShardedParams::scale_master_grads(double factor) {
   for (auto& m : master_flat_) m.mutable_grad().mul_(factor);
 }
 
+void ShardedParams::publish_bucket(size_t k) {
+  at::Tensor target = update_target(k);
+  if (target.defined()) {
+    torch::NoGradGuard no_grad;
+    target.copy_(master_flat_[k]);  // converts the fp32 master to the parameters' dtype
+  }
+  updated(k);
+}
+
 void ShardedParams::publish() {
-  std::vector<comm::WorkHandle> works;
-  for (size_t k = 0; k < buckets_.size(); ++k) works.push_back(publish_bucket(k));
-  for (auto& w : works) {
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    if (!sent_[k]) publish_bucket(k);
+  }
+  for (auto& w : update_works_) {
     if (w) w->wait();
   }
+  update_works_.clear();
   wait_param_writes();
-}
-
-comm::WorkHandle ShardedParams::gather_in_place(Bucket& b) {
-  return owners() > 1 ? pg_->all_gather_async(b.full, b.shard) : nullptr;
-}
-
-comm::WorkHandle ShardedParams::publish_bucket(size_t k) {
-  torch::NoGradGuard no_grad;
-  Bucket& b = buckets_[k];
-  // copy_ converts the fp32 master to the parameters' dtype and device.
-  const at::Tensor& source = master_flat_[k];
-  const bool separate = source.unsafeGetTensorImpl() != b.shard.unsafeGetTensorImpl();
-  if (b.persistent) {
-    // The shard is this rank's slot of the gathered bucket (all of it when
-    // each rank owns whole buckets): the updated values go there and the
-    // bucket is gathered in place.
-    if (separate) b.shard.copy_(source);  // else the master weights are the parameters
-    return gather_in_place(b);
-  } else if (separate) {
-    // Gathered again when its unit runs; offload_param "nvme": written back.
-    if (b.swap_id >= 0) param_store_->materialize({b.swap_id});
-    b.shard.copy_(source);
-    if (b.swap_id >= 0) {
-      param_store_->swap_out({b.swap_id});  // waited for by wait_param_writes()
-      param_writes_.push_back(b.swap_id);
-    }
-  }
-  return nullptr;
+  sent_.assign(buckets_.size(), false);
 }
 
 at::Tensor ShardedParams::update_target(size_t k) {
@@ -359,20 +344,16 @@ void ShardedParams::updated(size_t k) {
     s.copied->record(impl.getStream(b.shard.device()));
     s.bucket = -1;
   }
-  if (b.persistent) {
-    update_works_.push_back(gather_in_place(b));
+  // A bucket that stays gathered is all-gathered in place, when it has
+  // more than one owner; a released one is gathered again when its unit
+  // runs (offload_param "nvme": written back first).
+  if (b.persistent && owners() > 1) {
+    update_works_.push_back(pg_->all_gather_async(b.full, b.shard));
   } else if (b.swap_id >= 0) {
     param_store_->swap_out({b.swap_id});
     param_writes_.push_back(b.swap_id);
   }
-}
-
-void ShardedParams::finish_updates() {
-  for (auto& w : update_works_) {
-    if (w) w->wait();
-  }
-  update_works_.clear();
-  wait_param_writes();
+  sent_[k] = true;
 }
 
 void ShardedParams::wait_param_writes() {

@@ -141,21 +141,18 @@ class ShardedParams {
   double local_grad_sq_norm() const;
   bool local_grads_finite() const;
   void scale_master_grads(double factor);  // not with offload: the host optimizer scales
-  // Copies the master weights into the parameters (all-gathering the
-  // buckets that stay gathered).
-  void publish();
-  // publish() of bucket k: the all-gather it started, if any, for the
-  // caller to wait on.
-  comm::WorkHandle publish_bucket(size_t k);
-  // offload_param "nvme": waits for the shard writes publish_bucket started.
-  void wait_param_writes();
-  // offload_optimizer (Note [Offload copies]): the host tensor the host
-  // optimizer writes bucket k's updated shard to (undefined: the master
-  // weights are the parameters); updated(k) once it is written starts its
-  // way to the parameters; finish_updates() waits for all of it.
+  // The one way back to the parameters (Note [Offload copies]):
+  // update_target(k) is where bucket k's updated shard is to be written in
+  // the training dtype (undefined: the master weights are the parameters);
+  // updated(k), once it is written, starts its way on (the bucket's
+  // all-gather, or its write to NVMe). A host optimizer does both as it
+  // updates each bucket; publish_bucket(k) does both from the master
+  // weights. publish() publishes every bucket not yet sent since the last
+  // publish() and waits until all of them have arrived.
   at::Tensor update_target(size_t k);
   void updated(size_t k);
-  void finish_updates();
+  void publish_bucket(size_t k);
+  void publish();
   // Host bytes offload keeps besides master weights and states: the
   // gradient shard's copy and the staging buffers.
   int64_t offload_buffer_bytes() const;
@@ -207,7 +204,7 @@ class ShardedParams {
     std::shared_ptr<torch::autograd::Node> accumulator;  // keeps the hook alive
   };
   void on_grad_ready(int index);
-  comm::WorkHandle gather_in_place(Bucket& bucket);  // a persistent bucket's all-gather, if it needs one
+  void wait_param_writes();  // offload_param "nvme": the shard writes updated() started
   void build_buckets(const std::vector<at::Tensor>& tensors);
   void add_squares_on_device(const at::Tensor& sum);  // into device_grad_sq_
   bool squared_on_device(size_t k) const;
@@ -241,6 +238,7 @@ class ShardedParams {
   std::vector<Staging> update_staging_;
   size_t next_staging_ = 0;
   std::vector<comm::WorkHandle> update_works_;  // all-gathers updated() started
+  std::vector<bool> sent_;                      // per bucket: updated() since the last publish()
   std::unique_ptr<offload::SwappedTensors> param_store_;  // offload_param "nvme"
   std::vector<int> param_writes_;                         // shard writes in flight
   std::shared_ptr<UnitScheduler> scheduler_;  // stage 3
