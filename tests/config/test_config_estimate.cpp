@@ -30,7 +30,7 @@ EstimateInput mixed_adam(int64_t params, int64_t world_size, int stage) {
 TEST(ConfigEstimate, MixedPrecisionAdamGivesDeepSpeedsFigures) {
   const int64_t psi = 1536000000;   // divisible by every N below: no padding
   for (int64_t n : {1, 2, 4, 8, 64}) {
-    // DeepSpeed's model-state bytes per rank (ZeRO paper, DESIGN.md), without the bucket.
+    // DeepSpeed's model-state bytes per rank (the ZeRO paper's 16Ψ, 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N), without the bucket.
     const int64_t expected[4] = {16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n};
     for (int stage = 0; stage <= 3; ++stage) {
       MemoryEstimate m = zero::estimate_memory(mixed_adam(psi, n, stage));
