@@ -70,6 +70,13 @@ void GradReducer::finish(size_t k) {
   land(k);
 }
 
+void GradReducer::check_size(const at::Tensor& values, int64_t expected) {
+  if (values.numel() != expected) {
+    throw PartitionError("accumulated gradients of " + std::to_string(values.numel()) +
+                         " elements do not fit this rank's " + std::to_string(expected));
+  }
+}
+
 void GradReducer::settle() noexcept {
   for (auto& w : works_) {
     try {
@@ -110,13 +117,6 @@ class BoundaryReducer : public GradReducer {
     const int64_t start = layout_.shard_start(k);
     return flat_.slice(0, start, start + layout_.buckets()[k].shard_numel);
   }
-  static void check_size(const at::Tensor& values, int64_t expected) {
-    if (values.numel() != expected) {
-      throw PartitionError("accumulated gradients of " + std::to_string(values.numel()) +
-                           " elements do not fit this rank's " + std::to_string(expected));
-    }
-  }
-
   at::Tensor flat_;
 };
 
@@ -272,10 +272,7 @@ at::Tensor ReduceScatterPerBucket::accumulated() const {
 }
 
 void ReduceScatterPerBucket::restore(const at::Tensor& values) {
-  if (values.numel() != layout_.partition_numel()) {
-    throw PartitionError("accumulated gradients of " + std::to_string(values.numel()) +
-                         " elements do not fit this rank's " + std::to_string(layout_.partition_numel()));
-  }
+  check_size(values, layout_.partition_numel());
   const at::Tensor flat = values.reshape(-1);
   int64_t start = 0;
   for (size_t k = 0; k < layout_.buckets().size(); ++k) {

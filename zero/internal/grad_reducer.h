@@ -81,6 +81,8 @@ class GradReducer {
   virtual void backward_done() {}
   // Waits for bucket k's reduction and lands it.
   void finish(size_t k);
+  // restore(): `values` must have `expected` elements.
+  static void check_size(const at::Tensor& values, int64_t expected);
 
   const FlatLayout& layout_;
   std::shared_ptr<comm::ProcessGroup> pg_;
