@@ -342,22 +342,18 @@ void Engine::step() {
 void Engine::Impl::take_step() {
   sharded->attach_master_grads();
   const double scale = scaler ? scaler->scale() : 1.0;
-  if (scaler) {
-    // Overflow on any rank makes every rank skip the step.
-    at::Tensor overflow = torch::tensor({sharded->local_grads_finite() ? 0.0f : 1.0f});
-    pg->all_reduce(overflow, comm::ReduceOp::Max);
-    if (overflow.item<float>() > 0) {
-      scaler->update(true);  // logs the new scale; throws at min_loss_scale
-      ++skipped_steps;
-      ++global_steps;
-      sharded->detach_master_grads();
-      sharded->zero_grads();
-      return;
-    }
-  }
-  // Global L2 norm over all partitions (stage 0 holds the whole gradient).
-  at::Tensor sq = torch::tensor({sharded->local_grad_sq_norm()}, torch::kDouble);
+  // One sum of squares serves the overflow check and the global L2 norm
+  // (Note [Gradient norm]); stage 0 holds the whole gradient on each rank.
+  at::Tensor sq = torch::tensor({sharded->grad_squares()}, torch::kDouble);
   if (sharded->owners() > 1) pg->all_reduce(sq, comm::ReduceOp::Sum);
+  if (scaler && !std::isfinite(sq.item<double>())) {  // overflow on any rank makes every rank skip the step
+    scaler->update(true);  // logs the new scale; throws at min_loss_scale
+    ++skipped_steps;
+    ++global_steps;
+    sharded->detach_master_grads();
+    sharded->zero_grads();
+    return;
+  }
   last_norm = std::sqrt(sq.item<double>()) / scale;
   double factor = 1.0 / scale;
   const double clip = config.gradient_clipping;

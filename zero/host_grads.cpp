@@ -5,6 +5,7 @@
 #include <torch/cuda.h>
 
 #include "offload/host_tensors.h"
+#include "zero/internal/grad_norm.h"
 #include "zero/internal/flat_layout.h"
 
 namespace zero::partition {
@@ -40,7 +41,7 @@ void HostGrads::land(size_t k, const at::Tensor& reduced) {
   holds_[k] = true;
   if (!value.is_cpu()) {
     device_copies_ = true;
-    squares_[k] = squares_on_device(value);
+    squares_[k] = GradSquares::on_device(value);
   }
 }
 
@@ -78,16 +79,6 @@ int64_t HostGrads::bytes() const {
     if (t.defined()) bytes += t.nbytes();
   }
   return bytes;
-}
-
-at::Tensor HostGrads::squares_on_device(const at::Tensor& grad) {
-  constexpr int64_t kPiece = int64_t{1} << 24;
-  at::Tensor sum = at::zeros({}, grad.options().dtype(at::kDouble));
-  for (int64_t start = 0; start < grad.numel(); start += kPiece) {
-    const at::Tensor piece = grad.slice(0, start, std::min(grad.numel(), start + kPiece)).to(at::kFloat);
-    sum += piece.pow(2).sum(at::kDouble);
-  }
-  return sum;
 }
 
 }  // namespace zero::partition

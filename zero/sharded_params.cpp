@@ -197,18 +197,19 @@ void ShardedParams::end_backward() {
   }
 }
 
-void ShardedParams::add_squares_on_device(const at::Tensor& sum) {
-  device_grad_sq_ = device_grad_sq_.defined() ? device_grad_sq_ + sum : sum;
-}
-
+// Each bucket's gradient is attached, and its squares added (Note
+// [Gradient norm]), once per step.
 void ShardedParams::attach_master_grads() {
-  device_grad_sq_ = at::Tensor();
-  host_grad_sq_.reset();
+  squares_.reset();
   if (host_grads_) host_grads_->wait();  // copies started during backward land before the host reads them
   for (size_t k = 0; k < buckets_.size(); ++k) {
     if (host_grads_ && host_grads_->off_device(k)) {  // its host copy is complete
-      if (host_grads_->device_squares(k).defined()) add_squares_on_device(host_grads_->device_squares(k));
       master_flat_[k].mutable_grad() = host_grads_->for_step(k);
+      if (host_grads_->device_squares(k).defined()) {
+        squares_.add_device_sum(host_grads_->device_squares(k));
+      } else {
+        squares_.add(master_flat_[k].grad());
+      }
       continue;
     }
     at::Tensor grad = reducer_->shard_grad(k);
@@ -216,8 +217,8 @@ void ShardedParams::attach_master_grads() {
       // The host optimizer reads the gradient in the training dtype (Note
       // [Offload copies]); stages 2-3 copied it when the bucket was reduced.
       // A bucket updated on the accelerator (Note [Partial offload]) keeps it
-      // there, in the training dtype too.
-      if (!grad.is_cpu()) add_squares_on_device(HostGrads::squares_on_device(grad));
+      // there, in the training dtype too. Squared where it was reduced.
+      squares_.add(grad);
       if (host_grads_->copied(k)) {
         if (!host_grads_->holds(k)) host_grads_->copy_from(k, grad, /*non_blocking=*/false);
         grad = host_grads_->copy(k);
@@ -226,58 +227,13 @@ void ShardedParams::attach_master_grads() {
       continue;
     }
     master_flat_[k].mutable_grad() = grad.scalar_type() == at::kFloat ? grad : grad.to(at::kFloat);
+    squares_.add(master_flat_[k].grad());
   }
 }
 
 void ShardedParams::detach_master_grads() {
-  host_grad_sq_.reset();
   for (auto& m : master_flat_) m.mutable_grad() = at::Tensor();
   if (host_grads_) host_grads_->clear();
-}
-
-// Whether master tensor k's gradient is summed on the accelerator
-// (device_grad_sq_): with offload, every bucket's is when the parameters are there.
-bool ShardedParams::squared_on_device(size_t k) const {
-  return device_grad_sq_.defined() && !buckets_[k].full.is_cpu();
-}
-
-// The sum of squares of the gradients in host memory (offload, CPU ranks),
-// made in one fused pass per step that the fp16 overflow check and the norm
-// share: the sum is not finite exactly when an element is not.
-double ShardedParams::host_grad_sq() const {
-  if (!host_grad_sq_) {
-    double sum = 0.0;
-    for (size_t k = 0; k < master_flat_.size(); ++k) {
-      const at::Tensor& g = master_flat_[k].grad();
-      if (squared_on_device(k)) continue;
-      if (auto h = offload::grad_array(g)) sum += offload::sum_of_squares(*h, g.numel());
-    }
-    host_grad_sq_ = sum;
-  }
-  return *host_grad_sq_;
-}
-
-// One device-to-host read per call, not one per bucket.
-double ShardedParams::local_grad_sq_norm() const {
-  if (master_flat_.empty()) return 0.0;
-  at::Tensor sum = at::zeros({}, master_flat_.front().options().dtype(at::kDouble));
-  if (device_grad_sq_.defined()) sum += device_grad_sq_.cpu();
-  for (size_t k = 0; k < master_flat_.size(); ++k) {
-    const at::Tensor& g = master_flat_[k].grad();
-    if (!squared_on_device(k) && !offload::grad_array(g)) sum += g.pow(2).sum(at::kDouble);
-  }
-  return host_grad_sq() + sum.item<double>();
-}
-
-bool ShardedParams::local_grads_finite() const {
-  if (master_flat_.empty()) return true;
-  at::Tensor finite = at::ones({}, master_flat_.front().options().dtype(at::kBool));
-  for (size_t k = 0; k < master_flat_.size(); ++k) {
-    const at::Tensor& g = master_flat_[k].grad();
-    if (!squared_on_device(k) && !offload::grad_array(g)) finite.logical_and_(g.isfinite().all());
-  }
-  const bool device_finite = !device_grad_sq_.defined() || std::isfinite(device_grad_sq_.item<double>());
-  return std::isfinite(host_grad_sq()) && device_finite && finite.item<bool>();
 }
 
 void ShardedParams::scale_master_grads(double factor) {

@@ -44,10 +44,6 @@ class HostGrads {
   void clear();
   int64_t bytes() const;
 
-  // A 0-d fp64 sum of squares of `grad`, on grad's device (fp32 pieces of
-  // 16 Mi elements keep the temporary small).
-  static at::Tensor squares_on_device(const at::Tensor& grad);
-
  private:
   bool off_device_ = false;
   std::vector<at::Tensor> copies_;

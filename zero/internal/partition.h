@@ -5,7 +5,7 @@
 // The pieces, each in its own file: the flat layout (flat_layout.h, Note
 // [Flat layout]: buckets, offsets, shards), the gradient strategy of each
 // stage (grad_reducer.h), the host copies of offloaded gradients
-// (host_grads.h), stage 3's release and gather (stage3_storage.cpp) and the
+// (host_grads.h), the gradient norm (grad_norm.h), stage 3's release and gather (stage3_storage.cpp) and the
 // units' schedule (units.cpp). ShardedParams holds them together with the
 // master weights and their way back to the parameters.
 //
@@ -65,6 +65,7 @@
 #include "offload/swapped_tensors.h"
 #include "zero/comm.h"
 #include "zero/internal/flat_layout.h"
+#include "zero/internal/grad_norm.h"
 #include "zero/internal/grad_reducer.h"
 #include "zero/internal/host_grads.h"
 #include "zero/unit.h"
@@ -138,8 +139,9 @@ class ShardedParams {
   // shard): fp32, or with offload in the training dtype (Note [Offload copies]).
   void attach_master_grads();
   void detach_master_grads();
-  double local_grad_sq_norm() const;
-  bool local_grads_finite() const;
+  // This rank's sum of squares of the attached gradients (Note [Gradient
+  // norm]): not finite exactly when one of them is not.
+  double grad_squares() { return squares_.total(); }
   void scale_master_grads(double factor);  // not with offload: the host optimizer scales
   // The one way back to the parameters (Note [Offload copies]):
   // update_target(k) is where bucket k's updated shard is to be written in
@@ -206,9 +208,6 @@ class ShardedParams {
   void on_grad_ready(int index);
   void wait_param_writes();  // offload_param "nvme": the shard writes updated() started
   void build_buckets(const std::vector<at::Tensor>& tensors);
-  void add_squares_on_device(const at::Tensor& sum);  // into device_grad_sq_
-  bool squared_on_device(size_t k) const;
-  double host_grad_sq() const;
   // Stage 3 (stage3_storage.cpp).
   void gather(Bucket& bucket, bool async);
   void start_gather(Bucket& bucket);  // the all-gather, once the shard is in memory
@@ -226,8 +225,7 @@ class ShardedParams {
   std::unique_ptr<GradReducer> reducer_;   // the stage's strategy
   std::vector<std::vector<at::Tensor>> master_;
   std::vector<at::Tensor> master_flat_;    // per bucket, same tensors as master_
-  at::Tensor device_grad_sq_;              // offload with an accelerator: the gradients' sum of squares, summed there
-  mutable std::optional<double> host_grad_sq_;  // host gradients' sum of squares, once per step (host_grad_sq)
+  GradSquares squares_;                    // of the attached gradients
   // Note [Offload copies]: page-locked buffers for updated shards on their
   // way to the accelerator, each free once its copy has run (`copied`).
   struct Staging {

@@ -1,0 +1,37 @@
+#pragma once
+// Note [Gradient norm]: one sum of squares of the reduced gradients per
+// step, shared by clipping and by fp16's overflow check. Each bucket's
+// gradient is added once, where it is: a host array by the fused kernel of
+// offload/ (no temporary), a tensor on an accelerator there as a 0-d fp64
+// sum (read back once, in total()), and a sum an offloaded bucket's copy
+// already took on the accelerator as it is (HostGrads::land). The squares
+// are summed in fp64 from the elements widened to fp64, so the total is not
+// finite exactly when an element is not: the overflow check needs no pass
+// of its own.
+#include <torch/torch.h>
+
+#include <optional>
+
+namespace zero::partition {
+
+class GradSquares {
+ public:
+  // Before a step's gradients are added.
+  void reset();
+  void add(const at::Tensor& grad);
+  // A 0-d fp64 sum taken earlier on an accelerator (on_device()).
+  void add_device_sum(const at::Tensor& sum);
+  // This rank's sum; the first call of a step reads the accelerator's.
+  double total();
+
+  // A 0-d fp64 sum of squares of `grad`, on grad's device, in pieces of
+  // 16 Mi elements so the fp64 temporary stays small.
+  static at::Tensor on_device(const at::Tensor& grad);
+
+ private:
+  at::Tensor device_sum_;
+  double host_sum_ = 0.0;
+  std::optional<double> total_;
+};
+
+}  // namespace zero::partition
