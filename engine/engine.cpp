@@ -234,17 +234,15 @@ void Engine::Impl::build_params(InitOptions& options) {
          << " elements: whole buckets, and a smaller reduce_bucket_size splits finer, down to one parameter)";
     log::info("offload", line.str());
   }
+  partition::ShardedParams* params = sharded.get();
+  host.sink = {[params, bucket_of](size_t i) { return params->update_target(bucket_of[i]); },
+               [params, bucket_of](size_t i) { params->updated(bucket_of[i]); }};
   optimizer = engine::make_optimizer(config.optimizer, opt_groups, layout, host);
-  if (auto* host_optimizer = dynamic_cast<engine::HostOptimizer*>(optimizer.get())) {
-    partition::ShardedParams* params = sharded.get();
-    host_optimizer->set_update_sink({[params, bucket_of](size_t i) { return params->update_target(bucket_of[i]); },
-                                     [params, bucket_of](size_t i) { params->updated(bucket_of[i]); }});
-  }
   if (popts.offload_master_to_disk) {
     // ZeRO-Infinity: every offloaded master shard and its states go to
     // files under nvme_path (with partial offload, the others stay with the
     // parameters); the optimizer step brings them back sub-group by sub-group.
-    auto* host_optimizer = dynamic_cast<engine::HostOptimizer*>(optimizer.get());
+    engine::HostOptimizer* host_optimizer = optimizer->host();
     host_optimizer->make_states();
     offload::SwapOptions so;
     so.nvme_path = offload.nvme_path;
@@ -254,16 +252,16 @@ void Engine::Impl::build_params(InitOptions& options) {
     so.buffer_count = offload.buffer_count;
     nvme = std::make_unique<offload::SwappedTensors>(so);
     std::vector<std::vector<int>> ids;
-    for (const auto& group : optimizer->param_groups()) {
-      for (const auto& p : group.params()) {
-        const std::string key = "master" + std::to_string(ids.size());
-        if (!sharded->master_on_host(bucket_of[ids.size()])) {
-          ids.emplace_back();  // Note [Partial offload]: not swapped
-          continue;
-        }
-        ids.push_back({nvme->add(p, key)});
-        int state = 0;
-        for (const auto& t : host_optimizer->states_of(p)) ids.back().push_back(nvme->add(t, key + ".state" + std::to_string(state++)));
+    for (const auto& p : optimizer->tensors()) {
+      const std::string key = "master" + std::to_string(ids.size());
+      if (!sharded->master_on_host(bucket_of[ids.size()])) {
+        ids.emplace_back();  // Note [Partial offload]: not swapped
+        continue;
+      }
+      ids.push_back({nvme->add(p, key)});
+      int state = 0;
+      for (const auto& name : optimizer->state_names()) {
+        ids.back().push_back(nvme->add(optimizer->state(p, name, false), key + ".state" + std::to_string(state++)));
       }
     }
     nvme->swap_out_all();
@@ -361,16 +359,11 @@ void Engine::Impl::take_step() {
     const double coef = clip / (last_norm + 1e-6);  // as torch::nn::utils::clip_grad_norm_
     if (coef < 1.0) factor *= coef;
   }
-  if (auto* host = dynamic_cast<engine::HostOptimizer*>(optimizer.get())) {
-    host->set_grad_scale(factor);  // applied as the kernels read the gradients
-  } else if (factor != 1.0) {
-    sharded->scale_master_grads(factor);
-  }
 
   const int64_t taken = global_steps - skipped_steps - schedule_start;  // optimizer steps the schedule has seen
   lr = schedule->lr_at(taken);
-  engine::set_hyperparameters(*optimizer, lr, schedule->momentum_at(taken));
-  optimizer->step();  // a host optimizer starts each bucket's way to the parameters as it updates it
+  optimizer->set_hyperparameters(lr, schedule->momentum_at(taken));
+  optimizer->step(factor);  // a host optimizer starts each bucket's way to the parameters as it updates it
   sharded->detach_master_grads();
   const auto gather_start = Clock::now();
   sharded->publish();
@@ -408,7 +401,7 @@ void Engine::Impl::log_progress() {
     const double per = 1000.0 / window_steps;
     line << " | ms/step forward " << t_forward * per << " backward " << t_backward * per << " reduce "
          << t_reduce * per << " step " << (t_step - t_gather) * per << " gather " << t_gather * per;
-    if (auto* host = dynamic_cast<engine::HostOptimizer*>(optimizer.get())) {
+    if (auto* host = optimizer->host()) {
       const auto timing = host->take_timing();
       line << " (host step " << timing.compute_s * per << ", nvme wait " << timing.nvme_wait_s * per << ")";
     }
@@ -438,7 +431,7 @@ MemoryReport Engine::Impl::memory() const {
   r.params = sharded->param_bytes() + frozen_bytes;
   r.gradients = sharded->grad_bytes();
   r.fp32_master = sharded->master_bytes();
-  r.optimizer_states = engine::optimizer_state_bytes(*optimizer, config.optimizer);
+  r.optimizer_states = optimizer->state_bytes();
   r.host_offloaded = sharded->offloaded_param_bytes(/*nvme=*/false);
   r.nvme_offloaded = sharded->offloaded_param_bytes(/*nvme=*/true);
   if (sharded->options().offload_optimizer) {
@@ -456,8 +449,8 @@ MemoryReport Engine::Impl::memory() const {
         if (!sharded->master_on_host(k)) continue;
         const at::Tensor& m = sharded->master_tensors()[k];
         r.host_offloaded += m.nbytes();
-        for (const auto& kind : engine::state_kinds(config.optimizer)) {
-          const at::Tensor state = engine::state_tensor(*optimizer, config.optimizer, m, kind, false);
+        for (const auto& name : optimizer->state_names()) {
+          const at::Tensor state = optimizer->state(m, name, false);
           if (state.defined()) r.host_offloaded += state.nbytes();
         }
       }
@@ -475,7 +468,7 @@ StepTimes Engine::take_step_times() {
   t.steps = s.window_steps;
   t.forward = s.t_forward, t.backward = s.t_backward, t.reduce = s.t_reduce;
   t.step = s.t_step - s.t_gather, t.gather = s.t_gather;
-  if (auto* host = dynamic_cast<engine::HostOptimizer*>(s.optimizer.get())) {
+  if (auto* host = s.optimizer->host()) {
     const auto timing = host->take_timing();
     t.host_step = timing.compute_s, t.nvme_wait = timing.nvme_wait_s;
   }

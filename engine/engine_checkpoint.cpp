@@ -217,14 +217,14 @@ class NvmeWindow {
 };
 
 // The NVMe store's ids of each bucket's master weights and optimizer states.
-std::vector<std::vector<int>> nvme_ids(const offload::SwappedTensors* store, torch::optim::Optimizer& optimizer,
-                                       const OptimizerConfig& config, const std::vector<at::Tensor>& masters) {
+std::vector<std::vector<int>> nvme_ids(const offload::SwappedTensors* store, engine::MasterOptimizer& optimizer,
+                                       const std::vector<at::Tensor>& masters) {
   std::vector<std::vector<int>> ids;
   if (!store) return ids;
   for (const auto& master : masters) {
     ids.emplace_back();
     std::vector<at::Tensor> tensors{master};
-    for (const auto& kind : engine::state_kinds(config)) tensors.push_back(engine::state_tensor(optimizer, config, master, kind, false));
+    for (const auto& name : optimizer.state_names()) tensors.push_back(optimizer.state(master, name, false));
     for (const auto& t : tensors) {
       const int id = t.defined() ? store->find(t) : -1;
       if (id >= 0) ids.back().push_back(id);
@@ -284,8 +284,8 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in, 
   };
   const auto& masters = s.sharded->master_tensors();
   std::vector<std::string> kinds;
-  for (const auto& kind : engine::state_kinds(s.config.optimizer)) {
-    if (!masters.empty() && engine::state_tensor(*s.optimizer, s.config.optimizer, masters.front(), kind, false).defined()) {
+  for (const auto& kind : s.optimizer->state_names()) {
+    if (!masters.empty() && s.optimizer->state(masters.front(), kind, false).defined()) {
       kinds.push_back(kind);
     }
   }
@@ -299,7 +299,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in, 
     for (size_t k = 0; k < masters.size(); ++k) {
       for (const auto& kind : all_kinds) {
         const at::Tensor source = kind == "fp32" ? masters[k]
-                                                 : engine::state_tensor(*s.optimizer, s.config.optimizer, masters[k], kind, false);
+                                                 : s.optimizer->state(masters[k], kind, false);
         if (source.scalar_type() != at::kFloat) throw CheckpointError("internal: fp32 master weights and optimizer states expected");
         for (const auto& f : fragments) {
           if (f.bucket != static_cast<int64_t>(k)) continue;
@@ -310,7 +310,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in, 
       }
     }
   }
-  NvmeWindow window(s.nvme.get(), nvme_ids(s.nvme.get(), *s.optimizer, s.config.optimizer, masters), false);
+  NvmeWindow window(s.nvme.get(), nvme_ids(s.nvme.get(), *s.optimizer, masters), false);
   at::Tensor staged;  // host copy of the device tensor being written
   const c10::TensorImpl* staged_from = nullptr;
   auto fetch = [&](size_t i) -> const void* {
@@ -383,7 +383,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in, 
       e["skipped_steps"] = s.skipped_steps;
       e["micro_steps"] = s.micro_steps;
       e["gradient_accumulation_steps"] = s.gas;
-      e["optimizer_steps"] = engine::step_count(*s.optimizer, s.config.optimizer, masters);
+      e["optimizer_steps"] = s.optimizer->step_count();
       e["scheduler_steps"] = s.global_steps - s.skipped_steps - s.schedule_start;
       e["lr"] = s.lr;
       e["mid_accumulation"] = mid_accumulation;
@@ -455,7 +455,7 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
   const bool restore_states = restore_training && options.load_optimizer_states;
   const bool mid_accumulation = restore_training && m.engine.value("mid_accumulation", false);
   if (restore_states && !m.states.empty()) {
-    for (const auto& kind : engine::state_kinds(s.config.optimizer)) {
+    for (const auto& kind : s.optimizer->state_names()) {
       if (std::find(m.states.begin(), m.states.end(), kind) == m.states.end()) {
         throw CheckpointError("load_checkpoint: " + where + " holds the state of optimizer " + m.optimizer +
                               " without \"" + kind + "\", which " + s.config.optimizer.type +
@@ -513,7 +513,7 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
   const auto fragments = s.sharded->fragments();
   std::vector<std::string> all_kinds{"fp32"};
   if (restore_states) all_kinds.insert(all_kinds.end(), m.states.begin(), m.states.end());
-  NvmeWindow window(s.nvme.get(), nvme_ids(s.nvme.get(), *s.optimizer, s.config.optimizer, masters), true);
+  NvmeWindow window(s.nvme.get(), nvme_ids(s.nvme.get(), *s.optimizer, masters), true);
   for (size_t k = 0; k < masters.size(); ++k) {
     std::vector<at::Tensor> staged;  // host copies being hashed (see verify_only)
     try {
@@ -524,7 +524,7 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
     attempt([&] {
       for (const auto& kind : all_kinds) {
         at::Tensor target = kind == "fp32" ? masters[k]
-                                           : engine::state_tensor(*s.optimizer, s.config.optimizer, masters[k], kind, true);
+                                           : s.optimizer->state(masters[k], kind, true);
         if (!target.defined()) continue;
         // Host tensors are read into directly; others through a host copy
         // (which keeps the padding as it is).
@@ -559,7 +559,7 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
 
   attempt([&] {
     if (restore_states && !m.states.empty()) {
-      engine::set_step_count(*s.optimizer, s.config.optimizer, masters, m.engine.value("optimizer_steps", int64_t{0}));
+      s.optimizer->set_step_count(m.engine.value("optimizer_steps", int64_t{0}));
     }
     // Frozen parameters and buffers, in the dtype the model holds them.
     torch::NoGradGuard no_grad;

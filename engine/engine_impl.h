@@ -8,6 +8,7 @@
 
 #include "engine/loss_scaler.h"
 #include "engine/lr_schedule.h"
+#include "engine/optimizer.h"
 #include "offload/swapped_tensors.h"
 #include "zero/engine.h"
 #include "zero/internal/partition.h"
@@ -23,7 +24,7 @@ struct Engine::Impl {
   at::ScalarType dtype = at::kFloat;
   int64_t gas = 1;
   std::unique_ptr<partition::ShardedParams> sharded;
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<engine::MasterOptimizer> optimizer;
   std::unique_ptr<LrSchedule> schedule;
   std::unique_ptr<LossScaler> scaler;  // fp16 only
   // offload_optimizer "nvme": the master weights and optimizer states, on disk between steps.

@@ -82,15 +82,37 @@ void HostOptimizer::update_one(torch::optim::OptimizerParamGroup& group, at::Ten
   if (on_host(p)) {
     update(group, p, target);
   } else if (p.grad().defined()) {
-    // One bucket's gradient widened at a time, scaled as the kernels scale
-    // theirs (in place when widening made a copy; the gradient itself is
-    // left alone).
-    at::Tensor grad = p.grad().to(at::kFloat);
-    if (grad_scale_ != 1.0f) grad = grad.is_same(p.grad()) ? grad.mul(grad_scale_) : grad.mul_(grad_scale_);
-    update_elsewhere(group, p, grad);
+    update_elsewhere(group, p);
     if (target.defined()) target.copy_(p);
   }
   if (sink_.written) sink_.written(i);
+}
+
+// Partial offload: torch::optim's step over `p` alone, with the group's
+// current options and p's state lent to it for the step (Note [One
+// optimizer interface] in engine/optimizer.h). One bucket's gradient is
+// widened at a time and scaled as the kernels scale theirs (in place when
+// widening made a copy; the gradient itself is left alone).
+void HostOptimizer::update_elsewhere(torch::optim::OptimizerParamGroup& group, at::Tensor& p) {
+  auto& inner = elsewhere_optimizers_[p.unsafeGetTensorImpl()];
+  if (!inner) inner = optimizer_for(p);
+  inner->param_groups().front().set_options(group.options().clone());
+  const auto key = state_key(p);
+  if (auto own = state_.find(key); own != state_.end()) inner->state()[key] = std::move(own->second);
+  const at::Tensor grad = p.grad();
+  at::Tensor wide = grad.to(at::kFloat);
+  if (grad_scale_ != 1.0f) wide = wide.is_same(grad) ? wide.mul(grad_scale_) : wide.mul_(grad_scale_);
+  p.mutable_grad() = wide;
+  try {
+    inner->step();
+  } catch (...) {
+    p.mutable_grad() = grad;
+    throw;
+  }
+  p.mutable_grad() = grad;
+  auto lent = inner->state().find(key);
+  state_[key] = std::move(lent->second);
+  inner->state().erase(lent);
 }
 
 void HostOptimizer::use_store(offload::SwappedTensors* store, std::vector<std::vector<int>> ids, int64_t sub_group_numel) {
@@ -198,14 +220,9 @@ void CpuAdam::make_states() {
   }
 }
 
-std::vector<at::Tensor> CpuAdam::states_of(const at::Tensor& p) {
-  auto& s = *state_.at(state_key(p));
-  if (decoupled_) {
-    auto& a = static_cast<torch::optim::AdamWParamState&>(s);
-    return {a.exp_avg(), a.exp_avg_sq()};
-  }
-  auto& a = static_cast<torch::optim::AdamParamState&>(s);
-  return {a.exp_avg(), a.exp_avg_sq()};
+std::unique_ptr<torch::optim::Optimizer> CpuAdam::optimizer_for(const at::Tensor& p) const {
+  if (decoupled_) return std::make_unique<torch::optim::AdamW>(std::vector<at::Tensor>{p});
+  return std::make_unique<torch::optim::Adam>(std::vector<at::Tensor>{p});
 }
 
 void CpuAdam::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& target) {
@@ -243,46 +260,6 @@ void CpuAdam::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, co
   finish_fp32_copy(p, target);
 }
 
-// torch::optim::Adam's arithmetic (AdamW's decoupled decay first), as it
-// runs without offload.
-void CpuAdam::update_elsewhere(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& grad_in) {
-  make_states();
-  double lr, b1, b2, eps, wd;
-  if (decoupled_) {
-    const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
-    lr = o.lr(), b1 = std::get<0>(o.betas()), b2 = std::get<1>(o.betas()), eps = o.eps(), wd = o.weight_decay();
-  } else {
-    const auto& o = static_cast<const torch::optim::AdamOptions&>(group.options());
-    lr = o.lr(), b1 = std::get<0>(o.betas()), b2 = std::get<1>(o.betas()), eps = o.eps(), wd = o.weight_decay();
-  }
-  auto& s = *state_.at(state_key(p));
-  int64_t step;
-  at::Tensor m, v;
-  if (decoupled_) {
-    auto& a = static_cast<torch::optim::AdamWParamState&>(s);
-    a.step(a.step() + 1);
-    step = a.step(), m = a.exp_avg(), v = a.exp_avg_sq();
-  } else {
-    auto& a = static_cast<torch::optim::AdamParamState&>(s);
-    a.step(a.step() + 1);
-    step = a.step(), m = a.exp_avg(), v = a.exp_avg_sq();
-  }
-  at::Tensor grad = grad_in;
-  if (wd != 0) {
-    if (decoupled_) {
-      p.mul_(1 - lr * wd);
-    } else {
-      grad = grad.add(p, wd);
-    }
-  }
-  const double bias_correction1 = 1 - std::pow(b1, step);
-  const double bias_correction2 = 1 - std::pow(b2, step);
-  m.mul_(b1).add_(grad, 1 - b1);
-  v.mul_(b2).addcmul_(grad, grad, 1 - b2);
-  const at::Tensor denom = (v.sqrt() / std::sqrt(bias_correction2)).add_(eps);
-  p.addcdiv_(m, denom, -lr / bias_correction1);
-}
-
 // ---- CpuAdagrad ----
 
 CpuAdagrad::CpuAdagrad(std::vector<torch::optim::OptimizerParamGroup> groups, const std::vector<at::Tensor>& elsewhere)
@@ -298,8 +275,8 @@ CpuAdagrad::CpuAdagrad(std::vector<torch::optim::OptimizerParamGroup> groups, co
   }
 }
 
-std::vector<at::Tensor> CpuAdagrad::states_of(const at::Tensor& p) {
-  return {static_cast<torch::optim::AdagradParamState&>(*state_.at(state_key(p))).sum()};
+std::unique_ptr<torch::optim::Optimizer> CpuAdagrad::optimizer_for(const at::Tensor& p) const {
+  return std::make_unique<torch::optim::Adagrad>(std::vector<at::Tensor>{p});
 }
 
 void CpuAdagrad::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& target) {
@@ -316,18 +293,6 @@ void CpuAdagrad::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p,
   const auto [copy, copy_dtype] = fused_copy(p, target);
   offload::adagrad_step(h, p.numel(), p.data_ptr<float>(), grad, s.sum().data_ptr<float>(), copy, copy_dtype);
   finish_fp32_copy(p, target);
-}
-
-// torch::optim::Adagrad's arithmetic, as it runs without offload.
-void CpuAdagrad::update_elsewhere(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& grad_in) {
-  const auto& o = static_cast<const torch::optim::AdagradOptions&>(group.options());
-  auto& s = static_cast<torch::optim::AdagradParamState&>(*state_.at(state_key(p)));
-  s.step(s.step() + 1);
-  at::Tensor grad = o.weight_decay() != 0 ? grad_in.add(p, o.weight_decay()) : grad_in;
-  const double clr = o.lr() / (1 + static_cast<double>(s.step() - 1) * o.lr_decay());
-  s.sum().addcmul_(grad, grad, 1.0);
-  const at::Tensor std = s.sum().sqrt().add_(o.eps());
-  p.addcdiv_(grad, std, -clr);
 }
 
 }  // namespace zero::engine

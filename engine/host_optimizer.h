@@ -9,30 +9,22 @@
 // done (Note [Offload copies] in partition.h).
 #include <torch/torch.h>
 
-#include <functional>
+#include <memory>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
+#include "engine/optimizer.h"
 #include "offload/swapped_tensors.h"
 
 namespace zero::engine {
-
-// Where step() puts the updated parameters. Tensors are numbered in
-// param_groups() order, group by group.
-struct UpdateSink {
-  // The host tensor (fp16, bf16 or fp32, the tensor's numel) that receives
-  // tensor i's updated value in the update's pass; undefined: none.
-  std::function<at::Tensor(size_t i)> target;
-  // Tensor i's update and its target are complete.
-  std::function<void(size_t i)> written;
-};
 
 // What CpuAdam and CpuAdagrad share: the targets, the walk over the tensors
 // and, with NVMe offload, the pipeline over sub-groups.
 //
 // Partial offload (Note [Partial offload] in zero/internal/partition.h): the tensors
 // listed in `elsewhere` stay where they are (usually the accelerator) and
-// are updated there with tensor operations, torch::optim's arithmetic, before
+// are updated there by torch::optim's own optimizer of the same kind, before
 // the host kernels update the rest, so that both run at once.
 class HostOptimizer : public torch::optim::Optimizer {
  public:
@@ -44,8 +36,6 @@ class HostOptimizer : public torch::optim::Optimizer {
   // The state tensors of every parameter, made now (zeros, or what
   // torch::optim starts from) instead of at the first step.
   virtual void make_states() = 0;
-  // The state tensors of parameter `p` (after make_states()).
-  virtual std::vector<at::Tensor> states_of(const at::Tensor& p) = 0;
 
   // NVMe offload: the parameters and their states live in `store`
   // (ids[i]: the store ids of flat parameter i's tensors). step() walks
@@ -66,9 +56,9 @@ class HostOptimizer : public torch::optim::Optimizer {
  protected:
   // Updates `p` of `group`, writing its new value to `target` when defined.
   virtual void update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& target) = 0;
-  // Updates `p`, not updated by the host kernels, with tensor operations
-  // where it lives, given its gradient widened to fp32 and scaled.
-  virtual void update_elsewhere(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& grad) = 0;
+  // torch::optim's optimizer of this kind over `p` alone (default options):
+  // it updates the tensors the host kernels do not.
+  virtual std::unique_ptr<torch::optim::Optimizer> optimizer_for(const at::Tensor& p) const = 0;
   // Whether the host kernels update `p` (its states live in host memory).
   bool on_host(const at::Tensor& p) const { return elsewhere_.count(p.unsafeGetTensorImpl()) == 0; }
   // A state tensor like `p` filled with `value`, where p's states live.
@@ -77,7 +67,9 @@ class HostOptimizer : public torch::optim::Optimizer {
 
  private:
   void update_one(torch::optim::OptimizerParamGroup& group, at::Tensor& p, size_t i);
+  void update_elsewhere(torch::optim::OptimizerParamGroup& group, at::Tensor& p);
   std::unordered_set<const void*> elsewhere_;
+  std::unordered_map<const void*, std::unique_ptr<torch::optim::Optimizer>> elsewhere_optimizers_;
   UpdateSink sink_;
   offload::SwappedTensors* store_ = nullptr;
   Timing timing_;
@@ -91,11 +83,10 @@ class CpuAdam : public HostOptimizer {
   CpuAdam(std::vector<torch::optim::OptimizerParamGroup> groups, bool decoupled,
           const std::vector<at::Tensor>& elsewhere = {});
   void make_states() override;
-  std::vector<at::Tensor> states_of(const at::Tensor& p) override;
 
  protected:
   void update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& target) override;
-  void update_elsewhere(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& grad) override;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_for(const at::Tensor& p) const override;
 
  private:
   bool decoupled_;
@@ -106,11 +97,10 @@ class CpuAdagrad : public HostOptimizer {
   explicit CpuAdagrad(std::vector<torch::optim::OptimizerParamGroup> groups,
                       const std::vector<at::Tensor>& elsewhere = {});
   void make_states() override {}  // made up front, as torch::optim::Adagrad does
-  std::vector<at::Tensor> states_of(const at::Tensor& p) override;
 
  protected:
   void update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& target) override;
-  void update_elsewhere(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& grad) override;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_for(const at::Tensor& p) const override;
 };
 
 }  // namespace zero::engine

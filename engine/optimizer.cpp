@@ -1,15 +1,183 @@
+// The optimizers behind MasterOptimizer (Note [One optimizer interface]).
 #include "engine/optimizer.h"
+
+#include <algorithm>
 
 #include "engine/host_optimizer.h"
 #include "engine/lamb.h"
 #include "engine/lr_schedule.h"
 #include "zero/error.h"
 
-#include <sstream>
-#include <type_traits>
-
 namespace zero::engine {
+
+int64_t MasterOptimizer::state_bytes() {
+  int64_t bytes = 0;
+  for (const auto& t : tensors_) {
+    for (const auto& name : state_names_) {
+      const at::Tensor s = state(t, name, /*create=*/false);
+      if (s.defined()) bytes += s.nbytes();
+    }
+  }
+  return bytes;
+}
+
 namespace {
+
+std::vector<at::Tensor> all_params(const torch::optim::Optimizer& optimizer) {
+  std::vector<at::Tensor> out;
+  for (const auto& group : optimizer.param_groups()) out.insert(out.end(), group.params().begin(), group.params().end());
+  return out;
+}
+
+void check_name(const std::vector<std::string>& names, const std::string& name) {
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
+    std::string known;
+    for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+    throw EngineError("the optimizer has no state \"" + name + "\" (it has: " + (known.empty() ? "none" : known) + ")");
+  }
+}
+
+void scale_grads(const std::vector<at::Tensor>& tensors, double scale) {
+  if (scale == 1.0) return;
+  for (const auto& t : tensors) {
+    if (t.grad().defined()) t.grad().mul_(scale);
+  }
+}
+
+// The named tensors and the step count of each torch::optim state type.
+template <typename State>
+struct AdamStates {
+  static at::Tensor get(const State& s, const std::string& name) {
+    if (name == "exp_avg") return s.exp_avg();
+    if (name == "exp_avg_sq") return s.exp_avg_sq();
+    return s.max_exp_avg_sq();
+  }
+  static void make(State& s, const at::Tensor& like, const std::string& name) {
+    if (!s.exp_avg().defined()) s.exp_avg(torch::zeros_like(like)).exp_avg_sq(torch::zeros_like(like));
+    if (name == "max_exp_avg_sq" && !s.max_exp_avg_sq().defined()) s.max_exp_avg_sq(torch::zeros_like(like));
+  }
+  static int64_t step(const State& s) { return s.step(); }
+  static void set_step(State& s, int64_t step) { s.step(step); }
+};
+template <typename State>
+struct States;
+template <>
+struct States<torch::optim::AdamParamState> : AdamStates<torch::optim::AdamParamState> {};
+template <>
+struct States<torch::optim::AdamWParamState> : AdamStates<torch::optim::AdamWParamState> {};
+template <>
+struct States<torch::optim::SGDParamState> {
+  using State = torch::optim::SGDParamState;
+  static at::Tensor get(const State& s, const std::string&) { return s.momentum_buffer(); }
+  static void make(State& s, const at::Tensor& like, const std::string&) {
+    if (!s.momentum_buffer().defined()) s.momentum_buffer(torch::zeros_like(like));
+  }
+  static int64_t step(const State&) { return 0; }  // SGD counts no steps
+  static void set_step(State&, int64_t) {}
+};
+template <>
+struct States<torch::optim::AdagradParamState> {
+  using State = torch::optim::AdagradParamState;
+  static at::Tensor get(const State& s, const std::string&) { return s.sum(); }
+  static void make(State& s, const at::Tensor& like, const std::string&) {
+    if (!s.sum().defined()) s.sum(torch::zeros_like(like));  // Adagrad makes its sums up front: not reached
+  }
+  static int64_t step(const State& s) { return s.step(); }
+  static void set_step(State& s, int64_t step) { s.step(step); }
+};
+
+// OneCycle's momentum: beta1 (beta2 as DeepSpeed's OneCycle) or SGD's momentum.
+void set_momentum(torch::optim::AdamOptions& o, double m) { o.betas({m, LrSchedule::kOneCycleBeta2}); }
+void set_momentum(torch::optim::AdamWOptions& o, double m) { o.betas({m, LrSchedule::kOneCycleBeta2}); }
+void set_momentum(torch::optim::SGDOptions& o, double m) { o.momentum(m); }
+void set_momentum(torch::optim::AdagradOptions&, double) {}  // Adagrad has none
+
+// A torch::optim optimizer, or a host optimizer with torch::optim's options
+// and states.
+template <typename Options, typename State>
+class TorchOptimizer final : public MasterOptimizer {
+ public:
+  TorchOptimizer(std::unique_ptr<torch::optim::Optimizer> inner, std::vector<std::string> names, HostOptimizer* host)
+      : MasterOptimizer(std::move(names), all_params(*inner)), inner_(std::move(inner)), host_(host) {}
+
+  void step(double grad_scale) override {
+    if (host_) {
+      host_->set_grad_scale(grad_scale);  // applied as the kernels read the gradients
+    } else {
+      scale_grads(tensors(), grad_scale);
+    }
+    inner_->step();
+  }
+  void set_hyperparameters(double lr, std::optional<double> momentum) override {
+    for (auto& group : inner_->param_groups()) {
+      auto& options = static_cast<Options&>(group.options());
+      options.lr(lr);
+      if (momentum) set_momentum(options, *momentum);
+    }
+  }
+  at::Tensor state(const at::Tensor& master, const std::string& name, bool create) override {
+    check_name(state_names(), name);
+    State* s = find(master);
+    if (!s && !create) return {};
+    if (!s) {
+      auto made = std::make_unique<State>();
+      s = made.get();
+      inner_->state()[state_key(master)] = std::move(made);
+    }
+    if (create) States<State>::make(*s, master, name);
+    return States<State>::get(*s, name);
+  }
+  // Every tensor is updated together: the first one with a state says.
+  int64_t step_count() override {
+    for (const auto& t : tensors()) {
+      if (const State* s = find(t)) return States<State>::step(*s);
+    }
+    return 0;
+  }
+  void set_step_count(int64_t step) override {
+    for (const auto& t : tensors()) {
+      if (State* s = find(t)) States<State>::set_step(*s, step);
+    }
+  }
+  HostOptimizer* host() override { return host_; }
+
+ private:
+  State* find(const at::Tensor& t) {
+    auto it = inner_->state().find(state_key(t));
+    return it == inner_->state().end() ? nullptr : static_cast<State*>(it->second.get());
+  }
+  std::unique_ptr<torch::optim::Optimizer> inner_;
+  HostOptimizer* host_;  // inner_ itself, with offload
+};
+
+class LambOptimizer final : public MasterOptimizer {
+ public:
+  explicit LambOptimizer(std::unique_ptr<Lamb> lamb)
+      : MasterOptimizer({"exp_avg", "exp_avg_sq"}, all_params(*lamb)), lamb_(std::move(lamb)) {}
+
+  void step(double grad_scale) override {
+    scale_grads(tensors(), grad_scale);
+    lamb_->step();
+  }
+  void set_hyperparameters(double lr, std::optional<double> momentum) override {
+    for (auto& group : lamb_->param_groups()) {
+      auto& o = static_cast<LambParamOptions&>(group.options()).options;
+      o.lr = lr;
+      if (momentum) o.beta1 = *momentum, o.beta2 = LrSchedule::kOneCycleBeta2;
+    }
+  }
+  at::Tensor state(const at::Tensor& master, const std::string& name, bool create) override {
+    check_name(state_names(), name);
+    const int64_t slot = lamb_->slot_of(master);
+    if (slot < 0) throw EngineError("Lamb has no state for this tensor");
+    return lamb_->moment(static_cast<size_t>(slot), name == "exp_avg_sq", create);
+  }
+  int64_t step_count() override { return lamb_->step_count(); }
+  void set_step_count(int64_t step) override { lamb_->set_step_count(step); }
+
+ private:
+  std::unique_ptr<Lamb> lamb_;
+};
 
 template <typename Options>
 std::vector<torch::optim::OptimizerParamGroup> param_groups(const std::vector<OptimizerGroup>& groups,
@@ -23,238 +191,108 @@ std::vector<torch::optim::OptimizerParamGroup> param_groups(const std::vector<Op
   return out;
 }
 
-// Sums the bytes of the tensors `fields(state)` returns for every state entry.
-template <typename State, typename Fields>
-int64_t bytes_of(torch::optim::Optimizer& optimizer, Fields fields) {
-  int64_t bytes = 0;
-  for (auto& entry : optimizer.state()) {
-    for (const at::Tensor& t : fields(static_cast<State&>(*entry.second))) {
-      if (t.defined()) bytes += t.nbytes();
+template <typename Torch, typename Options, typename State>
+std::unique_ptr<MasterOptimizer> torch_optimizer(const std::vector<OptimizerGroup>& groups, const Options& o,
+                                                 std::vector<std::string> names) {
+  return std::make_unique<TorchOptimizer<Options, State>>(std::make_unique<Torch>(param_groups(groups, o), o),
+                                                          std::move(names), nullptr);
+}
+
+template <typename Options, typename State, typename Host, typename... Args>
+std::unique_ptr<MasterOptimizer> host_optimizer(const HostStep& step, std::vector<std::string> names, Args&&... args) {
+  auto host = std::make_unique<Host>(std::forward<Args>(args)..., step.elsewhere);
+  Host* raw = host.get();
+  raw->set_update_sink(step.sink);
+  return std::make_unique<TorchOptimizer<Options, State>>(std::move(host), std::move(names), raw);
+}
+
+std::unique_ptr<MasterOptimizer> make_host_optimizer(const OptimizerConfig& config, const std::vector<OptimizerGroup>& groups,
+                                                     const HostStep& step) {
+  using namespace torch::optim;
+  const auto& p = config.params;
+  if (config.type == "Adam" || config.type == "AdamW") {
+    if (p.amsgrad) throw ConfigError("offload_optimizer does not support amsgrad; set optimizer.params.amsgrad to false");
+    if (config.decoupled_weight_decay()) {
+      AdamWOptions o(p.lr);
+      o.betas({p.betas[0], p.betas[1]}).eps(p.eps);
+      return host_optimizer<AdamWOptions, AdamWParamState, CpuAdam>(step, {"exp_avg", "exp_avg_sq"}, param_groups(groups, o), true);
     }
+    AdamOptions o(p.lr);
+    o.betas({p.betas[0], p.betas[1]}).eps(p.eps);
+    return host_optimizer<AdamOptions, AdamParamState, CpuAdam>(step, {"exp_avg", "exp_avg_sq"}, param_groups(groups, o), false);
   }
-  return bytes;
+  if (config.type == "Adagrad") {
+    AdagradOptions o(p.lr);
+    o.lr_decay(p.lr_decay).eps(p.eps).initial_accumulator_value(p.initial_accumulator_value);
+    return host_optimizer<AdagradOptions, AdagradParamState, CpuAdagrad>(step, {"sum"}, param_groups(groups, o));
+  }
+  throw ConfigError("zero_optimization.offload_optimizer runs Adam, AdamW or Adagrad on the CPU; optimizer.type \"" +
+                    config.type + "\" is not supported with it (use one of those, or set offload_optimizer.device to \"none\")");
 }
 
-bool is_adam(const OptimizerConfig& c) { return c.type == "Adam" || c.type == "AdamW"; }
-
-template <typename State>
-State* find_state(torch::optim::Optimizer& optimizer, const at::Tensor& t) {
-  auto it = optimizer.state().find(state_key(t));
-  return it == optimizer.state().end() ? nullptr : static_cast<State*>(it->second.get());
-}
-
-template <typename State>
-State& get_or_create_state(torch::optim::Optimizer& optimizer, const at::Tensor& t) {
-  if (auto* s = find_state<State>(optimizer, t)) return *s;
-  auto state = std::make_unique<State>();
-  State& ref = *state;
-  optimizer.state()[state_key(t)] = std::move(state);
-  return ref;
-}
-
-// An Adam-family state tensor by name, made (zeros) when missing and `create`.
-template <typename State>
-at::Tensor adam_state(torch::optim::Optimizer& optimizer, const at::Tensor& t, const std::string& kind, bool create) {
-  State* s = find_state<State>(optimizer, t);
-  if (!s) {
-    if (!create) return {};
-    s = &get_or_create_state<State>(optimizer, t);
-    s->exp_avg(torch::zeros_like(t));
-    s->exp_avg_sq(torch::zeros_like(t));
+std::unique_ptr<MasterOptimizer> make_lamb(const OptimizerConfig& config, const std::vector<OptimizerGroup>& groups,
+                                           const ShardLayout& layout) {
+  const auto& p = config.params;
+  LambOptions o;
+  o.lr = p.lr;
+  o.beta1 = p.betas[0];
+  o.beta2 = p.betas[1];
+  o.eps = p.eps;
+  o.bias_correction = p.bias_correction;
+  o.max_coeff = p.max_coeff;
+  o.min_coeff = p.min_coeff;
+  o.eps_inside_sqrt = p.eps_inside_sqrt;
+  std::vector<torch::optim::OptimizerParamGroup> lamb_groups;
+  for (const auto& g : groups) {
+    LambOptions go = o;
+    go.weight_decay = g.weight_decay;
+    lamb_groups.emplace_back(g.tensors, std::make_unique<LambParamOptions>(go));
   }
-  if (kind == "exp_avg") return s->exp_avg();
-  if (kind == "exp_avg_sq") return s->exp_avg_sq();
-  if (kind == "max_exp_avg_sq") {
-    if (!s->max_exp_avg_sq().defined() && create) s->max_exp_avg_sq(torch::zeros_like(t));
-    return s->max_exp_avg_sq();
+  std::vector<std::vector<LambSegment>> segments;
+  for (const auto& tensor : layout.pieces) {
+    segments.emplace_back();
+    for (const auto& piece : tensor) segments.back().push_back({piece[0], piece[1], piece[2]});
   }
-  throw CheckpointError("optimizer state \"" + kind + "\" is not one of Adam's (exp_avg, exp_avg_sq, max_exp_avg_sq)");
+  return std::make_unique<LambOptimizer>(
+      std::make_unique<Lamb>(std::move(lamb_groups), std::move(segments), layout.num_params, layout.all_reduce_sum, o));
 }
 
 }  // namespace
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& config,
-                                                        const std::vector<OptimizerGroup>& groups,
-                                                        const ShardLayout& layout, const HostStep& host) {
-  const auto& p = config.params;
-  if (host.enabled) {
-    if (is_adam(config)) {
-      if (p.amsgrad) throw ConfigError("offload_optimizer does not support amsgrad; set optimizer.params.amsgrad to false");
-      if (config.decoupled_weight_decay()) {
-        torch::optim::AdamWOptions o(p.lr);
-        o.betas({p.betas[0], p.betas[1]}).eps(p.eps);
-        return std::make_unique<CpuAdam>(param_groups(groups, o), true, host.elsewhere);
-      }
-      torch::optim::AdamOptions o(p.lr);
-      o.betas({p.betas[0], p.betas[1]}).eps(p.eps);
-      return std::make_unique<CpuAdam>(param_groups(groups, o), false, host.elsewhere);
-    }
-    if (config.type == "Adagrad") {
-      torch::optim::AdagradOptions o(p.lr);
-      o.lr_decay(p.lr_decay).eps(p.eps).initial_accumulator_value(p.initial_accumulator_value);
-      return std::make_unique<CpuAdagrad>(param_groups(groups, o), host.elsewhere);
-    }
-    throw ConfigError("zero_optimization.offload_optimizer runs Adam, AdamW or Adagrad on the CPU; optimizer.type \"" +
-                      config.type + "\" is not supported with it (use one of those, or set offload_optimizer.device to \"none\")");
-  }
-  if (is_adam(config)) {
-    if (config.decoupled_weight_decay()) {
-      torch::optim::AdamWOptions o(p.lr);
-      o.betas({p.betas[0], p.betas[1]}).eps(p.eps).amsgrad(p.amsgrad);
-      return std::make_unique<torch::optim::AdamW>(param_groups(groups, o), o);
-    }
-    torch::optim::AdamOptions o(p.lr);
-    o.betas({p.betas[0], p.betas[1]}).eps(p.eps).amsgrad(p.amsgrad);
-    return std::make_unique<torch::optim::Adam>(param_groups(groups, o), o);
-  }
-  if (config.type == "SGD") {
-    torch::optim::SGDOptions o(p.lr);
-    o.momentum(p.momentum).dampening(p.dampening).nesterov(p.nesterov);
-    return std::make_unique<torch::optim::SGD>(param_groups(groups, o), o);
-  }
-  if (config.type == "Adagrad") {
-    torch::optim::AdagradOptions o(p.lr);
-    o.lr_decay(p.lr_decay).eps(p.eps).initial_accumulator_value(p.initial_accumulator_value);
-    return std::make_unique<torch::optim::Adagrad>(param_groups(groups, o), o);
-  }
-  if (config.type == "Lamb") {
-    LambOptions o;
-    o.lr = p.lr;
-    o.beta1 = p.betas[0];
-    o.beta2 = p.betas[1];
-    o.eps = p.eps;
-    o.bias_correction = p.bias_correction;
-    o.max_coeff = p.max_coeff;
-    o.min_coeff = p.min_coeff;
-    o.eps_inside_sqrt = p.eps_inside_sqrt;
-    std::vector<torch::optim::OptimizerParamGroup> lamb_groups;
-    for (const auto& g : groups) {
-      LambOptions go = o;
-      go.weight_decay = g.weight_decay;
-      lamb_groups.emplace_back(g.tensors, std::make_unique<LambParamOptions>(go));
-    }
-    std::vector<std::vector<LambSegment>> segments;
-    for (const auto& tensor : layout.pieces) {
-      segments.emplace_back();
-      for (const auto& piece : tensor) segments.back().push_back({piece[0], piece[1], piece[2]});
-    }
-    return std::make_unique<Lamb>(std::move(lamb_groups), std::move(segments), layout.num_params,
-                                  layout.all_reduce_sum, o);
-  }
+std::unique_ptr<MasterOptimizer> make_optimizer(const OptimizerConfig& config, const std::vector<OptimizerGroup>& groups,
+                                                const ShardLayout& layout, const HostStep& host) {
+  using namespace torch::optim;
   if (config.type.empty()) {
     throw ConfigError("the config has no \"optimizer\" section; add e.g. {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}");
   }
-  throw ConfigError("optimizer.type \"" + config.type + "\" is not supported by the engine yet; use Adam, AdamW, SGD, Adagrad or Lamb");
-}
-
-void set_hyperparameters(torch::optim::Optimizer& optimizer, double lr,
-                         std::optional<double> momentum) {
-  for (auto& group : optimizer.param_groups()) {
-    group.options().set_lr(lr);
-    if (!momentum) continue;
-    if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&group.options())) {
-      adamw->betas({*momentum, LrSchedule::kOneCycleBeta2});  // as DeepSpeed's OneCycle
-    } else if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&group.options())) {
-      adam->betas({*momentum, LrSchedule::kOneCycleBeta2});
-    } else if (auto* lamb = dynamic_cast<LambParamOptions*>(&group.options())) {
-      lamb->options.beta1 = *momentum;
-      lamb->options.beta2 = LrSchedule::kOneCycleBeta2;
-    } else if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&group.options())) {
-      sgd->momentum(*momentum);
+  if (host.enabled) return make_host_optimizer(config, groups, host);
+  const auto& p = config.params;
+  if (config.type == "Adam" || config.type == "AdamW") {
+    std::vector<std::string> names = {"exp_avg", "exp_avg_sq"};
+    if (p.amsgrad) names.push_back("max_exp_avg_sq");
+    if (config.decoupled_weight_decay()) {
+      AdamWOptions o(p.lr);
+      o.betas({p.betas[0], p.betas[1]}).eps(p.eps).amsgrad(p.amsgrad);
+      return torch_optimizer<AdamW, AdamWOptions, AdamWParamState>(groups, o, names);
     }
-  }
-}
-
-int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer, const OptimizerConfig& config) {
-  using namespace torch::optim;
-  if (auto* lamb = dynamic_cast<Lamb*>(&optimizer)) return lamb->state_bytes();
-  if (is_adam(config) && config.decoupled_weight_decay()) {
-    return bytes_of<AdamWParamState>(optimizer, [](AdamWParamState& s) {
-      return std::vector<at::Tensor>{s.exp_avg(), s.exp_avg_sq(), s.max_exp_avg_sq()};
-    });
-  }
-  if (is_adam(config)) {
-    return bytes_of<AdamParamState>(optimizer, [](AdamParamState& s) {
-      return std::vector<at::Tensor>{s.exp_avg(), s.exp_avg_sq(), s.max_exp_avg_sq()};
-    });
+    AdamOptions o(p.lr);
+    o.betas({p.betas[0], p.betas[1]}).eps(p.eps).amsgrad(p.amsgrad);
+    return torch_optimizer<Adam, AdamOptions, AdamParamState>(groups, o, names);
   }
   if (config.type == "SGD") {
-    return bytes_of<SGDParamState>(optimizer, [](SGDParamState& s) { return std::vector<at::Tensor>{s.momentum_buffer()}; });
+    SGDOptions o(p.lr);
+    o.momentum(p.momentum).dampening(p.dampening).nesterov(p.nesterov);
+    std::vector<std::string> names;
+    if (p.momentum != 0) names.push_back("momentum_buffer");
+    return torch_optimizer<SGD, SGDOptions, SGDParamState>(groups, o, names);
   }
   if (config.type == "Adagrad") {
-    return bytes_of<AdagradParamState>(optimizer, [](AdagradParamState& s) { return std::vector<at::Tensor>{s.sum()}; });
+    AdagradOptions o(p.lr);
+    o.lr_decay(p.lr_decay).eps(p.eps).initial_accumulator_value(p.initial_accumulator_value);
+    return torch_optimizer<Adagrad, AdagradOptions, AdagradParamState>(groups, o, {"sum"});
   }
-  return 0;
-}
-
-std::vector<std::string> state_kinds(const OptimizerConfig& config) {
-  if (is_adam(config)) {
-    if (config.params.amsgrad) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
-    return {"exp_avg", "exp_avg_sq"};
-  }
-  if (config.type == "Lamb") return {"exp_avg", "exp_avg_sq"};
-  if (config.type == "Adagrad") return {"sum"};
-  if (config.type == "SGD" && config.params.momentum != 0) return {"momentum_buffer"};
-  return {};
-}
-
-at::Tensor state_tensor(torch::optim::Optimizer& optimizer, const OptimizerConfig& config, const at::Tensor& tensor,
-                        const std::string& kind, bool create) {
-  using namespace torch::optim;
-  if (auto* lamb = dynamic_cast<Lamb*>(&optimizer)) {
-    const int64_t t = lamb->slot_of(tensor);
-    if (t < 0) throw EngineError("Lamb has no state for this tensor");
-    return lamb->moment(static_cast<size_t>(t), kind == "exp_avg_sq", create);
-  }
-  if (is_adam(config) && config.decoupled_weight_decay()) return adam_state<AdamWParamState>(optimizer, tensor, kind, create);
-  if (is_adam(config)) return adam_state<AdamParamState>(optimizer, tensor, kind, create);
-  if (config.type == "Adagrad") {  // made at construction
-    auto* s = find_state<AdagradParamState>(optimizer, tensor);
-    return s ? s->sum() : at::Tensor();
-  }
-  if (config.type == "SGD") {
-    auto* s = find_state<SGDParamState>(optimizer, tensor);
-    if (!s && create) {
-      s = &get_or_create_state<SGDParamState>(optimizer, tensor);
-      s->momentum_buffer(torch::zeros_like(tensor));
-    }
-    return s ? s->momentum_buffer() : at::Tensor();
-  }
-  return {};
-}
-
-int64_t step_count(torch::optim::Optimizer& optimizer, const OptimizerConfig& config,
-                   const std::vector<at::Tensor>& tensors) {
-  using namespace torch::optim;
-  if (auto* lamb = dynamic_cast<Lamb*>(&optimizer)) return lamb->step_count();
-  for (const auto& t : tensors) {  // every tensor is updated together: the first one with state says
-    if (is_adam(config) && config.decoupled_weight_decay()) {
-      if (auto* s = find_state<AdamWParamState>(optimizer, t)) return s->step();
-    } else if (is_adam(config)) {
-      if (auto* s = find_state<AdamParamState>(optimizer, t)) return s->step();
-    } else if (config.type == "Adagrad") {
-      if (auto* s = find_state<AdagradParamState>(optimizer, t)) return s->step();
-    }
-  }
-  return 0;
-}
-
-void set_step_count(torch::optim::Optimizer& optimizer, const OptimizerConfig& config,
-                    const std::vector<at::Tensor>& tensors, int64_t step) {
-  using namespace torch::optim;
-  if (auto* lamb = dynamic_cast<Lamb*>(&optimizer)) {
-    lamb->set_step_count(step);
-    return;
-  }
-  for (const auto& t : tensors) {
-    if (is_adam(config) && config.decoupled_weight_decay()) {
-      if (auto* s = find_state<AdamWParamState>(optimizer, t)) s->step(step);
-    } else if (is_adam(config)) {
-      if (auto* s = find_state<AdamParamState>(optimizer, t)) s->step(step);
-    } else if (config.type == "Adagrad") {
-      if (auto* s = find_state<AdagradParamState>(optimizer, t)) s->step(step);
-    }
-  }
+  if (config.type == "Lamb") return make_lamb(config, groups, layout);
+  throw ConfigError("optimizer.type \"" + config.type + "\" is not supported by the engine yet; use Adam, AdamW, SGD, Adagrad or Lamb");
 }
 
 }  // namespace zero::engine

@@ -1,12 +1,18 @@
 #pragma once
-// The optimizer the engine runs on each rank's fp32 master partition:
-// torch::optim's implementations, configured from ds_config's "optimizer"
-// with DeepSpeed's semantics (its "Adam" is AdamW unless adam_w_mode is false).
+// The optimizer of a rank's fp32 master partition, behind one interface
+// whichever runs it (Note [One optimizer interface]):
+// - torch::optim's Adam, AdamW, SGD and Adagrad, where the parameters are;
+// - Lamb (engine/lamb.h), whose trust ratios need norms across the ranks;
+// - with offload_optimizer, the host optimizers (engine/host_optimizer.h)
+//   over offload/'s fused kernels.
+// Configured from ds_config's "optimizer" with DeepSpeed's semantics (its
+// "Adam" is AdamW unless adam_w_mode is false); make_optimizer is the one
+// place that reads the type.
 #include <torch/torch.h>
 
-#include <memory>
 #include <array>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -16,6 +22,15 @@
 #include "zero/config.h"
 
 namespace zero::engine {
+
+// Note [One optimizer interface]: the engine steps, schedules, checkpoints
+// and measures its optimizer through MasterOptimizer alone: no type names,
+// no casts. The arithmetic of each optimizer exists once per place it runs:
+// torch::optim's where the parameters are (also for the buckets partial
+// offload keeps there), offload/'s kernels on the host. States are named as
+// torch::optim names them, so checkpoints read the same whichever ran.
+
+class HostOptimizer;
 
 // torch::optim keys its state by the parameter's TensorImpl: as a string in
 // LibTorch 1.13, as the pointer itself in LibTorch 2.x.
@@ -31,6 +46,46 @@ Key state_key(const at::Tensor& t) {
   }
 }
 
+class MasterOptimizer {
+ public:
+  virtual ~MasterOptimizer() = default;
+
+  // Updates every master tensor from its gradient multiplied by
+  // `grad_scale` (the loss scale's inverse times the clipping coefficient).
+  virtual void step(double grad_scale) = 0;
+  // Every group's learning rate, and with `momentum` beta1 (Adam, AdamW,
+  // Lamb; beta2 becomes LrSchedule::kOneCycleBeta2) or SGD's momentum.
+  virtual void set_hyperparameters(double lr, std::optional<double> momentum) = 0;
+
+  // The per-element states of each master tensor, by torch::optim's names:
+  // "exp_avg", "exp_avg_sq" (+ "max_exp_avg_sq" with amsgrad) for Adam,
+  // AdamW and Lamb; "sum" for Adagrad; "momentum_buffer" for SGD with
+  // momentum; none for plain SGD.
+  const std::vector<std::string>& state_names() const { return state_names_; }
+  // State `name` of master tensor `master` (fp32, shaped like it), or
+  // undefined before its first step; `create` makes a missing one (zeros)
+  // so that a checkpoint can be loaded into it.
+  virtual at::Tensor state(const at::Tensor& master, const std::string& name, bool create) = 0;
+  // The update count (Adam's, Adagrad's and Lamb's `step`; 0 for SGD).
+  virtual int64_t step_count() = 0;
+  virtual void set_step_count(int64_t step) = 0;
+  // Bytes of every state tensor that exists.
+  int64_t state_bytes();
+  // The master tensors it updates, group by group.
+  const std::vector<at::Tensor>& tensors() const { return tensors_; }
+  // offload_optimizer: the host optimizer (its NVMe store and timing);
+  // nullptr without offload.
+  virtual HostOptimizer* host() { return nullptr; }
+
+ protected:
+  MasterOptimizer(std::vector<std::string> state_names, std::vector<at::Tensor> tensors)
+      : state_names_(std::move(state_names)), tensors_(std::move(tensors)) {}
+
+ private:
+  std::vector<std::string> state_names_;
+  std::vector<at::Tensor> tensors_;
+};
+
 struct OptimizerGroup {
   std::vector<at::Tensor> tensors;
   double weight_decay = 0.0;
@@ -43,37 +98,26 @@ struct ShardLayout {
   std::function<void(at::Tensor&)> all_reduce_sum;        // across the ranks that share the parameters
 };
 
-// offload_optimizer: the optimizer runs on the host (engine/host_optimizer.h);
-// the engine gives it the UpdateSink that takes its results to the parameters.
+// Where a host optimizer's step puts the updated parameters (Note [Offload
+// copies] in zero/internal/partition.h). Tensors are numbered in the
+// groups' order, group by group.
+struct UpdateSink {
+  // The host tensor (fp16, bf16 or fp32, the tensor's numel) that receives
+  // tensor i's updated value in the update's pass; undefined: none.
+  std::function<at::Tensor(size_t i)> target;
+  // Tensor i's update and its target are complete.
+  std::function<void(size_t i)> written;
+};
+
+// offload_optimizer: the optimizer runs on the host.
 struct HostStep {
   bool enabled = false;
   // Partial offload: the tensors updated where they live, not by the host kernels.
   std::vector<at::Tensor> elsewhere;
+  UpdateSink sink;
 };
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& config,
-                                                        const std::vector<OptimizerGroup>& groups,
-                                                        const ShardLayout& layout, const HostStep& host = {});
-// Sets every group's learning rate (and beta1 or momentum, when given).
-void set_hyperparameters(torch::optim::Optimizer& optimizer, double lr,
-                         std::optional<double> momentum);
-// Bytes of the optimizer's state tensors (moments, momentum buffers, sums).
-int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer, const OptimizerConfig& config);
-
-// Checkpoint access to the per-element state of the optimizer (torch::optim's
-// names): "exp_avg", "exp_avg_sq" (+ "max_exp_avg_sq" with amsgrad) for Adam,
-// AdamW and Lamb; "sum" for Adagrad; "momentum_buffer" for SGD with momentum.
-std::vector<std::string> state_kinds(const OptimizerConfig& config);
-// The state `kind` of master tensor `tensor` (shaped like it, fp32), or an
-// undefined tensor when the optimizer has none yet (before its first step).
-// With `create`, a missing state is made (zeros) so that a checkpoint can be
-// loaded into it.
-at::Tensor state_tensor(torch::optim::Optimizer& optimizer, const OptimizerConfig& config,
-                        const at::Tensor& tensor, const std::string& kind, bool create);
-// The update count the optimizer keeps (Adam's and Adagrad's `step`; 0 for SGD).
-int64_t step_count(torch::optim::Optimizer& optimizer, const OptimizerConfig& config,
-                   const std::vector<at::Tensor>& tensors);
-void set_step_count(torch::optim::Optimizer& optimizer, const OptimizerConfig& config,
-                    const std::vector<at::Tensor>& tensors, int64_t step);
+std::unique_ptr<MasterOptimizer> make_optimizer(const OptimizerConfig& config, const std::vector<OptimizerGroup>& groups,
+                                                const ShardLayout& layout, const HostStep& host = {});
 
 }  // namespace zero::engine

@@ -197,8 +197,8 @@ void ShardedParams::end_backward() {
   }
 }
 
-// Each bucket's gradient is attached, and its squares added (Note
-// [Gradient norm]), once per step.
+// Each bucket's gradient is attached and its squares added once per step
+// (Note [Gradient norm] in zero/internal/grad_norm.h).
 void ShardedParams::attach_master_grads() {
   squares_.reset();
   if (host_grads_) host_grads_->wait();  // copies started during backward land before the host reads them
@@ -234,13 +234,6 @@ void ShardedParams::attach_master_grads() {
 void ShardedParams::detach_master_grads() {
   for (auto& m : master_flat_) m.mutable_grad() = at::Tensor();
   if (host_grads_) host_grads_->clear();
-}
-
-void ShardedParams::scale_master_grads(double factor) {
-  if (options_.offload_optimizer) {
-    throw PartitionError("scale_master_grads: with offload the host optimizer applies the scale as it reads the gradients");
-  }
-  for (auto& m : master_flat_) m.mutable_grad().mul_(factor);
 }
 
 void ShardedParams::publish_bucket(size_t k) {

@@ -142,7 +142,6 @@ class ShardedParams {
   // This rank's sum of squares of the attached gradients (Note [Gradient
   // norm]): not finite exactly when one of them is not.
   double grad_squares() { return squares_.total(); }
-  void scale_master_grads(double factor);  // not with offload: the host optimizer scales
   // The one way back to the parameters (Note [Offload copies]):
   // update_target(k) is where bucket k's updated shard is to be written in
   // the training dtype (undefined: the master weights are the parameters);
