@@ -288,7 +288,7 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
   const auto& opt = s.config.optimizer;
   s.schedule = std::make_unique<LrSchedule>(LrSchedule::from_config(s.config.scheduler, opt));
   if (s.config.fp16.enabled) s.scaler = std::make_unique<LossScaler>(s.config.fp16);
-  s.lr = s.schedule->lr_at(0);
+  s.steps.lr = s.schedule->lr_at(0);
 
   log::info("engine", "stage " + std::to_string(z.stage) + ", " + c10::toString(s.dtype) + ", " +
                           std::to_string(s.pg->size()) + " rank(s), " + std::to_string(s.sharded->numel()) +
@@ -300,7 +300,7 @@ Engine::~Engine() = default;
 Engine::Engine(Engine&&) noexcept = default;
 Engine& Engine::operator=(Engine&&) noexcept = default;
 
-bool Engine::is_gradient_accumulation_boundary() const { return (impl_->micro_steps + 1) % impl_->gas == 0; }
+bool Engine::is_gradient_accumulation_boundary() const { return (impl_->steps.micro_steps + 1) % impl_->gas == 0; }
 
 void Engine::backward(const at::Tensor& loss) {
   Impl& s = *impl_;
@@ -328,8 +328,8 @@ void Engine::backward(const at::Tensor& loss) {
 
 void Engine::step() {
   Impl& s = *impl_;
-  ++s.micro_steps;
-  if (s.micro_steps % s.gas != 0) return;
+  ++s.steps.micro_steps;
+  if (s.steps.micro_steps % s.gas != 0) return;
   const auto start = Clock::now();
   s.take_step();
   s.t_step += seconds_since(start);
@@ -346,8 +346,8 @@ void Engine::Impl::take_step() {
   if (sharded->owners() > 1) pg->all_reduce(sq, comm::ReduceOp::Sum);
   if (scaler && !std::isfinite(sq.item<double>())) {  // overflow on any rank makes every rank skip the step
     scaler->update(true);  // logs the new scale; throws at min_loss_scale
-    ++skipped_steps;
-    ++global_steps;
+    ++steps.skipped_steps;
+    ++steps.global_steps;
     sharded->detach_master_grads();
     sharded->zero_grads();
     return;
@@ -360,23 +360,23 @@ void Engine::Impl::take_step() {
     if (coef < 1.0) factor *= coef;
   }
 
-  const int64_t taken = global_steps - skipped_steps - schedule_start;  // optimizer steps the schedule has seen
-  lr = schedule->lr_at(taken);
-  optimizer->set_hyperparameters(lr, schedule->momentum_at(taken));
+  const int64_t taken = steps.scheduler_steps();  // optimizer steps the schedule has seen
+  steps.lr = schedule->lr_at(taken);
+  optimizer->set_hyperparameters(steps.lr, schedule->momentum_at(taken));
   optimizer->step(factor);  // a host optimizer starts each bucket's way to the parameters as it updates it
   sharded->detach_master_grads();
   const auto gather_start = Clock::now();
   sharded->publish();
   t_gather += seconds_since(gather_start);
   sharded->zero_grads();
-  ++global_steps;
+  ++steps.global_steps;
   if (scaler) scaler->update(false);
 }
 
 void Engine::Impl::log_progress() {
   ++window_steps;
   const int64_t every = config.steps_per_print;
-  if (every <= 0 || global_steps % every != 0) return;
+  if (every <= 0 || steps.global_steps % every != 0) return;
   at::Tensor mean = (loss_sum.defined() ? loss_sum / static_cast<double>(std::max<int64_t>(loss_count, 1))
                                         : torch::zeros({}))
                         .reshape({1})
@@ -388,10 +388,10 @@ void Engine::Impl::log_progress() {
   std::ostringstream line;
   line.setf(std::ios::fixed);
   line.precision(4);
-  line << "step " << global_steps << " loss " << mean.item<double>();
+  line << "step " << steps.global_steps << " loss " << mean.item<double>();
   line.precision(3);
-  line << " lr " << std::scientific << lr << std::fixed << " loss_scale " << (scaler ? scaler->scale() : 1.0)
-       << " skipped " << skipped_steps << " grad_norm " << last_norm;
+  line << " lr " << std::scientific << steps.lr << std::fixed << " loss_scale " << (scaler ? scaler->scale() : 1.0)
+       << " skipped " << steps.skipped_steps << " grad_norm " << last_norm;
   line.precision(1);
   line << " samples/s " << samples / elapsed;
   line.precision(3);
@@ -415,11 +415,11 @@ void Engine::Impl::log_progress() {
 }
 
 void Engine::train(bool on) { impl_->module->train(on); }
-double Engine::lr() const { return impl_->lr; }
+double Engine::lr() const { return impl_->steps.lr; }
 double Engine::loss_scale() const { return impl_->scaler ? impl_->scaler->scale() : 1.0; }
-int64_t Engine::global_steps() const { return impl_->global_steps; }
-int64_t Engine::skipped_steps() const { return impl_->skipped_steps; }
-int64_t Engine::micro_steps() const { return impl_->micro_steps; }
+int64_t Engine::global_steps() const { return impl_->steps.global_steps; }
+int64_t Engine::skipped_steps() const { return impl_->steps.skipped_steps; }
+int64_t Engine::micro_steps() const { return impl_->steps.micro_steps; }
 double Engine::last_grad_norm() const { return impl_->last_norm; }
 torch::nn::Module& Engine::module() { return *impl_->module; }
 std::shared_ptr<torch::nn::Module> Engine::module_ptr() { return impl_->module; }
@@ -476,6 +476,20 @@ StepTimes Engine::take_step_times() {
   s.window_start = Clock::now();
   s.t_forward = s.t_backward = s.t_reduce = s.t_step = s.t_gather = 0;
   return t;
+}
+
+engine::TrainingState Engine::Impl::training_state() {
+  return {config, dtype, gas, *module, *pg, *sharded, *optimizer, nvme.get(), *schedule, scaler.get(), steps};
+}
+
+void Engine::save_checkpoint(const std::string& dir, const std::string& tag, const std::string& client_state) {
+  engine::TrainingState state = impl_->training_state();
+  engine::save_checkpoint(state, dir, tag, client_state);
+}
+
+std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag, const LoadOptions& options) {
+  engine::TrainingState state = impl_->training_state();
+  return engine::load_checkpoint(state, dir, tag, options);
 }
 
 GatheredParameters Engine::gather_parameters(torch::nn::Module& module) {

@@ -1,5 +1,5 @@
 #pragma once
-// Engine::Impl, shared by engine.cpp (the training loop) and engine_checkpoint.cpp.
+// Engine::Impl: the engine's parts and counters (engine.cpp).
 #include <torch/torch.h>
 
 #include <chrono>
@@ -9,6 +9,7 @@
 #include "engine/loss_scaler.h"
 #include "engine/lr_schedule.h"
 #include "engine/optimizer.h"
+#include "engine/training_state.h"
 #include "offload/swapped_tensors.h"
 #include "zero/engine.h"
 #include "zero/internal/partition.h"
@@ -32,9 +33,8 @@ struct Engine::Impl {
   int64_t frozen_bytes = 0;
   std::vector<UnitBase*> units;  // stage 3
 
-  int64_t micro_steps = 0, global_steps = 0, skipped_steps = 0;
+  engine::StepCounters steps;
   double last_norm = 0.0;
-  double lr = 0.0;
 
   // Progress log (steps_per_print) and wall_clock_breakdown.
   at::Tensor loss_sum;
@@ -42,11 +42,9 @@ struct Engine::Impl {
   Clock::time_point window_start = Clock::now(), last_step_end = Clock::now();
   int64_t window_steps = 0;
   double t_forward = 0, t_backward = 0, t_reduce = 0, t_step = 0, t_gather = 0;
-  // The scheduler's step is global_steps - skipped_steps - schedule_start
-  // (a checkpoint loaded without its scheduler state restarts the schedule).
-  int64_t schedule_start = 0;
 
   void build_params(InitOptions& options);
+  engine::TrainingState training_state();
   MemoryReport memory() const;
   void take_step();
   void log_progress();

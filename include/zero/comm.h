@@ -117,4 +117,12 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchInfo& launch, const
 // Whether this build has the NCCL backend.
 bool nccl_available();
 
+// Agreement after work each rank does on its own (a checkpoint's files):
+// every rank gives its error message, empty when its part went well, and
+// learns the others'. Returns, on every rank, "" when every rank succeeded;
+// else one message for all ranks to raise: this rank's own when it alone
+// failed, otherwise `what` followed by each failed rank's message (the
+// first 2 kB of each).
+std::string agreed_error(ProcessGroup& pg, const std::string& my_error, const std::string& what);
+
 }  // namespace zero::comm

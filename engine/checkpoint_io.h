@@ -1,0 +1,63 @@
+#pragma once
+// What the engine's save and load share over ckpt/ (Note [Checkpoint
+// layout] in ckpt/checkpoint.h): dtype and fragment names, the model's
+// tensors as a checkpoint lists them, the random generators, and the
+// window through which NVMe offload brings master weights and states.
+#include <torch/torch.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ckpt/checkpoint.h"
+#include "engine/optimizer.h"
+#include "offload/swapped_tensors.h"
+
+namespace zero::engine {
+
+ckpt::DType to_ckpt(at::ScalarType t);
+at::ScalarType from_ckpt(ckpt::DType d);
+// A tensor a checkpoint file holds, viewed (not copied) as a flat tensor.
+at::Tensor view_of(const ckpt::TensorData& data);
+
+// "<kind>/<param>/<offset>": the fragment of `param` at `offset` of state
+// `kind` ("fp32" for the master weights, else the optimizer state's name).
+std::string fragment_name(const std::string& kind, const std::string& param, int64_t offset);
+
+// The model's named tensors as a checkpoint describes them: every parameter
+// once (a tied one under its first name), and the buffers.
+struct ModelTensors {
+  std::vector<ckpt::ParamInfo> params;
+  std::vector<std::pair<std::string, at::Tensor>> frozen, buffers;
+};
+ModelTensors describe(torch::nn::Module& module);
+
+// The random generators a rank saves, as "rng/<device type>": the CPU's,
+// and its accelerator's when the module trains on one (dropout there).
+std::vector<std::pair<std::string, at::Generator>> generators(torch::nn::Module& module);
+
+// NVMe offload (ZeRO-Infinity): a checkpoint brings the master weights and
+// optimizer states in one bucket at a time, reading the next bucket
+// meanwhile, and lets each go once used, so that it needs the host memory
+// of two buckets rather than of the rank's whole partition. A save lets
+// them go as they are (their files are current); a load writes them back.
+// Without a store it does nothing.
+class NvmeWindow {
+ public:
+  NvmeWindow(offload::SwappedTensors* store, MasterOptimizer& optimizer, const std::vector<at::Tensor>& masters,
+             bool write_back);
+  ~NvmeWindow();
+  // Bucket k resident (the one before let go, the one after being read).
+  void enter(size_t k);
+  // Nothing resident or in flight any more.
+  void finish();
+
+ private:
+  void leave(size_t k);
+  offload::SwappedTensors* store_;
+  std::vector<std::vector<int>> ids_;  // per bucket: its master weights and states
+  bool write_back_;
+  int64_t current_ = -1;
+};
+
+}  // namespace zero::engine

@@ -1,0 +1,274 @@
+// engine::load_checkpoint over ckpt/ (Note [Checkpoint layout] in
+// ckpt/checkpoint.h): each rank reads the pieces of its partition from
+// whichever files hold them, at any world size and stage.
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/checkpoint_io.h"
+#include "engine/training_state.h"
+#include "zero/error.h"
+#include "zero/log.h"
+
+namespace zero::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string listing(const std::vector<std::string>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size() && i < 20; ++i) out += "\n  " + v[i];
+  if (v.size() > 20) out += "\n  ... and " + std::to_string(v.size() - 20) + " more";
+  return out;
+}
+
+// The model must match the checkpoint by names and shapes.
+void check_matches_model(const ckpt::Manifest& m, const ModelTensors& model, const std::string& where) {
+  std::unordered_map<std::string, const ckpt::ParamInfo*> saved;
+  for (const auto& p : m.params) saved[p.name] = &p;
+  std::vector<std::string> missing, unexpected, reshaped;
+  std::set<std::string> current;
+  for (const auto& p : model.params) {
+    current.insert(p.name);
+    auto it = saved.find(p.name);
+    if (it == saved.end()) {
+      missing.push_back(p.name);
+    } else if (it->second->shape != p.shape) {
+      reshaped.push_back(p.name + " " + json(it->second->shape).dump() + " in the checkpoint, " + json(p.shape).dump() + " in the model");
+    }
+  }
+  for (const auto& p : m.params) {
+    if (!current.count(p.name)) unexpected.push_back(p.name);
+  }
+  std::set<std::string> saved_buffers(m.buffers.begin(), m.buffers.end());
+  for (const auto& [name, t] : model.buffers) {
+    if (!saved_buffers.count(name)) missing.push_back(name + " (buffer)");
+  }
+  if (missing.empty() && unexpected.empty() && reshaped.empty()) return;
+  std::string msg = "load_checkpoint: " + where + " does not match the model:";
+  if (!missing.empty()) msg += "\nin the model, not in the checkpoint:" + listing(missing);
+  if (!unexpected.empty()) msg += "\nin the checkpoint, not in the model:" + listing(unexpected);
+  if (!reshaped.empty()) msg += "\nshapes differ:" + listing(reshaped);
+  throw CheckpointError(msg);
+}
+
+// What the load restores, from the options and the checkpoint.
+struct Plan {
+  bool training = false;          // counters, scheduler, scaler, generators, accumulated gradients
+  bool states = false;            // optimizer states
+  bool mid_accumulation = false;  // the checkpoint holds partial gradients to resume
+};
+
+Plan plan_for(TrainingState& s, const ckpt::Manifest& m, const LoadOptions& options, const std::string& where) {
+  Plan plan;
+  plan.training = !options.load_module_only;
+  plan.states = plan.training && options.load_optimizer_states;
+  plan.mid_accumulation = plan.training && m.engine.value("mid_accumulation", false);
+  if (plan.states && !m.states.empty()) {
+    for (const auto& kind : s.optimizer.state_names()) {
+      if (std::find(m.states.begin(), m.states.end(), kind) == m.states.end()) {
+        throw CheckpointError("load_checkpoint: " + where + " holds the state of optimizer " + m.optimizer +
+                              " without \"" + kind + "\", which " + s.config.optimizer.type +
+                              " needs; load with load_optimizer_states = false to start the optimizer afresh");
+      }
+    }
+  }
+  if (plan.mid_accumulation && (m.world_size != s.pg.size() || m.stage != s.config.zero_optimization.stage ||
+                                m.engine.value("gradient_accumulation_steps", int64_t{1}) != s.gas)) {
+    throw CheckpointError("load_checkpoint: " + where + " was saved in the middle of a gradient accumulation (micro step " +
+                          std::to_string(m.engine.value("micro_steps", int64_t{0})) + "), whose partial gradients resume only at "
+                          "world size " + std::to_string(m.world_size) + ", stage " + std::to_string(m.stage) +
+                          " and the same gradient_accumulation_steps; save at an accumulation boundary to change them");
+  }
+  return plan;
+}
+
+// Every rank issues the same collectives (the bucket all-gathers) whatever
+// fails on it; the first failure is kept and the ranks agree at the end.
+struct Attempts {
+  std::string error;
+  template <typename Part>
+  void run(const Part& part) {
+    if (!error.empty()) return;
+    try {
+      part();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+};
+
+// The checkpoint's files, read fragment by fragment or tensor by tensor.
+class Source {
+ public:
+  Source(const std::string& dir, const ckpt::Manifest& m, comm::ProcessGroup& pg)
+      : reader(std::make_unique<ckpt::FragmentReader>(dir, m)) {
+    std::vector<int> mine;  // each file is hashed by one rank: file f by rank f % world size
+    for (int f = pg.rank(); f < m.world_size; f += pg.size()) mine.push_back(f);
+    reader->verify_only(mine);
+    for (const auto& p : m.params) trainable_then_[p.name] = p.trainable;
+  }
+  // Elements of a parameter as fp32: from master fragments, or from the
+  // whole tensor when it was frozen then.
+  void read_param(const std::string& name, int64_t offset, int64_t length, float* dst) {
+    if (trainable_then(name)) {
+      reader->read_f32("fp32", name, offset, length, dst);
+      return;
+    }
+    const at::Tensor whole = view_of(reader->read_whole(0, "module/" + name, storage_)).to(at::kFloat);
+    std::memcpy(dst, whole.data_ptr<float>() + offset, length * sizeof(float));
+  }
+  // A whole tensor of rank `rank`'s file, viewed in the reader's storage.
+  at::Tensor read_whole(int rank, const std::string& name) {
+    const ckpt::TensorData d = reader->read_whole(rank, name, storage_);
+    return torch::from_blob(const_cast<void*>(d.data), d.shape, from_ckpt(d.dtype));
+  }
+  bool trainable_then(const std::string& name) const {
+    auto it = trainable_then_.find(name);
+    return it != trainable_then_.end() && it->second;
+  }
+  std::unique_ptr<ckpt::FragmentReader> reader;
+
+ private:
+  std::unordered_map<std::string, bool> trainable_then_;
+  std::vector<uint8_t> storage_;
+};
+
+// Bucket k's master weights and the states `kinds` from their fragments.
+// Host tensors are read into directly; others through a host copy (which
+// keeps the padding as it is), returned in `staged` while it is hashed.
+void read_bucket(TrainingState& s, Source& source, size_t k, const std::vector<std::string>& kinds,
+                 std::vector<at::Tensor>& staged) {
+  const at::Tensor& master = s.params.master_tensors()[k];
+  for (const auto& kind : kinds) {
+    at::Tensor target = kind == "fp32" ? master : s.optimizer.state(master, kind, true);
+    if (!target.defined()) continue;
+    const bool direct = target.is_cpu() && target.is_contiguous();
+    at::Tensor cpu = direct ? target : target.to(at::kCPU).contiguous();
+    if (!direct) staged.push_back(cpu);
+    for (const auto& f : s.params.fragments()) {
+      if (f.bucket != static_cast<int64_t>(k)) continue;
+      const std::string& name = s.params.param_name(f.param);
+      float* dst = cpu.data_ptr<float>() + f.start;
+      if (kind == "fp32") {
+        source.read_param(name, f.param_offset, f.length, dst);
+      } else if (source.trainable_then(name)) {
+        source.reader->read_f32(kind, name, f.param_offset, f.length, dst);
+      } else {
+        std::fill(dst, dst + f.length, 0.0f);  // frozen then: no state yet
+      }
+    }
+    if (!direct) {
+      torch::NoGradGuard no_grad;
+      target.copy_(cpu);
+    }
+  }
+}
+
+// Master weights (and optimizer states) of this rank's partition, bucket by
+// bucket; each bucket's parameters are published (all-gathered) while the
+// next one is read.
+void read_partition(TrainingState& s, Source* source, const std::vector<std::string>& kinds, NvmeWindow& window,
+                    Attempts& attempts) {
+  for (size_t k = 0; k < s.params.master_tensors().size(); ++k) {
+    std::vector<at::Tensor> staged;  // host copies being hashed (see verify_only)
+    try {
+      window.enter(k);  // NVMe offload: the bucket comes back (and goes back to disk after)
+    } catch (const std::exception& e) {
+      if (attempts.error.empty()) attempts.error = e.what();
+    }
+    attempts.run([&] { read_bucket(s, *source, k, kinds, staged); });
+    s.params.publish_bucket(k);  // the loaded master weights become the parameters
+    if (source && (!staged.empty() || s.nvme)) source->reader->wait_for_hashes();  // they read the memory about to go
+  }
+  // Checked while the last buckets are gathered, before anything else is
+  // taken from the files.
+  attempts.run([&] { source->reader->finish_verification(); });
+  s.params.publish();  // waits for the buckets published above
+}
+
+// Frozen parameters and buffers, in the dtype the model holds them.
+void read_module(Source& source, const ModelTensors& model) {
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, t] : model.frozen) {
+    at::Tensor values = torch::empty({t.numel()}, at::kFloat);
+    source.read_param(name, 0, t.numel(), values.data_ptr<float>());
+    t.copy_(values.view(t.sizes()));
+  }
+  for (const auto& [name, t] : model.buffers) t.copy_(source.read_whole(0, "module/" + name).view(t.sizes()));
+}
+
+// The accumulated gradients and each generator this rank saved (a
+// checkpoint from CPU ranks leaves a GPU's as it is).
+void read_rank_state(TrainingState& s, Source& source, const ckpt::Manifest& m, bool mid_accumulation) {
+  const int rank = s.pg.rank();
+  if (mid_accumulation) {
+    s.params.restore_accumulated_grads(source.read_whole(rank, "accum/grads"));
+  } else {
+    s.params.zero_grads();
+  }
+  for (auto& [name, gen] : generators(s.module)) {
+    if (rank >= m.world_size || !source.reader->has(rank, name)) continue;
+    at::Tensor state = source.read_whole(rank, name).to(at::kByte).clone();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+  }
+}
+
+void restore_counters(TrainingState& s, const json& e, const LoadOptions& options, bool mid_accumulation) {
+  StepCounters& c = s.counters;
+  c.global_steps = e.value("global_steps", int64_t{0});
+  c.skipped_steps = e.value("skipped_steps", int64_t{0});
+  c.micro_steps = e.value("micro_steps", int64_t{0});
+  if (!mid_accumulation) c.micro_steps -= c.micro_steps % s.gas;
+  const int64_t taken = c.global_steps - c.skipped_steps;
+  c.schedule_start = options.load_lr_scheduler_states ? taken - e.value("scheduler_steps", taken) : taken;
+  c.lr = options.load_lr_scheduler_states ? e.value("lr", c.lr) : s.schedule.lr_at(0);
+  if (s.scaler && e.contains("loss_scaler")) {
+    const json& l = e["loss_scaler"];
+    s.scaler->set_state({l.value("scale", 1.0), l.value("cur_hysteresis", int64_t{1}),
+                         l.value("last_overflow_iter", int64_t{-1}), l.value("cur_iter", int64_t{0})});
+  }
+}
+
+}  // namespace
+
+std::string load_checkpoint(TrainingState& s, const std::string& dir, const std::string& tag_in, const LoadOptions& options) {
+  const std::string tag = tag_in.empty() ? ckpt::read_latest(dir) : tag_in;
+  const ckpt::Manifest m = ckpt::read_manifest(dir, tag);
+  const std::string where = (fs::path(dir) / tag).string();
+  const ModelTensors model = describe(s.module);
+  check_matches_model(m, model, where);
+  const Plan plan = plan_for(s, m, options, where);
+
+  Attempts attempts;
+  std::unique_ptr<Source> source;
+  attempts.run([&] { source = std::make_unique<Source>(dir, m, s.pg); });
+  std::vector<std::string> kinds{"fp32"};
+  if (plan.states) kinds.insert(kinds.end(), m.states.begin(), m.states.end());
+  NvmeWindow window(s.nvme, s.optimizer, s.params.master_tensors(), /*write_back=*/true);
+  read_partition(s, source.get(), kinds, window, attempts);
+  attempts.run([&] {
+    if (plan.states && !m.states.empty()) s.optimizer.set_step_count(m.engine.value("optimizer_steps", int64_t{0}));
+    read_module(*source, model);
+    if (plan.training) read_rank_state(s, *source, m, plan.mid_accumulation);
+  });
+  if (source) source->reader->wait_for_hashes();  // they read the targets
+  attempts.run([&] { window.finish(); });
+  const std::string error = comm::agreed_error(s.pg, attempts.error, "load_checkpoint: " + where);
+  if (!error.empty()) throw CheckpointError(error);
+
+  if (plan.training) restore_counters(s, m.engine, options, plan.mid_accumulation);
+  log::info("ckpt", "loaded " + where + " (saved by " + std::to_string(m.world_size) + " rank(s) at stage " +
+                        std::to_string(m.stage) + ", step " + std::to_string(m.engine.value("global_steps", int64_t{0})) + ")");
+  return m.client_state.dump();
+}
+
+}  // namespace zero::engine

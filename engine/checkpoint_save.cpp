@@ -1,0 +1,284 @@
+// engine::save_checkpoint over ckpt/ (Note [Checkpoint layout] in
+// ckpt/checkpoint.h): every rank writes the fragments of the parameters its
+// partition holds, in model space, so that any world size and stage loads
+// them directly; rank 0 writes the manifest once every file is complete.
+#include <fcntl.h>  // renameat2
+
+#include <torch/torch.h>
+
+#include <csignal>
+#include <filesystem>
+#include <mutex>
+
+#include <nlohmann/json.hpp>
+
+#include "core/env.h"
+#include "engine/checkpoint_io.h"
+#include "engine/training_state.h"
+#include "zero/error.h"
+#include "zero/log.h"
+
+namespace zero::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+void check_tag(const std::string& tag) {
+  if (tag.empty() || tag == "latest" || tag[0] == '.' || tag.find('/') != std::string::npos) {
+    throw CheckpointError("checkpoint tag \"" + tag + "\" is not usable as a folder name; use e.g. \"global_step100\"");
+  }
+}
+
+void agree(comm::ProcessGroup& pg, const std::string& my_error, const std::string& what, const std::string& suffix = "") {
+  const std::string error = comm::agreed_error(pg, my_error, what);
+  if (!error.empty()) throw CheckpointError(error + suffix);
+}
+
+// Test hook: ZERO_CKPT_FAULT=kill-after-write:<rank> kills that rank once its
+// file is written, before the checkpoint is complete (an interrupted save).
+void maybe_inject_fault(int rank) {
+  const std::string fault = env::ckpt_fault();
+  if (fault == "kill-after-write:" + std::to_string(rank)) std::raise(SIGKILL);
+}
+
+// The complete checkpoint in `staging` becomes `final_dir`. A tag saved again
+// is swapped with the old one in one step (renameat2 RENAME_EXCHANGE), so a
+// crash leaves the old or the new checkpoint under the tag, never neither;
+// where the file system cannot swap, two renames (the old one parked at
+// `replaced` in between).
+void move_into_place(const fs::path& staging, const fs::path& final_dir, const fs::path& replaced) {
+  std::error_code ignored;
+  if (!fs::exists(final_dir)) {
+    fs::rename(staging, final_dir);
+    return;
+  }
+  if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::remove_all(staging, ignored);  // the old checkpoint now
+    return;
+  }
+  fs::remove_all(replaced, ignored);
+  fs::rename(final_dir, replaced);
+  fs::rename(staging, final_dir);
+  fs::remove_all(replaced, ignored);
+}
+
+// This rank's file: whole tensors are borrowed by the writer (`keep_` holds
+// them); the fragments' bytes are fetched as the writer reaches them, one
+// bucket at a time for NVMe offload and for device tensors (one host copy
+// at a time).
+class RankFile {
+ public:
+  RankFile(TrainingState& s) : window_(s.nvme, s.optimizer, s.params.master_tensors(), /*write_back=*/false) {}
+
+  void add_whole(const std::string& name, const at::Tensor& t) {
+    at::Tensor cpu = t.detach().to(at::kCPU).contiguous();
+    keep_.push_back(cpu);
+    tensors_.push_back({name, to_ckpt(cpu.scalar_type()), cpu.sizes().vec(), cpu.data_ptr(), cpu.nbytes()});
+    sources_.emplace_back();
+  }
+  // The master weights ("fp32") and the states `kinds` of every bucket, as
+  // fragments. The order, bucket by bucket and within a bucket kind by kind,
+  // is the order a load at the same world size reads in (Note [Hashing
+  // while reading] in ckpt/fragments.cpp).
+  void add_fragments(TrainingState& s, const std::vector<std::string>& kinds) {
+    const auto& masters = s.params.master_tensors();
+    const auto fragments = s.params.fragments();
+    std::vector<std::string> all_kinds{"fp32"};
+    all_kinds.insert(all_kinds.end(), kinds.begin(), kinds.end());
+    for (size_t k = 0; k < masters.size(); ++k) {
+      for (const auto& kind : all_kinds) {
+        const at::Tensor source = kind == "fp32" ? masters[k] : s.optimizer.state(masters[k], kind, false);
+        if (source.scalar_type() != at::kFloat) throw CheckpointError("internal: fp32 master weights and optimizer states expected");
+        for (const auto& f : fragments) {
+          if (f.bucket != static_cast<int64_t>(k)) continue;
+          tensors_.push_back({fragment_name(kind, s.params.param_name(f.param), f.param_offset), ckpt::DType::F32,
+                              {f.length}, nullptr, static_cast<size_t>(f.length) * sizeof(float)});
+          sources_.push_back({source, f.start, k});
+        }
+      }
+    }
+  }
+  ckpt::FileInfo write(const fs::path& path, int rank) {
+    ckpt::FileInfo info = ckpt::write_safetensors(path.string(), tensors_, {{"format", ckpt::kFormatName}, {"rank", std::to_string(rank)}},
+                                                  [this](size_t i) { return fetch(i); });
+    window_.finish();
+    return info;
+  }
+
+ private:
+  struct Source {
+    at::Tensor tensor;  // undefined: tensors_[i].data
+    int64_t start = 0;
+    size_t bucket = 0;
+  };
+  const void* fetch(size_t i) {
+    const Source& src = sources_[i];
+    if (!src.tensor.defined()) return tensors_[i].data;
+    window_.enter(src.bucket);
+    if (src.tensor.is_cpu()) return src.tensor.data_ptr<float>() + src.start;
+    if (staged_from_ != src.tensor.unsafeGetTensorImpl()) {
+      staged_ = src.tensor.detach().to(at::kCPU).contiguous();
+      staged_from_ = src.tensor.unsafeGetTensorImpl();
+    }
+    return staged_.data_ptr<float>() + src.start;
+  }
+  NvmeWindow window_;
+  std::vector<at::Tensor> keep_;
+  std::vector<ckpt::TensorData> tensors_;
+  std::vector<Source> sources_;
+  at::Tensor staged_;  // host copy of the device tensor being written
+  const c10::TensorImpl* staged_from_ = nullptr;
+};
+
+// The states saved: those the optimizer has made (none before its first step).
+std::vector<std::string> saved_kinds(TrainingState& s) {
+  std::vector<std::string> kinds;
+  const auto& masters = s.params.master_tensors();
+  for (const auto& kind : s.optimizer.state_names()) {
+    if (!masters.empty() && s.optimizer.state(masters.front(), kind, false).defined()) kinds.push_back(kind);
+  }
+  return kinds;
+}
+
+// Writes this rank's file; returns its size and checksum, or the error.
+std::pair<ckpt::FileInfo, std::string> write_rank_file(TrainingState& s, const fs::path& staging,
+                                                       const std::vector<std::string>& kinds, const ModelTensors& model) {
+  const int rank = s.pg.rank();
+  RankFile file(s);
+  // At stage 0 every rank holds everything: rank 0 writes it.
+  if (s.params.owners() > 1 || rank == 0) file.add_fragments(s, kinds);
+  if (rank == 0) {
+    for (const auto& [name, t] : model.frozen) file.add_whole("module/" + name, t);
+    for (const auto& [name, t] : model.buffers) file.add_whole("module/" + name, t);
+  }
+  if (s.counters.micro_steps % s.gas != 0) file.add_whole("accum/grads", s.params.accumulated_grads());
+  for (auto& [name, gen] : generators(s.module)) {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    file.add_whole(name, gen.get_state());
+  }
+  try {
+    return {file.write(staging / ckpt::rank_file_name(rank), rank), ""};
+  } catch (const std::exception& e) {
+    return {ckpt::FileInfo(), e.what()};
+  }
+}
+
+// Every rank's file entry, on every rank; empty when any rank failed.
+std::vector<ckpt::FileInfo> share_file_entries(comm::ProcessGroup& pg, const ckpt::FileInfo& info, const std::string& error) {
+  at::Tensor mine = torch::tensor({error.empty() ? 1L : 0L, static_cast<int64_t>(info.bytes),
+                                   static_cast<int64_t>(std::stoull(error.empty() ? info.xxh3 : "0", nullptr, 16))},
+                                  at::kLong);
+  at::Tensor all = torch::empty({pg.size() * 3}, at::kLong);
+  pg.all_gather(all, mine);
+  std::vector<ckpt::FileInfo> entries;
+  for (int r = 0; r < pg.size(); ++r) {
+    if (all[3 * r].item<int64_t>() == 0) return {};
+    entries.push_back({ckpt::rank_file_name(r), r, static_cast<uint64_t>(all[3 * r + 1].item<int64_t>()),
+                       ckpt::xxh3_hex(static_cast<uint64_t>(all[3 * r + 2].item<int64_t>()))});
+  }
+  return entries;
+}
+
+// The engine's record in the manifest: counters, lr and the loss scaler.
+json engine_record(TrainingState& s) {
+  const StepCounters& c = s.counters;
+  json e;
+  e["global_steps"] = c.global_steps;
+  e["skipped_steps"] = c.skipped_steps;
+  e["micro_steps"] = c.micro_steps;
+  e["gradient_accumulation_steps"] = s.gas;
+  e["optimizer_steps"] = s.optimizer.step_count();
+  e["scheduler_steps"] = c.scheduler_steps();
+  e["lr"] = c.lr;
+  e["mid_accumulation"] = c.micro_steps % s.gas != 0;
+  if (s.scaler) {
+    const LossScalerState st = s.scaler->state();
+    e["loss_scaler"] = {{"scale", st.scale},
+                        {"cur_hysteresis", st.cur_hysteresis},
+                        {"last_overflow_iter", st.last_overflow_iter},
+                        {"cur_iter", st.cur_iter}};
+  }
+  return e;
+}
+
+ckpt::Manifest manifest(TrainingState& s, const std::string& tag, const std::vector<std::string>& kinds,
+                        const ModelTensors& model, std::vector<ckpt::FileInfo> files, json client) {
+  ckpt::Manifest m;
+  m.tag = tag;
+  m.world_size = s.pg.size();
+  m.stage = s.config.zero_optimization.stage;
+  m.dtype = ckpt::dtype_name(to_ckpt(s.dtype));
+  m.optimizer = s.config.optimizer.type;
+  m.states = kinds;
+  m.params = model.params;
+  for (const auto& [name, t] : model.buffers) m.buffers.push_back(name);
+  m.files = std::move(files);
+  m.engine = engine_record(s);
+  m.client_state = std::move(client);
+  return m;
+}
+
+json parse_client_state(const std::string& text) {
+  try {
+    return json::parse(text.empty() ? "{}" : text);
+  } catch (const json::exception& e) {
+    throw CheckpointError("save_checkpoint: client_state is not JSON text (" + std::string(e.what()) + ")");
+  }
+}
+
+}  // namespace
+
+// Files are written under <dir>/.saving/<tag>/ and the folder is renamed to
+// <dir>/<tag> once complete: an interrupted save never leaves a
+// half-written tag behind, and `latest` moves only after that.
+void save_checkpoint(TrainingState& s, const std::string& dir, const std::string& tag_in, const std::string& client_state) {
+  const std::string tag = tag_in.empty() ? "global_step" + std::to_string(s.counters.global_steps) : tag_in;
+  check_tag(tag);
+  json client = parse_client_state(client_state);
+  comm::ProcessGroup& pg = s.pg;
+  const int rank = pg.rank();
+  const auto start = Clock::now();
+  const fs::path root(dir), saving_root = root / ".saving", staging = saving_root / tag;
+  std::string error;
+  if (rank == 0) {
+    try {
+      fs::create_directories(root);
+      fs::remove_all(staging);
+      fs::create_directories(staging);
+    } catch (const std::exception& e) {
+      error = "save_checkpoint: cannot create " + staging.string() + ": " + e.what();
+    }
+  }
+  agree(pg, error, "save_checkpoint: preparing " + staging.string());
+
+  const std::vector<std::string> kinds = saved_kinds(s);
+  const ModelTensors model = describe(s.module);
+  auto [info, write_error] = write_rank_file(s, staging, kinds, model);
+  maybe_inject_fault(rank);
+  auto files = share_file_entries(pg, info, write_error);  // rank 0 learns every file's size and checksum
+  if (files.empty()) {
+    if (rank == 0) {
+      std::error_code ignored;
+      fs::remove_all(staging, ignored);
+    }
+    const std::string kept = fs::exists(root / "latest") ? "; " + (root / "latest").string() + " still names the previous checkpoint" : "";
+    agree(pg, write_error, "save_checkpoint: writing " + (root / tag).string() + " failed", kept);  // throws
+  }
+  if (rank == 0) {
+    try {
+      ckpt::write_manifest(saving_root.string(), manifest(s, tag, kinds, model, std::move(files), std::move(client)));
+      move_into_place(staging, root / tag, saving_root / (tag + ".replaced"));
+      ckpt::write_latest(dir, tag);
+    } catch (const std::exception& e) {
+      error = std::string("save_checkpoint: finishing ") + (root / tag).string() + ": " + e.what();
+    }
+  }
+  agree(pg, error, "save_checkpoint: finishing " + (root / tag).string());
+  log::info("ckpt", "saved " + (root / tag).string() + " (" + std::to_string(pg.size()) + " file(s), this rank " +
+                        std::to_string(info.bytes) + " bytes in " +
+                        std::to_string(std::chrono::duration<double>(Clock::now() - start).count()) + " s)");
+}
+
+}  // namespace zero::engine

@@ -1,0 +1,50 @@
+#pragma once
+// What a checkpoint saves and restores of a run. The engine hands this to
+// checkpointing (engine/checkpoint_save.cpp, checkpoint_load.cpp) instead
+// of itself: the parts, by reference, and the counters it keeps.
+#include <torch/torch.h>
+
+#include <string>
+
+#include "engine/loss_scaler.h"
+#include "engine/lr_schedule.h"
+#include "engine/optimizer.h"
+#include "offload/swapped_tensors.h"
+#include "zero/comm.h"
+#include "zero/config.h"
+#include "zero/engine.h"
+#include "zero/internal/partition.h"
+
+namespace zero::engine {
+
+// The engine's counters, by DeepSpeed's names.
+struct StepCounters {
+  int64_t micro_steps = 0, global_steps = 0, skipped_steps = 0;
+  // The scheduler's step is global_steps - skipped_steps - schedule_start
+  // (a checkpoint loaded without its scheduler state restarts the schedule).
+  int64_t schedule_start = 0;
+  double lr = 0.0;
+  int64_t scheduler_steps() const { return global_steps - skipped_steps - schedule_start; }
+};
+
+struct TrainingState {
+  const Config& config;
+  at::ScalarType dtype;  // of the parameters
+  int64_t gas;           // gradient_accumulation_steps
+  torch::nn::Module& module;
+  comm::ProcessGroup& pg;
+  partition::ShardedParams& params;
+  MasterOptimizer& optimizer;
+  offload::SwappedTensors* nvme;  // offload_optimizer "nvme": the master weights and states, on disk between steps
+  const LrSchedule& schedule;
+  LossScaler* scaler;  // fp16 only
+  StepCounters& counters;
+};
+
+// Engine::save_checkpoint and Engine::load_checkpoint (include/zero/engine.h).
+void save_checkpoint(TrainingState& state, const std::string& dir, const std::string& tag,
+                     const std::string& client_state);
+std::string load_checkpoint(TrainingState& state, const std::string& dir, const std::string& tag,
+                            const LoadOptions& options);
+
+}  // namespace zero::engine
