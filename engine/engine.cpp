@@ -6,12 +6,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <set>
 #include <sstream>
-#include <unordered_map>
 
 #include "core/env.h"
 #include "engine/engine_impl.h"
+#include "engine/engine_setup.h"
 #include "engine/host_optimizer.h"
 #include "engine/optimizer.h"
 #include "zero/error.h"
@@ -65,125 +64,18 @@ std::string MemoryReport::describe() const {
 }
 
 void Engine::Impl::build_params(InitOptions& options) {
-  // Every parameter once (a tied weight is registered under several names).
-  std::unordered_map<const void*, std::string> names;
-  std::vector<at::Tensor> trainable;
-  for (const auto& item : module->named_parameters(/*recurse=*/true)) {
-    const at::Tensor& p = item.value();
-    if (!names.emplace(p.unsafeGetTensorImpl(), item.key()).second) continue;
-    if (p.requires_grad()) {
-      trainable.push_back(p);
-    } else {
-      // Frozen floating weights are converted to the training dtype below.
-      const auto kept = at::isFloatingType(p.scalar_type()) ? dtype : p.scalar_type();
-      frozen_bytes += p.numel() * static_cast<int64_t>(c10::elementSize(kept));
-    }
-  }
-  if (options.param_groups.empty()) options.param_groups.push_back(ParamGroup{trainable, std::nullopt});
-
-  // Stage 3 units (zero::Unit): each parameter belongs to the innermost unit
-  // that holds it; one shared by units that do not nest (a tied weight)
-  // belongs to none and stays gathered, as do parameters outside every unit.
-  std::unordered_map<const void*, int> unit_of;
-  if (config.zero_optimization.stage == 3) {
-    // Registrations per tensor, in the whole model and in each unit: a
-    // tensor also registered outside its unit is used there too.
-    std::unordered_map<const void*, int> registrations;
-    for (const auto& p : module->named_parameters()) ++registrations[p.value().unsafeGetTensorImpl()];
-    std::vector<std::unordered_map<const void*, int>> held;
-    for (const auto& m : module->modules(/*include_self=*/true)) {
-      auto* unit = dynamic_cast<UnitBase*>(m.get());
-      if (!unit) continue;
-      units.push_back(unit);
-      held.emplace_back();
-      for (const auto& p : unit->named_parameters()) ++held.back()[p.value().unsafeGetTensorImpl()];
-    }
-    auto nests = [&](int a, int b) {  // unit b inside unit a
-      for (const auto& p : held[b]) {
-        if (!held[a].count(p.first)) return false;
-      }
-      return true;
-    };
-    for (const auto& item : names) {
-      int best = -1;
-      bool shared = false;
-      for (int u = 0; u < static_cast<int>(units.size()); ++u) {
-        if (!held[u].count(item.first)) continue;
-        if (best < 0 || nests(best, u)) {
-          best = u;
-        } else if (!nests(u, best)) {
-          shared = true;
-        }
-      }
-      if (best >= 0 && !shared && held[best][item.first] == registrations[item.first]) unit_of[item.first] = best;
-    }
-    if (units.empty()) {
-      log::warn("stage3", "the model has no zero::Unit: its parameters stay gathered, so stage 3 saves no "
-                          "parameter memory; wrap its blocks in zero::Unit (see include/zero/unit.h)");
-    }
-  }
-
-  std::vector<partition::ShardedParams::Group> groups;
-  std::vector<double> decays;
-  std::set<const void*> grouped;
-  for (size_t g = 0; g < options.param_groups.size(); ++g) {
-    partition::ShardedParams::Group group;
-    for (const auto& p : options.param_groups[g].params) {
-      auto it = names.find(p.unsafeGetTensorImpl());
-      if (it == names.end()) throw EngineError("parameter group " + std::to_string(g) + " holds a tensor that is not a parameter of the model");
-      if (!p.requires_grad()) continue;  // frozen: left alone
-      if (!grouped.insert(p.unsafeGetTensorImpl()).second) {
-        throw EngineError("parameter " + it->second + " appears in more than one parameter group");
-      }
-      group.names.push_back(it->second);
-      group.params.push_back(p);
-      auto unit = unit_of.find(p.unsafeGetTensorImpl());
-      group.units.push_back(unit == unit_of.end() ? -1 : unit->second);
-    }
-    groups.push_back(std::move(group));
-    decays.push_back(options.param_groups[g].weight_decay.value_or(config.optimizer.params.weight_decay));
-  }
-  for (const auto& p : trainable) {
-    if (!grouped.count(p.unsafeGetTensorImpl())) {
-      throw EngineError("parameter " + names[p.unsafeGetTensorImpl()] +
-                        " requires grad but is in no parameter group; add it to one or set requires_grad(false)");
-    }
-  }
-
+  engine::ModelParams model_params = engine::model_params(*module, std::move(options.param_groups), config, dtype);
+  frozen_bytes = model_params.frozen_bytes;
+  units = model_params.units;
   // Every rank starts from rank 0's weights and buffers, as DeepSpeed does.
   {
     torch::NoGradGuard no_grad;
     for (auto& p : module->parameters()) pg->broadcast(p.data(), 0);
     for (auto& b : module->buffers()) pg->broadcast(b, 0);
   }
-
-  partition::Options popts;
-  popts.stage = config.zero_optimization.stage;
-  popts.bucket_numel = config.zero_optimization.reduce_bucket_size;
-  popts.dtype = dtype;
-  popts.overlap_comm = config.zero_optimization.overlap_comm;
-  popts.persistence_threshold = config.zero_optimization.stage3_param_persistence_threshold;
-  popts.prefetch_numel = config.zero_optimization.stage3_prefetch_bucket_size;
-  popts.max_live_numel = config.zero_optimization.stage3_max_live_parameters;
-  const auto& offload = config.zero_optimization.offload_optimizer;
-  popts.offload_optimizer = offload.device == "cpu" || offload.device == "nvme";
-  popts.offload_ratio = offload.ratio;
-  popts.host_grad_copies = env::offload_host_grad_copies();  // for tests (Note [Offload copies])
-  popts.offload_master_to_disk = offload.device == "nvme";
-  popts.pin_memory = offload.pin_memory;
-  const auto& offload_param = config.zero_optimization.offload_param;
-  popts.offload_param = offload_param.device;
-  if (offload_param.device == "nvme") {
-    popts.param_swap.nvme_path = offload_param.nvme_path;
-    popts.param_swap.rank = pg->rank();
-    popts.param_swap.block_size = config.aio.block_size;
-    popts.param_swap.queue_depth = config.aio.queue_depth;
-    popts.param_swap.buffer_count = offload_param.buffer_count;
-  }
-  popts.pin_memory = popts.pin_memory || offload_param.pin_memory;
-  sharded = std::make_unique<partition::ShardedParams>(std::move(groups), pg, popts);
+  sharded = std::make_unique<partition::ShardedParams>(std::move(model_params.groups), pg,
+                                                       engine::partition_options(config, dtype, pg->rank()));
   if (!units.empty()) sharded->attach_units(units);
-
   if (dtype != at::kFloat) {  // frozen weights and buffers follow the training dtype
     torch::NoGradGuard no_grad;
     for (auto& p : module->parameters()) {
@@ -193,81 +85,9 @@ void Engine::Impl::build_params(InitOptions& options) {
       if (at::isFloatingType(b.scalar_type())) b.set_data(b.to(dtype));
     }
   }
-
-  std::vector<engine::OptimizerGroup> opt_groups;
-  for (size_t g = 0; g < sharded->master().size(); ++g) opt_groups.push_back({sharded->master()[g], decays[g]});
-  engine::ShardLayout layout;
-  for (const auto& pieces : sharded->master_pieces()) {
-    layout.pieces.emplace_back();
-    for (const auto& piece : pieces) layout.pieces.back().push_back({piece.param, piece.start, piece.length});
-  }
-  layout.num_params = sharded->num_params();
-  const bool shared = sharded->owners() > 1;
-  auto group = pg;
-  layout.all_reduce_sum = [group, shared](at::Tensor& t) {
-    if (shared) group->all_reduce(t, comm::ReduceOp::Sum);
-  };
-  // The optimizer's tensors are master() group by group; each is one bucket.
-  std::vector<size_t> bucket_of;
-  for (size_t g = 0; g < sharded->master().size(); ++g) {
-    for (size_t k = 0; k < sharded->num_buckets(); ++k) {
-      if (sharded->layout().buckets()[k].group == static_cast<int>(g)) bucket_of.push_back(k);
-    }
-  }
-  engine::HostStep host;
-  host.enabled = popts.offload_optimizer;
-  int64_t offloaded = 0;
-  for (size_t k = 0; k < sharded->num_buckets(); ++k) {  // Note [Partial offload]
-    if (!host.enabled) break;
-    if (sharded->master_on_host(k)) {
-      offloaded += sharded->layout().buckets()[k].shard_numel;
-    } else {
-      host.elsewhere.push_back(sharded->master_tensors()[k]);
-    }
-  }
-  if (host.enabled && popts.offload_ratio < 1.0) {  // the split falls at bucket boundaries: say where
-    std::ostringstream line;
-    line.setf(std::ios::fixed);
-    line.precision(1);
-    line << "partial offload (ratio " << popts.offload_ratio << "): " << 100.0 * offloaded / std::max<int64_t>(sharded->partition_numel(), 1)
-         << "% of this rank's partition is offloaded (" << offloaded << " of " << sharded->partition_numel()
-         << " elements: whole buckets, and a smaller reduce_bucket_size splits finer, down to one parameter)";
-    log::info("offload", line.str());
-  }
-  partition::ShardedParams* params = sharded.get();
-  host.sink = {[params, bucket_of](size_t i) { return params->update_target(bucket_of[i]); },
-               [params, bucket_of](size_t i) { params->updated(bucket_of[i]); }};
-  optimizer = engine::make_optimizer(config.optimizer, opt_groups, layout, host);
-  if (popts.offload_master_to_disk) {
-    // ZeRO-Infinity: every offloaded master shard and its states go to
-    // files under nvme_path (with partial offload, the others stay with the
-    // parameters); the optimizer step brings them back sub-group by sub-group.
-    engine::HostOptimizer* host_optimizer = optimizer->host();
-    host_optimizer->make_states();
-    offload::SwapOptions so;
-    so.nvme_path = offload.nvme_path;
-    so.rank = pg->rank();
-    so.block_size = config.aio.block_size;
-    so.queue_depth = config.aio.queue_depth;
-    so.buffer_count = offload.buffer_count;
-    nvme = std::make_unique<offload::SwappedTensors>(so);
-    std::vector<std::vector<int>> ids;
-    for (const auto& p : optimizer->tensors()) {
-      const std::string key = "master" + std::to_string(ids.size());
-      if (!sharded->master_on_host(bucket_of[ids.size()])) {
-        ids.emplace_back();  // Note [Partial offload]: not swapped
-        continue;
-      }
-      ids.push_back({nvme->add(p, key)});
-      int state = 0;
-      for (const auto& name : optimizer->state_names()) {
-        ids.back().push_back(nvme->add(optimizer->state(p, name, false), key + ".state" + std::to_string(state++)));
-      }
-    }
-    nvme->swap_out_all();
-    nvme->reset_peak();  // initialize held everything once; from here on the pipeline bounds it
-    host_optimizer->use_store(nvme.get(), std::move(ids), config.zero_optimization.sub_group_size);
-  }
+  auto parts = engine::master_optimizer(config, *sharded, model_params.weight_decays, pg);
+  optimizer = std::move(parts.optimizer);
+  nvme = std::move(parts.nvme);
 }
 
 Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, InitOptions options)

@@ -1,0 +1,250 @@
+#include "engine/engine_setup.h"
+
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include "core/env.h"
+#include "engine/host_optimizer.h"
+#include "zero/error.h"
+#include "zero/log.h"
+
+namespace zero::engine {
+namespace {
+
+using TensorKey = const void*;
+TensorKey key_of(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
+
+// Stage 3 units (zero::Unit): each parameter belongs to the innermost unit
+// that holds it; one shared by units that do not nest (a tied weight)
+// belongs to none and stays gathered, as do parameters outside every unit.
+std::unordered_map<TensorKey, int> assign_units(torch::nn::Module& module, std::vector<UnitBase*>& units) {
+  // Registrations per tensor, in the whole model and in each unit: a
+  // tensor also registered outside its unit is used there too.
+  std::unordered_map<TensorKey, int> registrations;
+  for (const auto& p : module.named_parameters()) ++registrations[key_of(p.value())];
+  std::vector<std::unordered_map<TensorKey, int>> held;
+  for (const auto& m : module.modules(/*include_self=*/true)) {
+    auto* unit = dynamic_cast<UnitBase*>(m.get());
+    if (!unit) continue;
+    units.push_back(unit);
+    held.emplace_back();
+    for (const auto& p : unit->named_parameters()) ++held.back()[key_of(p.value())];
+  }
+  auto nests = [&](int a, int b) {  // unit b inside unit a
+    for (const auto& p : held[b]) {
+      if (!held[a].count(p.first)) return false;
+    }
+    return true;
+  };
+  std::unordered_map<TensorKey, int> unit_of;
+  for (const auto& [tensor, count] : registrations) {
+    int best = -1;
+    bool shared = false;
+    for (int u = 0; u < static_cast<int>(units.size()); ++u) {
+      if (!held[u].count(tensor)) continue;
+      if (best < 0 || nests(best, u)) {
+        best = u;
+      } else if (!nests(u, best)) {
+        shared = true;
+      }
+    }
+    if (best >= 0 && !shared && held[best][tensor] == count) unit_of[tensor] = best;
+  }
+  if (units.empty()) {
+    log::warn("stage3", "the model has no zero::Unit: its parameters stay gathered, so stage 3 saves no "
+                        "parameter memory; wrap its blocks in zero::Unit (see include/zero/unit.h)");
+  }
+  return unit_of;
+}
+
+// The user's groups as the partition takes them: names, tensors and units.
+void group_params(ModelParams& out, const std::vector<ParamGroup>& param_groups,
+                  const std::unordered_map<TensorKey, std::string>& names,
+                  const std::unordered_map<TensorKey, int>& unit_of, double default_decay) {
+  std::set<TensorKey> grouped;
+  for (size_t g = 0; g < param_groups.size(); ++g) {
+    partition::ShardedParams::Group group;
+    for (const auto& p : param_groups[g].params) {
+      auto it = names.find(key_of(p));
+      if (it == names.end()) throw EngineError("parameter group " + std::to_string(g) + " holds a tensor that is not a parameter of the model");
+      if (!p.requires_grad()) continue;  // frozen: left alone
+      if (!grouped.insert(key_of(p)).second) {
+        throw EngineError("parameter " + it->second + " appears in more than one parameter group");
+      }
+      group.names.push_back(it->second);
+      group.params.push_back(p);
+      auto unit = unit_of.find(key_of(p));
+      group.units.push_back(unit == unit_of.end() ? -1 : unit->second);
+    }
+    out.groups.push_back(std::move(group));
+    out.weight_decays.push_back(param_groups[g].weight_decay.value_or(default_decay));
+  }
+}
+
+}  // namespace
+
+ModelParams model_params(torch::nn::Module& module, std::vector<ParamGroup> param_groups, const Config& config,
+                         at::ScalarType dtype) {
+  ModelParams out;
+  // Every parameter once (a tied weight is registered under several names).
+  std::unordered_map<TensorKey, std::string> names;
+  std::vector<at::Tensor> trainable;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& p = item.value();
+    if (!names.emplace(key_of(p), item.key()).second) continue;
+    if (p.requires_grad()) {
+      trainable.push_back(p);
+    } else {  // frozen floating weights follow the training dtype
+      const auto kept = at::isFloatingType(p.scalar_type()) ? dtype : p.scalar_type();
+      out.frozen_bytes += p.numel() * static_cast<int64_t>(c10::elementSize(kept));
+    }
+  }
+  if (param_groups.empty()) param_groups.push_back(ParamGroup{trainable, std::nullopt});
+  std::unordered_map<TensorKey, int> unit_of;
+  if (config.zero_optimization.stage == 3) unit_of = assign_units(module, out.units);
+  group_params(out, param_groups, names, unit_of, config.optimizer.params.weight_decay);
+  std::set<TensorKey> grouped;
+  for (const auto& group : out.groups) {
+    for (const auto& p : group.params) grouped.insert(key_of(p));
+  }
+  for (const auto& p : trainable) {
+    if (!grouped.count(key_of(p))) {
+      throw EngineError("parameter " + names[key_of(p)] +
+                        " requires grad but is in no parameter group; add it to one or set requires_grad(false)");
+    }
+  }
+  return out;
+}
+
+partition::Options partition_options(const Config& config, at::ScalarType dtype, int rank) {
+  const auto& z = config.zero_optimization;
+  partition::Options o;
+  o.stage = z.stage;
+  o.bucket_numel = z.reduce_bucket_size;
+  o.dtype = dtype;
+  o.overlap_comm = z.overlap_comm;
+  o.persistence_threshold = z.stage3_param_persistence_threshold;
+  o.prefetch_numel = z.stage3_prefetch_bucket_size;
+  o.max_live_numel = z.stage3_max_live_parameters;
+  const auto& offload = z.offload_optimizer;
+  o.offload_optimizer = offload.device == "cpu" || offload.device == "nvme";
+  o.offload_ratio = offload.ratio;
+  o.host_grad_copies = env::offload_host_grad_copies();  // for tests (Note [Offload copies])
+  o.offload_master_to_disk = offload.device == "nvme";
+  o.pin_memory = offload.pin_memory || z.offload_param.pin_memory;
+  o.offload_param = z.offload_param.device;
+  if (z.offload_param.device == "nvme") {
+    o.param_swap.nvme_path = z.offload_param.nvme_path;
+    o.param_swap.rank = rank;
+    o.param_swap.block_size = config.aio.block_size;
+    o.param_swap.queue_depth = config.aio.queue_depth;
+    o.param_swap.buffer_count = z.offload_param.buffer_count;
+  }
+  return o;
+}
+
+namespace {
+
+// Lamb's view of the partition: the pieces of whole parameters in each master tensor.
+ShardLayout shard_layout(const partition::ShardedParams& params, std::shared_ptr<comm::ProcessGroup> pg) {
+  ShardLayout layout;
+  for (const auto& pieces : params.master_pieces()) {
+    layout.pieces.emplace_back();
+    for (const auto& piece : pieces) layout.pieces.back().push_back({piece.param, piece.start, piece.length});
+  }
+  layout.num_params = params.num_params();
+  const bool shared = params.owners() > 1;
+  layout.all_reduce_sum = [pg, shared](at::Tensor& t) {
+    if (shared) pg->all_reduce(t, comm::ReduceOp::Sum);
+  };
+  return layout;
+}
+
+// Note [Partial offload]: the master tensors updated where they live; the
+// split falls at bucket boundaries, so the log says where.
+std::vector<at::Tensor> kept_on_device(const partition::ShardedParams& params, double ratio) {
+  std::vector<at::Tensor> elsewhere;
+  int64_t offloaded = 0;
+  for (size_t k = 0; k < params.num_buckets(); ++k) {
+    if (params.master_on_host(k)) {
+      offloaded += params.layout().buckets()[k].shard_numel;
+    } else {
+      elsewhere.push_back(params.master_tensors()[k]);
+    }
+  }
+  if (ratio < 1.0) {
+    std::ostringstream line;
+    line.setf(std::ios::fixed);
+    line.precision(1);
+    line << "partial offload (ratio " << ratio << "): " << 100.0 * offloaded / std::max<int64_t>(params.partition_numel(), 1)
+         << "% of this rank's partition is offloaded (" << offloaded << " of " << params.partition_numel()
+         << " elements: whole buckets, and a smaller reduce_bucket_size splits finer, down to one parameter)";
+    log::info("offload", line.str());
+  }
+  return elsewhere;
+}
+
+// ZeRO-Infinity: every offloaded master shard and its states go to files
+// under nvme_path (with partial offload, the others stay with the
+// parameters); the optimizer step brings them back sub-group by sub-group.
+std::unique_ptr<offload::SwappedTensors> nvme_store(const Config& config, partition::ShardedParams& params,
+                                                    MasterOptimizer& optimizer, const std::vector<size_t>& bucket_of,
+                                                    int rank) {
+  const auto& offload = config.zero_optimization.offload_optimizer;
+  HostOptimizer* host = optimizer.host();
+  host->make_states();
+  offload::SwapOptions so;
+  so.nvme_path = offload.nvme_path;
+  so.rank = rank;
+  so.block_size = config.aio.block_size;
+  so.queue_depth = config.aio.queue_depth;
+  so.buffer_count = offload.buffer_count;
+  auto nvme = std::make_unique<offload::SwappedTensors>(so);
+  std::vector<std::vector<int>> ids;
+  for (const auto& p : optimizer.tensors()) {
+    const std::string key = "master" + std::to_string(ids.size());
+    if (!params.master_on_host(bucket_of[ids.size()])) {
+      ids.emplace_back();  // Note [Partial offload]: not swapped
+      continue;
+    }
+    ids.push_back({nvme->add(p, key)});
+    int state = 0;
+    for (const auto& name : optimizer.state_names()) {
+      ids.back().push_back(nvme->add(optimizer.state(p, name, false), key + ".state" + std::to_string(state++)));
+    }
+  }
+  nvme->swap_out_all();
+  nvme->reset_peak();  // initialize held everything once; from here on the pipeline bounds it
+  host->use_store(nvme.get(), std::move(ids), config.zero_optimization.sub_group_size);
+  return nvme;
+}
+
+}  // namespace
+
+OptimizerParts master_optimizer(const Config& config, partition::ShardedParams& params,
+                                const std::vector<double>& weight_decays, std::shared_ptr<comm::ProcessGroup> pg) {
+  std::vector<OptimizerGroup> groups;
+  for (size_t g = 0; g < params.master().size(); ++g) groups.push_back({params.master()[g], weight_decays[g]});
+  // The optimizer's tensors are master() group by group; each is one bucket.
+  std::vector<size_t> bucket_of;
+  for (size_t g = 0; g < params.master().size(); ++g) {
+    for (size_t k = 0; k < params.num_buckets(); ++k) {
+      if (params.layout().buckets()[k].group == static_cast<int>(g)) bucket_of.push_back(k);
+    }
+  }
+  HostStep host;
+  host.enabled = params.options().offload_optimizer;
+  if (host.enabled) host.elsewhere = kept_on_device(params, params.options().offload_ratio);
+  partition::ShardedParams* sink = &params;
+  host.sink = {[sink, bucket_of](size_t i) { return sink->update_target(bucket_of[i]); },
+               [sink, bucket_of](size_t i) { sink->updated(bucket_of[i]); }};
+  OptimizerParts parts;
+  parts.optimizer = make_optimizer(config.optimizer, groups, shard_layout(params, pg), host);
+  if (params.options().offload_master_to_disk) {
+    parts.nvme = nvme_store(config, params, *parts.optimizer, bucket_of, pg->rank());
+  }
+  return parts;
+}
+
+}  // namespace zero::engine

@@ -1,0 +1,43 @@
+#pragma once
+// From a config and a model to the engine's parts (engine_setup.cpp): which
+// parameters train, in which groups and stage-3 units; the partition's
+// options; the optimizer over the partition. The Engine only puts them
+// together.
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "engine/optimizer.h"
+#include "offload/swapped_tensors.h"
+#include "zero/comm.h"
+#include "zero/config.h"
+#include "zero/engine.h"
+#include "zero/internal/partition.h"
+#include "zero/unit.h"
+
+namespace zero::engine {
+
+struct ModelParams {
+  std::vector<partition::ShardedParams::Group> groups;  // the trainable parameters, by group
+  std::vector<double> weight_decays;                    // per group
+  std::vector<UnitBase*> units;                         // stage 3: the model's zero::Units
+  int64_t frozen_bytes = 0;                             // parameters that do not train, in the training dtype
+};
+// The model's parameters in the user's groups (empty: one group of every
+// trainable parameter); checks that each trainable one is in exactly one.
+ModelParams model_params(torch::nn::Module& module, std::vector<ParamGroup> param_groups, const Config& config,
+                         at::ScalarType dtype);
+
+partition::Options partition_options(const Config& config, at::ScalarType dtype, int rank);
+
+struct OptimizerParts {
+  std::unique_ptr<MasterOptimizer> optimizer;
+  std::unique_ptr<offload::SwappedTensors> nvme;  // offload_optimizer "nvme"
+};
+// The optimizer of `params`' master partition, on the host with offload
+// (and its NVMe store with ZeRO-Infinity).
+OptimizerParts master_optimizer(const Config& config, partition::ShardedParams& params,
+                                const std::vector<double>& weight_decays, std::shared_ptr<comm::ProcessGroup> pg);
+
+}  // namespace zero::engine
