@@ -152,8 +152,17 @@ torch::Tensor HostOptimizer::step(LossClosure closure) {
     timing_.compute_s += since(start);
     return loss;
   }
-  if (host.empty()) return loss;
-  // Sub-groups: consecutive parameters of about sub_group_numel elements.
+  if (!host.empty()) step_through_store(flat, host);
+  return loss;
+}
+
+// NVMe offload: sub-groups of consecutive parameters of about
+// sub_group_numel elements, read ahead one sub-group and written behind
+// one, so that at most three are resident.
+void HostOptimizer::step_through_store(const std::vector<std::pair<torch::optim::OptimizerParamGroup*, at::Tensor*>>& flat,
+                                       const std::vector<size_t>& host) {
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   std::vector<std::vector<size_t>> sub_groups(1);
   int64_t filled = 0;
   for (size_t i : host) {
@@ -169,7 +178,6 @@ torch::Tensor HostOptimizer::step(LossClosure closure) {
     for (size_t i : sub_groups[s]) ids.insert(ids.end(), ids_[i].begin(), ids_[i].end());
     return ids;
   };
-  // Read-ahead one sub-group, write-behind one: at most three are resident.
   auto wait = Clock::now();
   store_->swap_in(ids_of(0));
   timing_.nvme_wait_s += since(wait);
@@ -189,7 +197,6 @@ torch::Tensor HostOptimizer::step(LossClosure closure) {
   wait = Clock::now();
   store_->wait_out(ids_of(sub_groups.size() - 1));
   timing_.nvme_wait_s += since(wait);
-  return loss;
 }
 
 // ---- CpuAdam ----

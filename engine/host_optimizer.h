@@ -68,6 +68,8 @@ class HostOptimizer : public torch::optim::Optimizer {
  private:
   void update_one(torch::optim::OptimizerParamGroup& group, at::Tensor& p, size_t i);
   void update_elsewhere(torch::optim::OptimizerParamGroup& group, at::Tensor& p);
+  void step_through_store(const std::vector<std::pair<torch::optim::OptimizerParamGroup*, at::Tensor*>>& flat,
+                          const std::vector<size_t>& host);
   std::unordered_set<const void*> elsewhere_;
   std::unordered_map<const void*, std::unique_ptr<torch::optim::Optimizer>> elsewhere_optimizers_;
   UpdateSink sink_;

@@ -32,4 +32,12 @@ inline at::Tensor empty_with_huge_pages(int64_t numel, const at::TensorOptions& 
   return t;
 }
 
+// A host tensor of `dtype` with `source`'s values (flattened), page-locked
+// if `pinned`, else advised to huge pages.
+inline at::Tensor host_copy(const at::Tensor& source, at::ScalarType dtype, bool pinned) {
+  auto options = torch::TensorOptions().dtype(dtype).device(at::kCPU);
+  if (pinned) options = options.pinned_memory(true);
+  return empty_with_huge_pages(source.numel(), options).copy_(source.reshape(-1));
+}
+
 }  // namespace zero::offload

@@ -1,8 +1,8 @@
 // ShardedParams: the master weights over the flat layout (flat_layout.h),
 // their gradients from the stage's GradReducer (grad_reducer.h) or the host
 // copies (host_grads.h), and their way back to the parameters (Note
-// [Offload copies]). Stage 3's release and gather of buckets:
-// stage3_storage.cpp.
+// [Offload copies]). The buckets' memory, with stage 3's release and
+// gather: param_storage.cpp.
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -50,17 +50,21 @@ FlatLayout layout_of(const std::vector<ShardedParams::Group>& groups, const comm
   return FlatLayout(specs, options.bucket_numel, sharded ? pg.size() : 1, sharded ? pg.rank() : 0, options.stage == 3);
 }
 
-// A host tensor with `source`'s values, page-locked if `pinned`.
-at::Tensor host_copy(const at::Tensor& source, at::ScalarType dtype, bool pinned) {
-  auto options = torch::TensorOptions().dtype(dtype).device(at::kCPU);
-  if (pinned) options = options.pinned_memory(true);
-  return empty_with_huge_pages(source.numel(), options).copy_(source.reshape(-1));
+StorageOptions storage_options(const Options& options) {
+  StorageOptions o;
+  o.offload_param = options.offload_param;
+  o.swap = options.param_swap;
+  o.pin_memory = options.pin_memory;
+  return o;
 }
 
 }  // namespace
 
 ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::ProcessGroup> pg, Options options)
-    : pg_(std::move(pg)), options_(options), layout_(layout_of(groups, *pg_, options)) {
+    : pg_(std::move(pg)),
+      options_(options),
+      layout_(layout_of(groups, *pg_, options)),
+      storage_(pg_, layout_.owners(), storage_options(options)) {
   // The parameters in the layout's order: reverse registration order, group by group.
   std::vector<at::Tensor> tensors;
   for (const auto& g : groups) tensors.insert(tensors.end(), g.params.rbegin(), g.params.rend());
@@ -77,16 +81,12 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
     host_grads_ = std::make_unique<HostGrads>(layout_, copied, options_.stage >= 2, options_.dtype,
                                               options_.pin_memory && accelerator);
   }
-  buckets_.resize(n);
+  master_on_host_ = on_host;
   sent_.assign(n, false);
   params_.resize(tensors.size());
   master_.assign(groups.size(), {});
-  for (size_t k = 0; k < n; ++k) {
-    buckets_[k].span = &layout_.buckets()[k];
-    buckets_[k].master_on_host = on_host[k];
-  }
   build_buckets(tensors);
-  if (param_store_) param_store_->swap_out_all();
+  storage_.seal();
 
   ReducerOptions reducer;
   reducer.stage = options_.stage;
@@ -108,50 +108,40 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
 // from the model's exact fp32 values.
 void ShardedParams::build_buckets(const std::vector<at::Tensor>& tensors) {
   const bool mixed = options_.dtype != at::kFloat;
-  for (size_t k = 0; k < buckets_.size(); ++k) {
-    Bucket& b = buckets_[k];
-    const LayoutBucket& span = *b.span;
+  for (size_t k = 0; k < layout_.buckets().size(); ++k) {
+    const LayoutBucket& span = layout_.buckets()[k];
     const auto device = tensors[span.params.front()].device();
-    // Host tensors copied to or from the accelerator every step are
-    // page-locked when the config asks (pin_memory).
-    const bool pin_transfers = options_.pin_memory && !device.is_cpu();
     at::Tensor values = empty_with_huge_pages(span.numel, torch::TensorOptions().dtype(at::kFloat).device(device)).zero_();
     auto in_bucket = [&](const at::Tensor& t, int i) {
       const int64_t start = layout_.params()[i].offset - span.offset;
       return t.slice(0, start, start + layout_.params()[i].numel);
     };
     for (int i : span.params) in_bucket(values, i).copy_(tensors[i].detach().reshape(-1));
-    b.full = mixed ? empty_with_huge_pages(span.numel, values.options().dtype(options_.dtype)).copy_(values) : values;
+    at::Tensor full = mixed ? empty_with_huge_pages(span.numel, values.options().dtype(options_.dtype)).copy_(values) : values;
     for (int i : span.params) {
       torch::NoGradGuard no_grad;
       at::Tensor p = tensors[i];
-      p.set_data(in_bucket(b.full, i).view(p.sizes()));
+      p.set_data(in_bucket(full, i).view(p.sizes()));
       params_[i].tensor = p;
     }
     const int64_t start = layout_.rank() * span.shard_numel;
-    at::Tensor mine = b.full.slice(0, start, start + span.shard_numel);
+    const bool persistent = options_.stage < 3 || span.unit < 0 || span.numel < options_.persistence_threshold;
+    storage_.add(full, start, span.shard_numel, persistent);
+    const bool shard_offloaded = !persistent && options_.offload_param != "none";
     at::Tensor mine_fp32 = values.slice(0, start, start + span.shard_numel);
-    b.persistent = options_.stage < 3 || span.unit < 0 || span.numel < options_.persistence_threshold;
-    b.shard = b.persistent ? mine : mine.clone();  // a released bucket keeps its shard apart
-    const bool shard_offloaded = !b.persistent && options_.offload_param != "none";
-    if (shard_offloaded) b.shard = host_copy(b.shard, options_.dtype, pin_transfers);  // gathered from here
     at::Tensor m;
-    if (b.master_on_host) {
+    if (master_on_host_[k]) {
       // Note [Offload copies]: the master weights stay on the host (the
       // updated parameters leave through the staging buffers): pageable.
-      m = host_copy(mine_fp32, at::kFloat, /*pinned=*/false);
+      m = offload::host_copy(mine_fp32, at::kFloat, /*pinned=*/false);
     } else {
       // Separate from the parameters in mixed precision, or when the shard
       // leaves for the host or disk.
-      m = mixed || shard_offloaded ? mine_fp32.clone() : b.shard;
-    }
-    if (shard_offloaded && options_.offload_param == "nvme") {
-      if (!param_store_) param_store_ = std::make_unique<offload::SwappedTensors>(options_.param_swap);
-      b.swap_id = param_store_->add(b.shard, "params" + std::to_string(k));
+      m = mixed || shard_offloaded ? mine_fp32.clone() : storage_.shard(k);
     }
     master_[span.group].push_back(m);
     master_flat_.push_back(m);
-    if (!b.persistent) release(b);
+    storage_.release(k);  // stage 3: until its unit runs (a no-op for buckets that stay gathered)
   }
 }
 
@@ -182,7 +172,7 @@ void ShardedParams::on_grad_ready(int index) {
   const bool bucket_complete = reducer_->add(index, grad);
   grad = at::Tensor();  // the reducer holds it now
   if (bucket_complete) {
-    release(buckets_[layout_.params()[index].bucket]);  // stage 3: its backward is done (a no-op for buckets that stay gathered)
+    storage_.release(layout_.params()[index].bucket);  // stage 3: its backward is done (a no-op for buckets that stay gathered)
     reducer_->launch_ready();
   }
 }
@@ -192,7 +182,7 @@ void ShardedParams::end_backward() {
   for (auto& p : params_) p.tensor.mutable_grad() = at::Tensor();
   in_backward_ = false;
   if (options_.stage == 3) {
-    release_all_unpersistent();  // unused units, prefetched ones
+    storage_.release_all();  // unused units, prefetched ones
     if (scheduler_) scheduler_->end_step();
   }
 }
@@ -202,7 +192,7 @@ void ShardedParams::end_backward() {
 void ShardedParams::attach_master_grads() {
   squares_.reset();
   if (host_grads_) host_grads_->wait();  // copies started during backward land before the host reads them
-  for (size_t k = 0; k < buckets_.size(); ++k) {
+  for (size_t k = 0; k < num_buckets(); ++k) {
     if (host_grads_ && host_grads_->off_device(k)) {  // its host copy is complete
       master_flat_[k].mutable_grad() = host_grads_->for_step(k);
       if (host_grads_->device_squares(k).defined()) {
@@ -246,77 +236,58 @@ void ShardedParams::publish_bucket(size_t k) {
 }
 
 void ShardedParams::publish() {
-  for (size_t k = 0; k < buckets_.size(); ++k) {
+  for (size_t k = 0; k < num_buckets(); ++k) {
     if (!sent_[k]) publish_bucket(k);
   }
   for (auto& w : update_works_) {
     if (w) w->wait();
   }
   update_works_.clear();
-  wait_param_writes();
-  sent_.assign(buckets_.size(), false);
+  storage_.wait_writes();
+  sent_.assign(num_buckets(), false);
 }
 
 at::Tensor ShardedParams::update_target(size_t k) {
-  Bucket& b = buckets_[k];
-  if (master_flat_[k].unsafeGetTensorImpl() == b.shard.unsafeGetTensorImpl()) return {};
-  if (b.swap_id >= 0) param_store_->materialize({b.swap_id});  // written back by updated()
+  const at::Tensor& shard = storage_.shard(k);
+  if (master_flat_[k].unsafeGetTensorImpl() == shard.unsafeGetTensorImpl()) return {};
+  storage_.prepare_write(k);
   // Written in place: a host shard by the host optimizer, or (Note [Partial
   // offload]) a shard on the accelerator by the update made there.
-  if (b.shard.is_cpu() || !b.master_on_host) return b.shard;
+  if (shard.is_cpu() || !master_on_host_[k]) return shard;
   // The shard is on the accelerator: a staging buffer whose previous copy has run.
   if (update_staging_.empty()) {
     int64_t largest = 0;
     for (const auto& other : layout_.buckets()) largest = std::max(largest, other.shard_numel);
     for (int i = 0; i < 2; ++i) {
       Staging s;
-      s.buffer = torch::empty({largest}, torch::TensorOptions().dtype(b.shard.scalar_type()).pinned_memory(true));
-      s.copied = std::make_unique<c10::Event>(b.shard.device().type());
+      s.buffer = torch::empty({largest}, torch::TensorOptions().dtype(shard.scalar_type()).pinned_memory(true));
+      s.copied = std::make_unique<c10::Event>(shard.device().type());
       update_staging_.push_back(std::move(s));
     }
   }
   Staging& s = update_staging_[next_staging_++ % update_staging_.size()];
   while (!s.copied->query()) std::this_thread::sleep_for(std::chrono::microseconds(20));
   s.bucket = static_cast<int>(k);
-  return s.buffer.slice(0, 0, b.span->shard_numel);
+  return s.buffer.slice(0, 0, layout_.buckets()[k].shard_numel);
 }
 
 void ShardedParams::updated(size_t k) {
   torch::NoGradGuard no_grad;
-  Bucket& b = buckets_[k];
+  const at::Tensor& shard = storage_.shard(k);
   for (auto& s : update_staging_) {
     if (s.bucket != static_cast<int>(k)) continue;
     // Asynchronous from page-locked memory on the current stream, which the
     // all-gather below waits for; the event frees the buffer.
-    b.shard.copy_(s.buffer.slice(0, 0, b.span->shard_numel), /*non_blocking=*/true);
-    const auto impl = c10::impl::VirtualGuardImpl(b.shard.device().type());
-    s.copied->record(impl.getStream(b.shard.device()));
+    shard.copy_(s.buffer.slice(0, 0, layout_.buckets()[k].shard_numel), /*non_blocking=*/true);
+    const auto impl = c10::impl::VirtualGuardImpl(shard.device().type());
+    s.copied->record(impl.getStream(shard.device()));
     s.bucket = -1;
   }
   // A bucket that stays gathered is all-gathered in place, when it has
   // more than one owner; a released one is gathered again when its unit
   // runs (offload_param "nvme": written back first).
-  if (b.persistent && owners() > 1) {
-    update_works_.push_back(pg_->all_gather_async(b.full, b.shard));
-  } else if (b.swap_id >= 0) {
-    param_store_->swap_out({b.swap_id});
-    param_writes_.push_back(b.swap_id);
-  }
+  if (auto work = storage_.written(k)) update_works_.push_back(std::move(work));
   sent_[k] = true;
-}
-
-void ShardedParams::wait_param_writes() {
-  if (param_store_) param_store_->wait_out(param_writes_);
-  param_writes_.clear();
-}
-
-int64_t ShardedParams::offloaded_param_bytes(bool nvme) const {
-  int64_t bytes = 0;
-  for (const auto& b : buckets_) {
-    if (b.persistent || options_.offload_param == "none") continue;
-    if ((b.swap_id >= 0) == nvme) bytes += b.shard.nbytes();
-  }
-  return bytes;
 }
 
 int64_t ShardedParams::offload_buffer_bytes() const {
@@ -325,19 +296,10 @@ int64_t ShardedParams::offload_buffer_bytes() const {
   return bytes;
 }
 
-int64_t ShardedParams::param_bytes() const {
-  int64_t bytes = 0;
-  for (const auto& b : buckets_) {
-    if (!b.persistent) bytes += b.shard.nbytes();
-    if (b.gathered) bytes += b.full.numel() * b.full.element_size();
-  }
-  return bytes;
-}
-
 int64_t ShardedParams::master_bytes() const {
   int64_t bytes = 0;  // master weights apart from the parameters (mixed precision, offload)
-  for (size_t k = 0; k < buckets_.size(); ++k) {
-    if (master_flat_[k].unsafeGetTensorImpl() != buckets_[k].shard.unsafeGetTensorImpl()) bytes += master_flat_[k].nbytes();
+  for (size_t k = 0; k < num_buckets(); ++k) {
+    if (master_flat_[k].unsafeGetTensorImpl() != storage_.shard(k).unsafeGetTensorImpl()) bytes += master_flat_[k].nbytes();
   }
   return bytes;
 }

@@ -4,33 +4,37 @@
 // waits on a plan that no longer holds.
 #include <ATen/core/grad_mode.h>
 
+#include <set>
+#include <unordered_map>
+
 #include "zero/log.h"
 #include "zero/internal/partition.h"
 
 namespace zero::partition {
 
-UnitScheduler::UnitScheduler(ShardedParams& params, int units) : params_(params), buckets_of_(units) {
-  auto& buckets = params_.buckets_;
-  for (int b = 0; b < static_cast<int>(buckets.size()); ++b) {
-    if (buckets[b].span->unit >= 0 && !buckets[b].persistent) buckets_of_[buckets[b].span->unit].push_back(b);
+UnitScheduler::UnitScheduler(ParamStorage& storage, const FlatLayout& layout, const Options& options, int units)
+    : storage_(storage), layout_(layout), options_(options), buckets_of_(units) {
+  for (int b = 0; b < static_cast<int>(storage_.size()); ++b) {
+    const int unit = layout_.buckets()[b].unit;
+    if (unit >= 0 && !storage_.persistent(b)) buckets_of_[unit].push_back(b);
   }
 }
 
 int64_t UnitScheduler::unit_numel(int unit) const {
   int64_t numel = 0;
-  for (int b : buckets_of_[unit]) numel += params_.buckets_[b].span->numel;
+  for (int b : buckets_of_[unit]) numel += layout_.buckets()[b].numel;
   return numel;
 }
 
 void UnitScheduler::gather_unit(int unit, bool async) {
-  for (int b : buckets_of_[unit]) params_.gather(params_.buckets_[b], async);
+  for (int b : buckets_of_[unit]) storage_.gather(b, async);
   if (!async) {
-    for (int b : buckets_of_[unit]) params_.wait_gathered(params_.buckets_[b]);
+    for (int b : buckets_of_[unit]) storage_.wait_gathered(b);
   }
 }
 
 void UnitScheduler::release_unit(int unit) {
-  for (int b : buckets_of_[unit]) params_.release(params_.buckets_[b]);
+  for (int b : buckets_of_[unit]) storage_.release(b);
 }
 
 // Starts gathering the unit that comes after `position` in this step's plan
@@ -42,18 +46,17 @@ void UnitScheduler::prefetch_after(int position, bool backward) {
   const int unit = order[next];
   const int64_t numel = unit_numel(unit);
   int64_t live = 0;
-  for (const auto& b : params_.buckets_) {
-    if (!b.persistent && b.gathered) live += b.span->numel;
+  for (size_t b = 0; b < storage_.size(); ++b) {
+    if (!storage_.persistent(b) && storage_.gathered(b)) live += layout_.buckets()[b].numel;
   }
-  const auto& options = params_.options();
-  if (numel > options.prefetch_numel || live + numel > options.max_live_numel) return;
+  if (numel > options_.prefetch_numel || live + numel > options_.max_live_numel) return;
   gather_unit(unit, /*async=*/true);
-  // offload_param "nvme" (Note [NVMe read-ahead] in stage3_storage.cpp): the
+  // offload_param "nvme" (Note [NVMe read-ahead] in param_storage.cpp): the
   // unit after it starts reading its shards, so that its all-gather can
   // start at the next prefetch.
   const int after = backward ? next - 1 : next + 1;
   if (after < 0 || after >= static_cast<int>(order.size())) return;
-  for (int b : buckets_of_[order[after]]) params_.read_ahead(params_.buckets_[b]);
+  for (int b : buckets_of_[order[after]]) storage_.read_ahead(b);
 }
 
 void UnitScheduler::pre_forward(int unit) {
@@ -107,6 +110,31 @@ void UnitScheduler::end_step() {
   plan_ = trace_;
   plan_valid_ = !plan_.empty();
   trace_.clear();
+}
+
+// ---- ShardedParams' stage-3 side ----
+
+std::vector<int> ShardedParams::gather_buckets_of(const std::vector<at::Tensor>& tensors) {
+  std::set<int> wanted;
+  std::unordered_map<const void*, int> bucket_of;
+  for (size_t i = 0; i < params_.size(); ++i) bucket_of[params_[i].tensor.unsafeGetTensorImpl()] = layout_.params()[i].bucket;
+  for (const auto& t : tensors) {
+    auto it = bucket_of.find(t.unsafeGetTensorImpl());
+    if (it != bucket_of.end() && !storage_.persistent(it->second) && !storage_.gathered(it->second)) wanted.insert(it->second);
+  }
+  for (int b : wanted) storage_.gather(b, /*async=*/true);
+  for (int b : wanted) storage_.wait_gathered(b);
+  return {wanted.begin(), wanted.end()};
+}
+
+void ShardedParams::release_buckets(const std::vector<int>& buckets) {
+  for (int b : buckets) storage_.release(b);
+}
+
+void ShardedParams::attach_units(const std::vector<UnitBase*>& units) {
+  scheduler_ = std::make_shared<UnitScheduler>(storage_, layout_, options_, static_cast<int>(units.size()));
+  units_ = units;
+  for (size_t u = 0; u < units.size(); ++u) units[u]->attach(scheduler_, static_cast<int>(u));
 }
 
 }  // namespace zero::partition

@@ -5,18 +5,10 @@
 // The pieces, each in its own file: the flat layout (flat_layout.h, Note
 // [Flat layout]: buckets, offsets, shards), the gradient strategy of each
 // stage (grad_reducer.h), the host copies of offloaded gradients
-// (host_grads.h), the gradient norm (grad_norm.h), stage 3's release and gather (stage3_storage.cpp) and the
+// (host_grads.h), the gradient norm (grad_norm.h), the parameters' memory
+// with stage 3's release and gather (param_storage.h) and the
 // units' schedule (units.cpp). ShardedParams holds them together with the
 // master weights and their way back to the parameters.
-//
-// Note [Stage 3 storage]: at stage 3 a bucket of a unit keeps only its shard
-// between uses; `full` keeps its tensor (and the parameters their views)
-// while its storage is emptied (set_data_ptr_noswap, nbytes 0) and refilled
-// by an all-gather before the unit's forward and backward. Autograd's saved
-// tensors point at the same storage, so backward sees the refilled data.
-// Buckets of the root unit (parameters outside every unit, or shared by
-// several units) and buckets smaller than stage3_param_persistence_threshold
-// stay gathered.
 //
 // Note [Offload copies]: with offload_optimizer the master weights (and the
 // optimizer's states, made by the optimizer beside them) live in host
@@ -68,6 +60,7 @@
 #include "zero/internal/grad_norm.h"
 #include "zero/internal/grad_reducer.h"
 #include "zero/internal/host_grads.h"
+#include "zero/internal/param_storage.h"
 #include "zero/unit.h"
 
 namespace zero::partition {
@@ -94,22 +87,6 @@ struct Options {
   // live in host memory) or "nvme" (in files, read back for each gather).
   std::string offload_param = "none";
   offload::SwapOptions param_swap;         // with "nvme"
-};
-
-// A bucket's memory: its parameters' buffer and this rank's shard of it.
-struct Bucket {
-  const LayoutBucket* span = nullptr;  // its place in the flat layout
-  at::Tensor full;              // the parameters' buffer (training dtype); the parameters are views into it
-  at::Tensor shard;             // this rank's shard of it (a view, unless released at stage 3)
-  bool master_on_host = false;  // offload: its master weights and states live in host memory (Note [Partial offload])
-  // Stage 3 (Note [Stage 3 storage]):
-  bool persistent = true;       // stays gathered
-  bool gathered = true;
-  comm::WorkHandle gather_work; // a gather in flight
-  at::Tensor gather_input;      // the shard on the parameters' device while a gather runs
-  int swap_id = -1;             // offload_param "nvme": the shard's id in the parameter store
-  bool read_pending = false;    // offload_param "nvme": a prefetch's read is in flight, its all-gather not started
-  bool read_ahead = false;      // offload_param "nvme": its shard is being read for the next prefetch (not gathered yet)
 };
 
 class UnitScheduler;
@@ -158,10 +135,10 @@ class ShardedParams {
   // gradient shard's copy and the staging buffers.
   int64_t offload_buffer_bytes() const;
   // offload_param: bytes of parameter shards in host memory, and on NVMe.
-  int64_t offloaded_param_bytes(bool nvme) const;
+  int64_t offloaded_param_bytes(bool nvme) const { return storage_.offloaded_bytes(nvme); }
   void zero_grads() { reducer_->zero(); }
 
-  // Stage 3 (Note [Stage 3 storage]).
+  // Stage 3 (Note [Stage 3 storage] in param_storage.h).
   // Gathers the released buckets holding any of `tensors`; returns them.
   std::vector<int> gather_buckets_of(const std::vector<at::Tensor>& tensors);
   void release_buckets(const std::vector<int>& buckets);
@@ -190,36 +167,27 @@ class ShardedParams {
   const Options& options() const { return options_; }
   int64_t numel() const { return layout_.numel(); }            // trainable elements, unpadded
   int64_t partition_numel() const { return layout_.partition_numel(); }
-  size_t num_buckets() const { return buckets_.size(); }
+  size_t num_buckets() const { return master_on_host_.size(); }
   // Note [Partial offload]: bucket k's optimizer runs on the host.
-  bool master_on_host(size_t k) const { return buckets_[k].master_on_host; }
-  int64_t param_bytes() const;
+  bool master_on_host(size_t k) const { return master_on_host_[k]; }
+  int64_t param_bytes() const { return storage_.bytes(); }
   int64_t grad_bytes() const { return reducer_->bytes(); }
   int64_t master_bytes() const;
 
  private:
   friend struct GradReadyHook;
-  friend class UnitScheduler;
   struct Param {
     at::Tensor tensor;  // the model's parameter (a view into its bucket's buffer)
     std::shared_ptr<torch::autograd::Node> accumulator;  // keeps the hook alive
   };
   void on_grad_ready(int index);
-  void wait_param_writes();  // offload_param "nvme": the shard writes updated() started
   void build_buckets(const std::vector<at::Tensor>& tensors);
-  // Stage 3 (stage3_storage.cpp).
-  void gather(Bucket& bucket, bool async);
-  void start_gather(Bucket& bucket);  // the all-gather, once the shard is in memory
-  void read_ahead(Bucket& bucket);    // offload_param "nvme": start reading the shard for a later gather
-  void wait_gathered(Bucket& bucket);
-  void release(Bucket& bucket);
-  void release_all_unpersistent();
-
   std::shared_ptr<comm::ProcessGroup> pg_;
   Options options_;
   FlatLayout layout_;
   std::vector<Param> params_;    // in the layout's order
-  std::vector<Bucket> buckets_;  // one per layout bucket
+  ParamStorage storage_;         // the buckets' memory
+  std::vector<bool> master_on_host_;  // per bucket (Note [Partial offload])
   std::unique_ptr<HostGrads> host_grads_;  // offload_optimizer: the host copies of reduced gradients
   std::unique_ptr<GradReducer> reducer_;   // the stage's strategy
   std::vector<std::vector<at::Tensor>> master_;
@@ -236,8 +204,6 @@ class ShardedParams {
   size_t next_staging_ = 0;
   std::vector<comm::WorkHandle> update_works_;  // all-gathers updated() started
   std::vector<bool> sent_;                      // per bucket: updated() since the last publish()
-  std::unique_ptr<offload::SwappedTensors> param_store_;  // offload_param "nvme"
-  std::vector<int> param_writes_;                         // shard writes in flight
   std::shared_ptr<UnitScheduler> scheduler_;  // stage 3
   std::vector<UnitBase*> units_;
   bool in_backward_ = false;
@@ -247,7 +213,7 @@ class ShardedParams {
 // with prefetch along the order recorded in the previous step (units.cpp).
 class UnitScheduler : public UnitHooks, public std::enable_shared_from_this<UnitScheduler> {
  public:
-  UnitScheduler(ShardedParams& params, int units);
+  UnitScheduler(ParamStorage& storage, const FlatLayout& layout, const Options& options, int units);
   void pre_forward(int unit) override;
   void post_forward(int unit, const at::Tensor& output) override;
   void pre_backward(int unit);
@@ -260,7 +226,9 @@ class UnitScheduler : public UnitHooks, public std::enable_shared_from_this<Unit
   void prefetch_after(int position, bool backward);
   int64_t unit_numel(int unit) const;
 
-  ShardedParams& params_;
+  ParamStorage& storage_;
+  const FlatLayout& layout_;
+  const Options& options_;
   std::vector<std::vector<int>> buckets_of_;  // unit -> its buckets
   std::vector<int> plan_;       // forward order of the previous step
   std::vector<int> trace_;      // forward order of this step

@@ -1,0 +1,104 @@
+#pragma once
+// The parameters' memory, bucket by bucket: each bucket's buffer, into
+// which the parameters are views, and this rank's shard of it. A bucket
+// that stays gathered ("persistent": every bucket below stage 3) has its
+// shard as a view of the buffer. A released one keeps its shard apart, on
+// the parameters' device, in host memory (offload_param "cpu") or in a file
+// (offload_param "nvme").
+//
+// Note [Stage 3 storage]: at stage 3 a bucket of a unit keeps only its shard
+// between uses; `full` keeps its tensor (and the parameters their views)
+// while its storage is emptied (set_data_ptr_noswap, nbytes 0) and refilled
+// by an all-gather before the unit's forward and backward. Autograd's saved
+// tensors point at the same storage, so backward sees the refilled data.
+// Buckets of the root unit (parameters outside every unit, or shared by
+// several units) and buckets smaller than stage3_param_persistence_threshold
+// stay gathered.
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "offload/swapped_tensors.h"
+#include "zero/comm.h"
+
+namespace zero::partition {
+
+struct StorageOptions {
+  std::string offload_param = "none";  // where released shards live: "none" (with the parameters), "cpu", "nvme"
+  offload::SwapOptions swap;           // with "nvme"
+  bool pin_memory = false;             // host shards page-locked when the parameters are on an accelerator
+};
+
+class ParamStorage {
+ public:
+  // `owners`: the ranks each bucket is sharded over (1 at stage 0).
+  ParamStorage(std::shared_ptr<comm::ProcessGroup> pg, int owners, StorageOptions options);
+  ~ParamStorage();
+  ParamStorage(const ParamStorage&) = delete;
+  ParamStorage& operator=(const ParamStorage&) = delete;
+
+  // Adds the next bucket: `full` holds its parameters; this rank's shard is
+  // `shard_numel` elements from `shard_start`. A bucket that is not
+  // persistent copies its shard apart now and stays gathered until
+  // release(); seal() after the last one.
+  void add(const at::Tensor& full, int64_t shard_start, int64_t shard_numel, bool persistent);
+  // offload_param "nvme": the shards go to their files.
+  void seal();
+
+  size_t size() const { return buckets_.size(); }
+  const at::Tensor& full(size_t k) const { return buckets_[k].full; }
+  const at::Tensor& shard(size_t k) const { return buckets_[k].shard; }
+  bool persistent(size_t k) const { return buckets_[k].persistent; }
+  bool gathered(size_t k) const { return buckets_[k].gathered; }
+
+  // Refills bucket k's buffer with every rank's shard (no-op when
+  // gathered). `async`: returns once the all-gather is started (offload_param
+  // "nvme": once the shard's read is started, Note [NVMe read-ahead]).
+  void gather(size_t k, bool async);
+  void wait_gathered(size_t k);
+  // offload_param "nvme": starts reading bucket k's shard for a later gather.
+  void read_ahead(size_t k);
+  // Empties bucket k's buffer (no-op when persistent or released).
+  void release(size_t k);
+  // Releases every bucket that is not persistent and drops shards read ahead for nothing.
+  void release_all();
+
+  // The way back after an update: before bucket k's shard is written, its
+  // memory (offload_param "nvme"); once written, a bucket that stays
+  // gathered is all-gathered in place (the returned work; none with one
+  // rank), a released one's NVMe shard goes back to its file.
+  void prepare_write(size_t k);
+  comm::WorkHandle written(size_t k);
+  void wait_writes();  // the file writes written() started
+
+  // The parameters' bytes on this rank now: gathered buffers, and the
+  // shards kept apart wherever they are; of those, offloaded_bytes() are in
+  // host memory (nvme false) or on NVMe (true).
+  int64_t bytes() const;
+  int64_t offloaded_bytes(bool nvme) const;
+
+ private:
+  struct Bucket {
+    at::Tensor full;
+    at::Tensor shard;
+    bool persistent = true;
+    bool gathered = true;
+    comm::WorkHandle gather_work;  // a gather in flight
+    at::Tensor gather_input;       // the shard on the parameters' device while a gather runs
+    int swap_id = -1;              // offload_param "nvme": the shard's id in the store
+    bool read_pending = false;     // "nvme": a prefetch's read is in flight, its all-gather not started
+    bool read_ahead = false;       // "nvme": read for the next prefetch, not gathered yet
+  };
+  void start_gather(Bucket& b);  // the all-gather, once the shard is in memory
+
+  std::shared_ptr<comm::ProcessGroup> pg_;
+  int owners_;
+  StorageOptions options_;
+  std::vector<Bucket> buckets_;
+  std::unique_ptr<offload::SwappedTensors> store_;  // offload_param "nvme"
+  std::vector<int> writes_;                         // shard writes in flight
+};
+
+}  // namespace zero::partition
