@@ -4,12 +4,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "world_main.h"
 #include "zero/comm.h"
 #include "zero/error.h"
 
 namespace {
-
-std::shared_ptr<zero::comm::ProcessGroup> g_world;
 
 // Rank r contributes (r + 1) * (i % 7 + 1) at element i: small integers, so
 // sums and averages are exact in fp16 and bf16 too.
@@ -201,12 +200,3 @@ TEST(Collectives, CudaTensors) {
 }
 
 }  // namespace
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  g_world = zero::comm::init_process_group();
-  int rc = RUN_ALL_TESTS();
-  g_world->barrier();
-  g_world.reset();
-  return rc;
-}

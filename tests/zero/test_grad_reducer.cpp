@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <random>
 
+#include "world_main.h"
 #include "zero/comm.h"
 #include "zero/error.h"
 #include "zero/internal/flat_layout.h"
@@ -18,8 +19,6 @@
 namespace {
 
 using namespace zero::partition;
-
-std::shared_ptr<zero::comm::ProcessGroup> g_world;
 
 std::vector<std::vector<ParamSpec>> model() {
   // "unused" gets no gradient; it shares the last bucket in flat order.
@@ -191,12 +190,3 @@ TEST(Arrival, ASecondGradientAfterItsBucketWasReducedIsAnError) {
 }
 
 }  // namespace
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  g_world = zero::comm::init_process_group();
-  int rc = RUN_ALL_TESTS();
-  g_world->barrier();
-  g_world.reset();
-  return rc;
-}

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "world_main.h"
 #include "zero/comm.h"
 #include "zero/internal/param_storage.h"
 
@@ -16,8 +17,6 @@ namespace {
 
 using zero::partition::ParamStorage;
 using zero::partition::StorageOptions;
-
-std::shared_ptr<zero::comm::ProcessGroup> g_world;
 
 // Bucket k's shard numel; bucket 0 stays gathered ("persistent").
 constexpr int64_t kShard[] = {7, 5, 12};
@@ -131,12 +130,3 @@ INSTANTIATE_TEST_SUITE_P(Places, EachPlace, ::testing::Values("none", "cpu", "nv
                          [](const auto& info) { return info.param; });
 
 }  // namespace
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  g_world = zero::comm::init_process_group();
-  int rc = RUN_ALL_TESTS();
-  g_world->barrier();
-  g_world.reset();
-  return rc;
-}
