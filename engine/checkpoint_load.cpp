@@ -145,7 +145,7 @@ class Source {
 // Host tensors are read into directly; others through a host copy (which
 // keeps the padding as it is), returned in `staged` while it is hashed.
 void read_bucket(TrainingState& s, Source& source, size_t k, const std::vector<std::string>& kinds,
-                 std::vector<at::Tensor>& staged) {
+                 const std::vector<partition::FlatLayout::Fragment>& fragments, std::vector<at::Tensor>& staged) {
   const at::Tensor& master = s.params.master_tensors()[k];
   for (const auto& kind : kinds) {
     at::Tensor target = kind == "fp32" ? master : s.optimizer.state(master, kind, true);
@@ -153,7 +153,7 @@ void read_bucket(TrainingState& s, Source& source, size_t k, const std::vector<s
     const bool direct = target.is_cpu() && target.is_contiguous();
     at::Tensor cpu = direct ? target : target.to(at::kCPU).contiguous();
     if (!direct) staged.push_back(cpu);
-    for (const auto& f : s.params.fragments()) {
+    for (const auto& f : fragments) {
       if (f.bucket != static_cast<int64_t>(k)) continue;
       const std::string& name = s.params.param_name(f.param);
       float* dst = cpu.data_ptr<float>() + f.start;
@@ -177,6 +177,7 @@ void read_bucket(TrainingState& s, Source& source, size_t k, const std::vector<s
 // next one is read.
 void read_partition(TrainingState& s, Source* source, const std::vector<std::string>& kinds, NvmeWindow& window,
                     Attempts& attempts) {
+  const auto fragments = s.params.fragments();  // computed once: a walk over the whole layout
   for (size_t k = 0; k < s.params.master_tensors().size(); ++k) {
     std::vector<at::Tensor> staged;  // host copies being hashed (see verify_only)
     try {
@@ -184,7 +185,7 @@ void read_partition(TrainingState& s, Source* source, const std::vector<std::str
     } catch (const std::exception& e) {
       if (attempts.error.empty()) attempts.error = e.what();
     }
-    attempts.run([&] { read_bucket(s, *source, k, kinds, staged); });
+    attempts.run([&] { read_bucket(s, *source, k, kinds, fragments, staged); });
     s.params.publish_bucket(k);  // the loaded master weights become the parameters
     if (source && (!staged.empty() || s.nvme)) source->reader->wait_for_hashes();  // they read the memory about to go
   }
