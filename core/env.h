@@ -21,7 +21,7 @@ inline std::string gloo_hostname() { return get("ZERO_GLOO_HOSTNAME", ""); }
 inline std::string cpu_optimizer_simd() { return get("ZERO_CPU_OPTIMIZER_SIMD", ""); }
 
 // Test hook: "1" makes CPU ranks copy offloaded gradients to host buffers
-// as an accelerator does (Note [Offload copies] in zero/internal/partition.h).
+// as an accelerator does (Note [Offload copies] in zero/internal/master_store.h).
 inline bool offload_host_grad_copies() { return get("ZERO_OFFLOAD_HOST_GRAD_COPIES") == "1"; }
 
 // Test hook: "kill-after-write:<rank>" kills that rank in the middle of

@@ -146,7 +146,7 @@ class Source {
 // keeps the padding as it is), returned in `staged` while it is hashed.
 void read_bucket(TrainingState& s, Source& source, size_t k, const std::vector<std::string>& kinds,
                  const std::vector<partition::FlatLayout::Fragment>& fragments, std::vector<at::Tensor>& staged) {
-  const at::Tensor& master = s.params.master_tensors()[k];
+  const at::Tensor& master = s.params.masters().tensors()[k];
   for (const auto& kind : kinds) {
     at::Tensor target = kind == "fp32" ? master : s.optimizer.state(master, kind, true);
     if (!target.defined()) continue;
@@ -178,7 +178,7 @@ void read_bucket(TrainingState& s, Source& source, size_t k, const std::vector<s
 void read_partition(TrainingState& s, Source* source, const std::vector<std::string>& kinds, NvmeWindow& window,
                     Attempts& attempts) {
   const auto fragments = s.params.fragments();  // computed once: a walk over the whole layout
-  for (size_t k = 0; k < s.params.master_tensors().size(); ++k) {
+  for (size_t k = 0; k < s.params.masters().tensors().size(); ++k) {
     std::vector<at::Tensor> staged;  // host copies being hashed (see verify_only)
     try {
       window.enter(k);  // NVMe offload: the bucket comes back (and goes back to disk after)
@@ -186,13 +186,13 @@ void read_partition(TrainingState& s, Source* source, const std::vector<std::str
       if (attempts.error.empty()) attempts.error = e.what();
     }
     attempts.run([&] { read_bucket(s, *source, k, kinds, fragments, staged); });
-    s.params.publish_bucket(k);  // the loaded master weights become the parameters
+    s.params.masters().publish_bucket(k);  // the loaded master weights become the parameters
     if (source && (!staged.empty() || s.nvme)) source->reader->wait_for_hashes();  // they read the memory about to go
   }
   // Checked while the last buckets are gathered, before anything else is
   // taken from the files.
   attempts.run([&] { source->reader->finish_verification(); });
-  s.params.publish();  // waits for the buckets published above
+  s.params.masters().publish();  // waits for the buckets published above
 }
 
 // Frozen parameters and buffers, in the dtype the model holds them.
@@ -254,7 +254,7 @@ std::string load_checkpoint(TrainingState& s, const std::string& dir, const std:
   attempts.run([&] { source = std::make_unique<Source>(dir, m, s.pg); });
   std::vector<std::string> kinds{"fp32"};
   if (plan.states) kinds.insert(kinds.end(), m.states.begin(), m.states.end());
-  NvmeWindow window(s.nvme, s.optimizer, s.params.master_tensors(), /*write_back=*/true);
+  NvmeWindow window(s.nvme, s.optimizer, s.params.masters().tensors(), /*write_back=*/true);
   read_partition(s, source.get(), kinds, window, attempts);
   attempts.run([&] {
     if (plan.states && !m.states.empty()) s.optimizer.set_step_count(m.engine.value("optimizer_steps", int64_t{0}));

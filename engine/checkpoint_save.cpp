@@ -70,7 +70,7 @@ void move_into_place(const fs::path& staging, const fs::path& final_dir, const f
 // at a time).
 class RankFile {
  public:
-  RankFile(TrainingState& s) : window_(s.nvme, s.optimizer, s.params.master_tensors(), /*write_back=*/false) {}
+  RankFile(TrainingState& s) : window_(s.nvme, s.optimizer, s.params.masters().tensors(), /*write_back=*/false) {}
 
   void add_whole(const std::string& name, const at::Tensor& t) {
     at::Tensor cpu = t.detach().to(at::kCPU).contiguous();
@@ -83,7 +83,7 @@ class RankFile {
   // is the order a load at the same world size reads in (Note [Hashing
   // while reading] in ckpt/fragments.cpp).
   void add_fragments(TrainingState& s, const std::vector<std::string>& kinds) {
-    const auto& masters = s.params.master_tensors();
+    const auto& masters = s.params.masters().tensors();
     const auto fragments = s.params.fragments();
     std::vector<std::string> all_kinds{"fp32"};
     all_kinds.insert(all_kinds.end(), kinds.begin(), kinds.end());
@@ -135,7 +135,7 @@ class RankFile {
 // The states saved: those the optimizer has made (none before its first step).
 std::vector<std::string> saved_kinds(TrainingState& s) {
   std::vector<std::string> kinds;
-  const auto& masters = s.params.master_tensors();
+  const auto& masters = s.params.masters().tensors();
   for (const auto& kind : s.optimizer.state_names()) {
     if (!masters.empty() && s.optimizer.state(masters.front(), kind, false).defined()) kinds.push_back(kind);
   }

@@ -186,7 +186,7 @@ void Engine::Impl::take_step() {
   optimizer->step(factor);  // a host optimizer starts each bucket's way to the parameters as it updates it
   sharded->detach_master_grads();
   const auto gather_start = Clock::now();
-  sharded->publish();
+  sharded->masters().publish();
   t_gather += seconds_since(gather_start);
   sharded->zero_grads();
   ++steps.global_steps;
@@ -250,14 +250,14 @@ MemoryReport Engine::Impl::memory() const {
   MemoryReport r;
   r.params = sharded->param_bytes() + frozen_bytes;
   r.gradients = sharded->grad_bytes();
-  r.fp32_master = sharded->master_bytes();
+  r.fp32_master = sharded->masters().bytes();
   r.optimizer_states = optimizer->state_bytes();
   r.host_offloaded = sharded->offloaded_param_bytes(/*nvme=*/false);
   r.nvme_offloaded = sharded->offloaded_param_bytes(/*nvme=*/true);
   if (sharded->options().offload_optimizer) {
     // Of the master weights and states, those of the buckets on the host
     // (all of them unless partial, Note [Partial offload]). A host master is
-    // always apart from the parameters, so master_bytes() counts it, fp32 too.
+    // always apart from the parameters, so masters().bytes() counts it, fp32 too.
     r.offload_buffers = sharded->offload_buffer_bytes();
     r.host_offloaded += r.offload_buffers;
     if (nvme) {  // only the offloaded share is in the store
@@ -266,8 +266,8 @@ MemoryReport Engine::Impl::memory() const {
       r.nvme_host_peak = nvme->peak_resident_bytes();
     } else {
       for (size_t k = 0; k < sharded->num_buckets(); ++k) {
-        if (!sharded->master_on_host(k)) continue;
-        const at::Tensor& m = sharded->master_tensors()[k];
+        if (!sharded->masters().on_host(k)) continue;
+        const at::Tensor& m = sharded->masters().tensors()[k];
         r.host_offloaded += m.nbytes();
         for (const auto& name : optimizer->state_names()) {
           const at::Tensor state = optimizer->state(m, name, false);

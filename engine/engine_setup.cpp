@@ -167,10 +167,10 @@ std::vector<at::Tensor> kept_on_device(const partition::ShardedParams& params, d
   std::vector<at::Tensor> elsewhere;
   int64_t offloaded = 0;
   for (size_t k = 0; k < params.num_buckets(); ++k) {
-    if (params.master_on_host(k)) {
+    if (params.masters().on_host(k)) {
       offloaded += params.layout().buckets()[k].shard_numel;
     } else {
-      elsewhere.push_back(params.master_tensors()[k]);
+      elsewhere.push_back(params.masters().tensors()[k]);
     }
   }
   if (ratio < 1.0) {
@@ -204,7 +204,7 @@ std::unique_ptr<offload::SwappedTensors> nvme_store(const Config& config, partit
   std::vector<std::vector<int>> ids;
   for (const auto& p : optimizer.tensors()) {
     const std::string key = "master" + std::to_string(ids.size());
-    if (!params.master_on_host(bucket_of[ids.size()])) {
+    if (!params.masters().on_host(bucket_of[ids.size()])) {
       ids.emplace_back();  // Note [Partial offload]: not swapped
       continue;
     }
@@ -225,10 +225,11 @@ std::unique_ptr<offload::SwappedTensors> nvme_store(const Config& config, partit
 OptimizerParts master_optimizer(const Config& config, partition::ShardedParams& params,
                                 const std::vector<double>& weight_decays, std::shared_ptr<comm::ProcessGroup> pg) {
   std::vector<OptimizerGroup> groups;
-  for (size_t g = 0; g < params.master().size(); ++g) groups.push_back({params.master()[g], weight_decays[g]});
-  // The optimizer's tensors are master() group by group; each is one bucket.
+  const auto& by_group = params.masters().by_group();
+  for (size_t g = 0; g < by_group.size(); ++g) groups.push_back({by_group[g], weight_decays[g]});
+  // The optimizer's tensors are the master tensors group by group; each is one bucket.
   std::vector<size_t> bucket_of;
-  for (size_t g = 0; g < params.master().size(); ++g) {
+  for (size_t g = 0; g < by_group.size(); ++g) {
     for (size_t k = 0; k < params.num_buckets(); ++k) {
       if (params.layout().buckets()[k].group == static_cast<int>(g)) bucket_of.push_back(k);
     }
@@ -236,7 +237,7 @@ OptimizerParts master_optimizer(const Config& config, partition::ShardedParams& 
   HostStep host;
   host.enabled = params.options().offload_optimizer;
   if (host.enabled) host.elsewhere = kept_on_device(params, params.options().offload_ratio);
-  partition::ShardedParams* sink = &params;
+  partition::MasterStore* sink = &params.masters();
   host.sink = {[sink, bucket_of](size_t i) { return sink->update_target(bucket_of[i]); },
                [sink, bucket_of](size_t i) { sink->updated(bucket_of[i]); }};
   OptimizerParts parts;

@@ -6,7 +6,7 @@
 // gradients may be fp32, fp16 or bf16 (the training dtype). Given an
 // UpdateSink, the step writes each updated parameter in the training dtype
 // where the sink says, in the same pass, and tells the sink as each one is
-// done (Note [Offload copies] in partition.h).
+// done (Note [Offload copies] in master_store.h).
 #include <torch/torch.h>
 
 #include <memory>
@@ -22,7 +22,7 @@ namespace zero::engine {
 // What CpuAdam and CpuAdagrad share: the targets, the walk over the tensors
 // and, with NVMe offload, the pipeline over sub-groups.
 //
-// Partial offload (Note [Partial offload] in zero/internal/partition.h): the tensors
+// Partial offload (Note [Partial offload] in zero/internal/master_store.h): the tensors
 // listed in `elsewhere` stay where they are (usually the accelerator) and
 // are updated there by torch::optim's own optimizer of the same kind, before
 // the host kernels update the rest, so that both run at once.

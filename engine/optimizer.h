@@ -99,7 +99,7 @@ struct ShardLayout {
 };
 
 // Where a host optimizer's step puts the updated parameters (Note [Offload
-// copies] in zero/internal/partition.h). Tensors are numbered in the
+// copies] in zero/internal/master_store.h). Tensors are numbered in the
 // groups' order, group by group.
 struct UpdateSink {
   // The host tensor (fp16, bf16 or fp32, the tensor's numel) that receives

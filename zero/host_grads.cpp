@@ -1,5 +1,5 @@
 // HostGrads: the reduced gradients of offloaded buckets, in host memory
-// (Note [Offload copies] in partition.h).
+// (Note [Offload copies] in master_store.h).
 #include "zero/internal/host_grads.h"
 
 #include <torch/cuda.h>

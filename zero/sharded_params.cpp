@@ -1,17 +1,9 @@
-// ShardedParams: the master weights over the flat layout (flat_layout.h),
-// their gradients from the stage's GradReducer (grad_reducer.h) or the host
-// copies (host_grads.h), and their way back to the parameters (Note
-// [Offload copies]). The buckets' memory, with stage 3's release and
-// gather: param_storage.cpp.
-#include <c10/core/impl/VirtualGuardImpl.h>
+// ShardedParams: the parameters flattened (flat_layout.h) into their
+// buckets' memory (param_storage.h), the master weights beside them
+// (master_store.h), and each master tensor's gradient from the stage's
+// GradReducer (grad_reducer.h) or the host copies (host_grads.h).
 #include <torch/csrc/autograd/variable.h>
 
-#include <chrono>
-#include <cmath>
-#include <optional>
-#include <thread>
-
-#include "offload/cpu_optimizer.h"
 #include "offload/host_tensors.h"
 #include "zero/error.h"
 #include "zero/internal/partition.h"
@@ -50,6 +42,12 @@ FlatLayout layout_of(const std::vector<ShardedParams::Group>& groups, const comm
   return FlatLayout(specs, options.bucket_numel, sharded ? pg.size() : 1, sharded ? pg.rank() : 0, options.stage == 3);
 }
 
+// Note [Partial offload]: per bucket, its master weights live on the host.
+std::vector<bool> masters_on_host(const FlatLayout& layout, const Options& options) {
+  if (!options.offload_optimizer) return std::vector<bool>(layout.buckets().size(), false);
+  return layout.offloaded_buckets(options.offload_ratio);
+}
+
 StorageOptions storage_options(const Options& options) {
   StorageOptions o;
   o.offload_param = options.offload_param;
@@ -64,27 +62,23 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
     : pg_(std::move(pg)),
       options_(options),
       layout_(layout_of(groups, *pg_, options)),
-      storage_(pg_, layout_.owners(), storage_options(options)) {
+      storage_(pg_, layout_.owners(), storage_options(options)),
+      masters_(layout_, storage_, masters_on_host(layout_, options), groups.size()) {
   // The parameters in the layout's order: reverse registration order, group by group.
   std::vector<at::Tensor> tensors;
   for (const auto& g : groups) tensors.insert(tensors.end(), g.params.rbegin(), g.params.rend());
   const size_t n = layout_.buckets().size();
   const bool accelerator = !tensors.empty() && !tensors.front().device().is_cpu();
-  std::vector<bool> on_host(n, false);
   if (options_.offload_optimizer) {
-    on_host = layout_.offloaded_buckets(options_.offload_ratio);  // Note [Partial offload]
     // Note [Offload copies]: the reduced gradients of offloaded buckets are
     // copied to the host when the parameters are elsewhere; at stages 2-3
     // they then skip the device's partition.
     std::vector<bool> copied(n, false);
-    for (size_t k = 0; k < n; ++k) copied[k] = on_host[k] && (accelerator || options_.host_grad_copies);
+    for (size_t k = 0; k < n; ++k) copied[k] = masters_.on_host(k) && (accelerator || options_.host_grad_copies);
     host_grads_ = std::make_unique<HostGrads>(layout_, copied, options_.stage >= 2, options_.dtype,
                                               options_.pin_memory && accelerator);
   }
-  master_on_host_ = on_host;
-  sent_.assign(n, false);
   params_.resize(tensors.size());
-  master_.assign(groups.size(), {});
   build_buckets(tensors);
   storage_.seal();
 
@@ -127,20 +121,10 @@ void ShardedParams::build_buckets(const std::vector<at::Tensor>& tensors) {
     const int64_t start = layout_.rank() * span.shard_numel;
     const bool persistent = options_.stage < 3 || span.unit < 0 || span.numel < options_.persistence_threshold;
     storage_.add(full, start, span.shard_numel, persistent);
+    // Mixed-precision master weights, and those of a shard that leaves for
+    // the host or disk, are apart from the parameters.
     const bool shard_offloaded = !persistent && options_.offload_param != "none";
-    at::Tensor mine_fp32 = values.slice(0, start, start + span.shard_numel);
-    at::Tensor m;
-    if (master_on_host_[k]) {
-      // Note [Offload copies]: the master weights stay on the host (the
-      // updated parameters leave through the staging buffers): pageable.
-      m = offload::host_copy(mine_fp32, at::kFloat, /*pinned=*/false);
-    } else {
-      // Separate from the parameters in mixed precision, or when the shard
-      // leaves for the host or disk.
-      m = mixed || shard_offloaded ? mine_fp32.clone() : storage_.shard(k);
-    }
-    master_[span.group].push_back(m);
-    master_flat_.push_back(m);
+    masters_.add(values.slice(0, start, start + span.shard_numel), mixed || shard_offloaded);
     storage_.release(k);  // stage 3: until its unit runs (a no-op for buckets that stay gathered)
   }
 }
@@ -148,12 +132,6 @@ void ShardedParams::build_buckets(const std::vector<at::Tensor>& tensors) {
 ShardedParams::~ShardedParams() {
   for (auto* unit : units_) unit->detach();
   if (reducer_) reducer_->settle();  // an error was raised already, if any
-  for (auto& w : update_works_) {    // a step that stopped on an error
-    try {
-      if (w) w->wait();
-    } catch (...) {
-    }
-  }
 }
 
 void ShardedParams::begin_backward(bool boundary) {
@@ -194,11 +172,11 @@ void ShardedParams::attach_master_grads() {
   if (host_grads_) host_grads_->wait();  // copies started during backward land before the host reads them
   for (size_t k = 0; k < num_buckets(); ++k) {
     if (host_grads_ && host_grads_->off_device(k)) {  // its host copy is complete
-      master_flat_[k].mutable_grad() = host_grads_->for_step(k);
+      masters_.tensors()[k].mutable_grad() = host_grads_->for_step(k);
       if (host_grads_->device_squares(k).defined()) {
         squares_.add_device_sum(host_grads_->device_squares(k));
       } else {
-        squares_.add(master_flat_[k].grad());
+        squares_.add(masters_.tensors()[k].grad());
       }
       continue;
     }
@@ -213,95 +191,21 @@ void ShardedParams::attach_master_grads() {
         if (!host_grads_->holds(k)) host_grads_->copy_from(k, grad, /*non_blocking=*/false);
         grad = host_grads_->copy(k);
       }
-      master_flat_[k].mutable_grad() = grad;
+      masters_.tensors()[k].mutable_grad() = grad;
       continue;
     }
-    master_flat_[k].mutable_grad() = grad.scalar_type() == at::kFloat ? grad : grad.to(at::kFloat);
-    squares_.add(master_flat_[k].grad());
+    masters_.tensors()[k].mutable_grad() = grad.scalar_type() == at::kFloat ? grad : grad.to(at::kFloat);
+    squares_.add(masters_.tensors()[k].grad());
   }
 }
 
 void ShardedParams::detach_master_grads() {
-  for (auto& m : master_flat_) m.mutable_grad() = at::Tensor();
+  for (auto m : masters_.tensors()) m.mutable_grad() = at::Tensor();
   if (host_grads_) host_grads_->clear();
 }
 
-void ShardedParams::publish_bucket(size_t k) {
-  at::Tensor target = update_target(k);
-  if (target.defined()) {
-    torch::NoGradGuard no_grad;
-    target.copy_(master_flat_[k]);  // converts the fp32 master to the parameters' dtype
-  }
-  updated(k);
-}
-
-void ShardedParams::publish() {
-  for (size_t k = 0; k < num_buckets(); ++k) {
-    if (!sent_[k]) publish_bucket(k);
-  }
-  for (auto& w : update_works_) {
-    if (w) w->wait();
-  }
-  update_works_.clear();
-  storage_.wait_writes();
-  sent_.assign(num_buckets(), false);
-}
-
-at::Tensor ShardedParams::update_target(size_t k) {
-  const at::Tensor& shard = storage_.shard(k);
-  if (master_flat_[k].unsafeGetTensorImpl() == shard.unsafeGetTensorImpl()) return {};
-  storage_.prepare_write(k);
-  // Written in place: a host shard by the host optimizer, or (Note [Partial
-  // offload]) a shard on the accelerator by the update made there.
-  if (shard.is_cpu() || !master_on_host_[k]) return shard;
-  // The shard is on the accelerator: a staging buffer whose previous copy has run.
-  if (update_staging_.empty()) {
-    int64_t largest = 0;
-    for (const auto& other : layout_.buckets()) largest = std::max(largest, other.shard_numel);
-    for (int i = 0; i < 2; ++i) {
-      Staging s;
-      s.buffer = torch::empty({largest}, torch::TensorOptions().dtype(shard.scalar_type()).pinned_memory(true));
-      s.copied = std::make_unique<c10::Event>(shard.device().type());
-      update_staging_.push_back(std::move(s));
-    }
-  }
-  Staging& s = update_staging_[next_staging_++ % update_staging_.size()];
-  while (!s.copied->query()) std::this_thread::sleep_for(std::chrono::microseconds(20));
-  s.bucket = static_cast<int>(k);
-  return s.buffer.slice(0, 0, layout_.buckets()[k].shard_numel);
-}
-
-void ShardedParams::updated(size_t k) {
-  torch::NoGradGuard no_grad;
-  const at::Tensor& shard = storage_.shard(k);
-  for (auto& s : update_staging_) {
-    if (s.bucket != static_cast<int>(k)) continue;
-    // Asynchronous from page-locked memory on the current stream, which the
-    // all-gather below waits for; the event frees the buffer.
-    shard.copy_(s.buffer.slice(0, 0, layout_.buckets()[k].shard_numel), /*non_blocking=*/true);
-    const auto impl = c10::impl::VirtualGuardImpl(shard.device().type());
-    s.copied->record(impl.getStream(shard.device()));
-    s.bucket = -1;
-  }
-  // A bucket that stays gathered is all-gathered in place, when it has
-  // more than one owner; a released one is gathered again when its unit
-  // runs (offload_param "nvme": written back first).
-  if (auto work = storage_.written(k)) update_works_.push_back(std::move(work));
-  sent_[k] = true;
-}
-
 int64_t ShardedParams::offload_buffer_bytes() const {
-  int64_t bytes = host_grads_ ? host_grads_->bytes() : 0;
-  for (const auto& s : update_staging_) bytes += s.buffer.nbytes();
-  return bytes;
-}
-
-int64_t ShardedParams::master_bytes() const {
-  int64_t bytes = 0;  // master weights apart from the parameters (mixed precision, offload)
-  for (size_t k = 0; k < num_buckets(); ++k) {
-    if (master_flat_[k].unsafeGetTensorImpl() != storage_.shard(k).unsafeGetTensorImpl()) bytes += master_flat_[k].nbytes();
-  }
-  return bytes;
+  return (host_grads_ ? host_grads_->bytes() : 0) + masters_.staging_bytes();
 }
 
 }  // namespace zero::partition

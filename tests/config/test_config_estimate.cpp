@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <regex>
 
@@ -315,7 +316,10 @@ ToolRun tool(const std::string& args) {
   const std::string command = "env -u WORLD_SIZE '" + std::string(ZERO_CONFIG_TOOL) + "' " + args + " >'" + out +
                               "' 2>'" + err + "'";
   int raw = std::system(command.c_str());
-  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, slurp(out), slurp(err)};
+  ToolRun run{WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, slurp(out), slurp(err)};
+  std::remove(out.c_str());
+  std::remove(err.c_str());
+  return run;
 }
 
 std::string file_arg(const std::string& relative) { return "'" + source_path(relative) + "'"; }

@@ -1,6 +1,6 @@
 #pragma once
 // The host copies of reduced gradients that offload_optimizer reads
-// (Note [Offload copies] in partition.h): one per offloaded bucket, in the
+// (Note [Offload copies] in master_store.h): one per offloaded bucket, in the
 // training dtype, when the parameters are not in host memory (or when a
 // test asks for them on CPU ranks).
 #include <torch/torch.h>

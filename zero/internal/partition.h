@@ -6,48 +6,14 @@
 // [Flat layout]: buckets, offsets, shards), the gradient strategy of each
 // stage (grad_reducer.h), the host copies of offloaded gradients
 // (host_grads.h), the gradient norm (grad_norm.h), the parameters' memory
-// with stage 3's release and gather (param_storage.h) and the
-// units' schedule (units.cpp). ShardedParams holds them together with the
-// master weights and their way back to the parameters.
+// with stage 3's release and gather (param_storage.h), the master weights
+// and their way back to the parameters (master_store.h, Notes [Offload
+// copies] and [Partial offload]) and the units' schedule (units.cpp).
+// ShardedParams holds them together: it builds them from the model's
+// parameters and hands each bucket's reduced gradient to its master weights.
 //
-// Note [Offload copies]: with offload_optimizer the master weights (and the
-// optimizer's states, made by the optimizer beside them) live in host
-// memory, apart from the parameters even in fp32 when the parameters are on
-// an accelerator. The reduced gradients stay in the training dtype: copied
-// to host tensors as each bucket is reduced when the parameters are on an
-// accelerator, read in place when they are in host memory; the host
-// optimizer widens them and applies the loss scale and clipping as it reads
-// them (no fp32 copy, no pass of their own). The updated parameters go the
-// other way bucket by bucket while the optimizer updates the next bucket
-// (update_target, updated): the optimizer writes a bucket's shard in the
-// training dtype, in the same pass, straight into the shard when the shard
-// is in host memory (CPU ranks, offload_param), or else into one of two
-// page-locked staging buffers, copied to the accelerator asynchronously; a
-// bucket that stays gathered starts its all-gather at once. No host copy of
-// the whole partition in the training dtype is kept.
-// At stages 2-3 a bucket whose gradients go to the host has no part in the
-// accelerator's gradient partition at all: its reduce-scatter lands in a
-// temporary that is copied to the host at once, and its sum of squares is
-// taken there from that temporary. With gradient accumulation (or a second
-// backward before the step) the next micro-step adds to the host copy
-// through the accelerator, as DeepSpeed does: a round trip over the bus per
-// micro-step buys the accelerator the offloaded share's gradients, which
-// for a model that barely fits is the difference between training and
-// running out of memory.
-//
-// Note [Partial offload]: offload_ratio below 1 (DeepSpeed's
-// offload_optimizer.ratio, ZeRO-Offload++'s "Twin-Flow") offloads only the
-// first buckets in flat order, whole buckets, until about that share of the
-// partition's elements is on the host: the layers whose gradients arrive
-// first, so their copies to the host overlap the rest of backward. The
-// other buckets keep their master weights and states where the parameters
-// are and are updated there while the host updates its share; their
-// gradients stay in the training dtype too (the optimizer widens one bucket
-// at a time). With NVMe offload only the host share is swapped to files.
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
-
-#include <c10/core/Event.h>
 
 #include <memory>
 #include <optional>
@@ -60,6 +26,7 @@
 #include "zero/internal/grad_norm.h"
 #include "zero/internal/grad_reducer.h"
 #include "zero/internal/host_grads.h"
+#include "zero/internal/master_store.h"
 #include "zero/internal/param_storage.h"
 #include "zero/unit.h"
 
@@ -109,9 +76,10 @@ class ShardedParams {
   void begin_backward(bool boundary);
   void end_backward();
 
-  // Per parameter group, the fp32 tensors the optimizer updates: this
-  // rank's shard of each bucket of the group (all of it at stage 0).
-  const std::vector<std::vector<at::Tensor>>& master() const { return master_; }
+  // The fp32 tensors the optimizer updates, per bucket this rank's shard
+  // (all of it at stage 0), and their way back to the parameters.
+  MasterStore& masters() { return masters_; }
+  const MasterStore& masters() const { return masters_; }
   // Gives each master tensor its gradient (the reduced gradient of its
   // shard): fp32, or with offload in the training dtype (Note [Offload copies]).
   void attach_master_grads();
@@ -119,18 +87,6 @@ class ShardedParams {
   // This rank's sum of squares of the attached gradients (Note [Gradient
   // norm]): not finite exactly when one of them is not.
   double grad_squares() { return squares_.total(); }
-  // The one way back to the parameters (Note [Offload copies]):
-  // update_target(k) is where bucket k's updated shard is to be written in
-  // the training dtype (undefined: the master weights are the parameters);
-  // updated(k), once it is written, starts its way on (the bucket's
-  // all-gather, or its write to NVMe). A host optimizer does both as it
-  // updates each bucket; publish_bucket(k) does both from the master
-  // weights. publish() publishes every bucket not yet sent since the last
-  // publish() and waits until all of them have arrived.
-  at::Tensor update_target(size_t k);
-  void updated(size_t k);
-  void publish_bucket(size_t k);
-  void publish();
   // Host bytes offload keeps besides master weights and states: the
   // gradient shard's copy and the staging buffers.
   int64_t offload_buffer_bytes() const;
@@ -147,7 +103,7 @@ class ShardedParams {
 
   const FlatLayout& layout() const { return layout_; }
   // For optimizers that need whole-parameter norms (Lamb): per master tensor
-  // (bucket by bucket, so group by group as master() lists them) the
+  // (bucket by bucket, so group by group as masters().by_group() lists them) the
   // pieces of parameters in it.
   std::vector<std::vector<FlatLayout::Piece>> master_pieces() const { return layout_.shard_pieces(); }
   int64_t num_params() const { return static_cast<int64_t>(params_.size()); }
@@ -156,7 +112,6 @@ class ShardedParams {
   // Note [Checkpoint layout] (ckpt/checkpoint.h): the pieces of parameters
   // in this rank's master tensors, in model space.
   std::vector<FlatLayout::Fragment> fragments() const { return layout_.fragments(); }
-  const std::vector<at::Tensor>& master_tensors() const { return master_flat_; }
   // Mid-accumulation checkpoints: the gradient accumulated so far, as this
   // rank holds it, and its restoration (GradReducer::accumulated).
   at::Tensor accumulated_grads() const { return reducer_->accumulated(); }
@@ -167,12 +122,9 @@ class ShardedParams {
   const Options& options() const { return options_; }
   int64_t numel() const { return layout_.numel(); }            // trainable elements, unpadded
   int64_t partition_numel() const { return layout_.partition_numel(); }
-  size_t num_buckets() const { return master_on_host_.size(); }
-  // Note [Partial offload]: bucket k's optimizer runs on the host.
-  bool master_on_host(size_t k) const { return master_on_host_[k]; }
+  size_t num_buckets() const { return layout_.buckets().size(); }
   int64_t param_bytes() const { return storage_.bytes(); }
   int64_t grad_bytes() const { return reducer_->bytes(); }
-  int64_t master_bytes() const;
 
  private:
   friend struct GradReadyHook;
@@ -187,23 +139,10 @@ class ShardedParams {
   FlatLayout layout_;
   std::vector<Param> params_;    // in the layout's order
   ParamStorage storage_;         // the buckets' memory
-  std::vector<bool> master_on_host_;  // per bucket (Note [Partial offload])
+  MasterStore masters_;
   std::unique_ptr<HostGrads> host_grads_;  // offload_optimizer: the host copies of reduced gradients
   std::unique_ptr<GradReducer> reducer_;   // the stage's strategy
-  std::vector<std::vector<at::Tensor>> master_;
-  std::vector<at::Tensor> master_flat_;    // per bucket, same tensors as master_
   GradSquares squares_;                    // of the attached gradients
-  // Note [Offload copies]: page-locked buffers for updated shards on their
-  // way to the accelerator, each free once its copy has run (`copied`).
-  struct Staging {
-    at::Tensor buffer;
-    std::unique_ptr<c10::Event> copied;
-    int bucket = -1;  // the bucket it holds until updated()
-  };
-  std::vector<Staging> update_staging_;
-  size_t next_staging_ = 0;
-  std::vector<comm::WorkHandle> update_works_;  // all-gathers updated() started
-  std::vector<bool> sent_;                      // per bucket: updated() since the last publish()
   std::shared_ptr<UnitScheduler> scheduler_;  // stage 3
   std::vector<UnitBase*> units_;
   bool in_backward_ = false;
