@@ -44,7 +44,10 @@ int optimizer_state_bytes(const std::string& type, bool amsgrad, double momentum
                        "\"; known: Adam, AdamW, SGD, Adagrad, Lamb");
 }
 
-MemoryEstimate estimate_memory(const EstimateInput& in) {
+namespace {
+
+// Every field in its range, and the offload devices the stage allows.
+void validate(const EstimateInput& in) {
   // 1e15 parameters at 32 bytes each stay far below INT64_MAX.
   require(in.params >= 0 && in.params <= 1000000000000000, "params must be in [0, 1e15]; got " + std::to_string(in.params));
   require(in.world_size >= 1 && in.world_size <= 1000000,
@@ -71,17 +74,17 @@ MemoryEstimate estimate_memory(const EstimateInput& in) {
               " (cpu needs stage 1-3, nvme stage 3)");
   require(offload_param_allowed(in.offload_param, in.stage),
           "offload_param \"" + in.offload_param + "\" needs stage 3; got stage " + std::to_string(in.stage));
+}
 
+// Without offload, everything lives on the device.
+void on_device(const EstimateInput& in, MemoryEstimate& m) {
   const int64_t n = in.world_size, b = in.dtype_bytes, k = in.state_bytes_per_element;
   const int64_t owners = in.stage == 0 ? 1 : n;
-  MemoryEstimate m;
   m.padded_params = (in.params + owners - 1) / owners * owners;
   m.shard_params = m.padded_params / owners;
   const int64_t p = m.padded_params, s = m.shard_params;
   const bool sharded = in.stage >= 1;
   const int64_t held = sharded ? s : p;   // elements of master and optimizer states a rank holds
-
-  // Without offload, everything lives on the device.
   MemoryBytes& d = m.device;
   d.params = (in.stage == 3 ? s : p) * b;
   if (in.stage >= 2) {
@@ -94,39 +97,59 @@ MemoryEstimate estimate_memory(const EstimateInput& in) {
   d.fp32_master = in.mixed_precision ? held * 4 : 0;
   d.optimizer_states = held * k;
   if (in.stage == 3) m.gathered_params_max = std::min(in.params, in.stage3_max_live_parameters) * b;
+}
 
-  if (in.offload_optimizer != "none") {   // stages 1-3
-    const bool nvme = in.offload_optimizer == "nvme";
-    MemoryBytes& to = nvme ? m.nvme : m.host;
-    // Partial offload: the host share of the shard (the engine splits at bucket boundaries).
-    const int64_t off = std::llround(in.offload_optimizer_ratio * static_cast<double>(s));
-    to.fp32_master = off * 4;   // with fp32 training too: the CPU optimizer's copy of the shard
-    to.optimizer_states = off * k;
-    // The reduced gradient shard the CPU optimizer reads, in the training dtype.
-    if (in.accelerator) m.host.gradients = off * b;
-    // With an accelerator, the CPU optimizer writes each bucket's updated
-    // shard into one of two page-locked staging buffers on its way there
-    // (without one, straight into the parameters).
-    if (in.accelerator && off > 0) m.host.params += 2 * ((std::min(in.reduce_bucket_size, p) + owners - 1) / owners) * b;
-    d.fp32_master = in.mixed_precision ? (s - off) * 4 : 0;
-    d.optimizer_states = (s - off) * k;
-    // The offloaded share's gradients leave the device partition (the
-    // reduced bucket goes straight to the host).
-    if (in.accelerator && in.stage >= 2) d.gradients -= off * b;
-    if (nvme) {
-      // The step's sub-groups in host memory: read-ahead, current, write-behind.
-      const int64_t sub = std::min(in.sub_group_size, off);
-      const int64_t resident = std::min<int64_t>(3, sub > 0 ? (off + sub - 1) / sub : 0);
-      m.host.fp32_master = resident * sub * 4;
-      m.host.optimizer_states = resident * sub * k;
-    }
+// offload_optimizer (stages 1-3): the offloaded share of the master shard,
+// its states and gradient copies move to the host or NVMe.
+void optimizer_offloaded(const EstimateInput& in, MemoryEstimate& m) {
+  const int64_t b = in.dtype_bytes, k = in.state_bytes_per_element;
+  const int64_t owners = in.stage == 0 ? 1 : in.world_size;
+  const int64_t p = m.padded_params, s = m.shard_params;
+  MemoryBytes& d = m.device;
+  const bool nvme = in.offload_optimizer == "nvme";
+  MemoryBytes& to = nvme ? m.nvme : m.host;
+  // Partial offload: the host share of the shard (the engine splits at bucket boundaries).
+  const int64_t off = std::llround(in.offload_optimizer_ratio * static_cast<double>(s));
+  to.fp32_master = off * 4;   // with fp32 training too: the CPU optimizer's copy of the shard
+  to.optimizer_states = off * k;
+  // The reduced gradient shard the CPU optimizer reads, in the training dtype.
+  if (in.accelerator) m.host.gradients = off * b;
+  // With an accelerator, the CPU optimizer writes each bucket's updated
+  // shard into one of two page-locked staging buffers on its way there
+  // (without one, straight into the parameters).
+  if (in.accelerator && off > 0) m.host.params += 2 * ((std::min(in.reduce_bucket_size, p) + owners - 1) / owners) * b;
+  d.fp32_master = in.mixed_precision ? (s - off) * 4 : 0;
+  d.optimizer_states = (s - off) * k;
+  // The offloaded share's gradients leave the device partition (the
+  // reduced bucket goes straight to the host).
+  if (in.accelerator && in.stage >= 2) d.gradients -= off * b;
+  if (nvme) {
+    // The step's sub-groups in host memory: read-ahead, current, write-behind.
+    const int64_t sub = std::min(in.sub_group_size, off);
+    const int64_t resident = std::min<int64_t>(3, sub > 0 ? (off + sub - 1) / sub : 0);
+    m.host.fp32_master = resident * sub * 4;
+    m.host.optimizer_states = resident * sub * k;
   }
-  if (in.offload_param != "none") {   // stage 3
-    MemoryBytes& to = in.offload_param == "cpu" ? m.host : m.nvme;
-    to.params += s * b;
-    d.params = 0;
-    if (in.offload_param == "nvme") m.host.params += in.offload_param_buffer_count * in.offload_param_buffer_size * b;
-  }
+}
+
+// offload_param (stage 3): the parameter shard leaves the device.
+void params_offloaded(const EstimateInput& in, MemoryEstimate& m) {
+  const int64_t b = in.dtype_bytes, s = m.shard_params;
+  MemoryBytes& d = m.device;
+  MemoryBytes& to = in.offload_param == "cpu" ? m.host : m.nvme;
+  to.params += s * b;
+  d.params = 0;
+  if (in.offload_param == "nvme") m.host.params += in.offload_param_buffer_count * in.offload_param_buffer_size * b;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const EstimateInput& in) {
+  validate(in);
+  MemoryEstimate m;
+  on_device(in, m);
+  if (in.offload_optimizer != "none") optimizer_offloaded(in, m);
+  if (in.offload_param != "none") params_offloaded(in, m);
   return m;
 }
 
