@@ -156,7 +156,8 @@ struct ParamInfo {
 struct Manifest {
   std::string format = kFormatName;
   int version = kFormatVersion;
-  std::string tag;
+  std::string tag;                 // read_manifest: the folder it was found in
+  std::string tag_in_file;         // read_manifest: the file's own "tag" when it names another folder, else empty
   int world_size = 1;
   int stage = 0;
   std::string dtype;               // training dtype: "F32", "F16", "BF16"
@@ -193,6 +194,10 @@ std::vector<std::string> list_tags(const std::string& dir);
 void write_manifest(const std::string& dir, const Manifest& m);
 // Reads and validates; errors name the path (missing: "no manifest ...
 // the save was interrupted or the tag is wrong; complete tags: ...").
+// The folder the manifest is found in is the checkpoint: its files are read
+// from there whatever the file's "tag" says (a renamed folder loads; a
+// crafted tag cannot point the reader at another checkpoint's files or out
+// of `dir`); a tag that disagrees is kept in tag_in_file for a warning.
 Manifest read_manifest(const std::string& dir, const std::string& tag);
 
 // All fragments of a checkpoint, for reading any element range of any

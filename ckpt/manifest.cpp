@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "ckpt/checkpoint.h"
+#include "core/json_depth.h"
 #include "zero/error.h"
 
 namespace zero::ckpt {
@@ -301,13 +302,20 @@ Manifest read_manifest(const std::string& dir, const std::string& tag) {
     fail("no manifest " + path + why + ": the save was interrupted or the tag is wrong; complete tags in " + dir +
          ": " + tag_list(dir));
   }
+  const std::string text = read_text(path);
+  if (core::json_nests_deeper_than(text))
+    fail(path + " nests deeper than " + std::to_string(core::kMaxJsonDepth) +
+         " levels, which no manifest does; the manifest is damaged: load another tag");
   json j;
   try {
-    j = json::parse(read_text(path));
+    j = json::parse(text);
   } catch (const json::exception& e) {
     fail(path + " is not valid JSON (" + e.what() + "); the manifest is damaged: load another tag");
   }
-  return Manifest::from_json(j, path);
+  Manifest m = Manifest::from_json(j, path);
+  if (m.tag != tag) m.tag_in_file = m.tag;
+  m.tag = tag;
+  return m;
 }
 
 }  // namespace zero::ckpt

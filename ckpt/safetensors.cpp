@@ -22,6 +22,7 @@
 #include <xxhash.h>
 
 #include "ckpt/checkpoint.h"
+#include "core/json_depth.h"
 #include "zero/error.h"
 
 namespace zero::ckpt {
@@ -427,6 +428,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     std::string text(n, '\0');
     pread_all(fd_, text.data(), n, 8, path);
 
+    if (core::json_nests_deeper_than(text))
+      fail(where + "the header nests deeper than " + std::to_string(core::kMaxJsonDepth) + " levels: it is not a safetensors header");
     nlohmann::json header;
     try {
       header = nlohmann::json::parse(text);

@@ -1,5 +1,6 @@
 #include "engine/checkpoint_io.h"
 
+#include <cmath>
 #include <set>
 
 #include "zero/error.h"
@@ -128,6 +129,93 @@ void NvmeWindow::leave(size_t k) {
   }
   store_->swap_out(ids_[k]);
   if (k > 0) store_->wait_out(ids_[k - 1]);
+}
+
+namespace {
+
+using nlohmann::json;
+
+// Counters past 2^53 are not what a run reaches (nor what a double holds exactly).
+constexpr int64_t kMaxCount = int64_t{1} << 53;
+
+[[noreturn]] void bad_field(const std::string& where, const std::string& key, const json& v, const std::string& expected) {
+  const std::string field = key.empty() ? "\"engine\"" : "\"engine\"." + key;
+  throw CheckpointError("load_checkpoint: " + where + ": " + field + " is " + v.dump() + ", not " + expected +
+                        "; the manifest is damaged or was edited: load another tag");
+}
+
+// `prefix`: the path to `e` inside "engine" ("loss_scaler.").
+int64_t count_field(const json& e, const std::string& key, int64_t fallback, int64_t min, const std::string& where,
+                    const std::string& prefix = "") {
+  if (!e.contains(key)) return fallback;
+  const json& v = e[key];
+  const bool in_range = v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(kMaxCount)) &&
+                        v.get<int64_t>() >= min && v.get<int64_t>() <= kMaxCount;
+  if (!in_range) bad_field(where, prefix + key, v, "an integer in [" + std::to_string(min) + ", 2^53]");
+  return v.get<int64_t>();
+}
+
+double number_field(const json& e, const std::string& key, double fallback, bool positive, const std::string& where,
+                    const std::string& prefix = "") {
+  if (!e.contains(key)) return fallback;
+  const json& v = e[key];
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0 || (positive && v.get<double>() == 0))
+    bad_field(where, prefix + key, v, positive ? "a finite number above 0" : "a finite number, 0 or above");
+  return v.get<double>();
+}
+
+}  // namespace
+
+json EngineRecord::to_json() const {
+  json e;
+  e["global_steps"] = global_steps;
+  e["skipped_steps"] = skipped_steps;
+  e["micro_steps"] = micro_steps;
+  e["gradient_accumulation_steps"] = gradient_accumulation_steps;
+  e["optimizer_steps"] = optimizer_steps;
+  if (scheduler_steps) e["scheduler_steps"] = *scheduler_steps;
+  if (lr) e["lr"] = *lr;
+  e["mid_accumulation"] = mid_accumulation;
+  if (loss_scaler) {
+    e["loss_scaler"] = {{"scale", loss_scaler->scale},
+                        {"cur_hysteresis", loss_scaler->cur_hysteresis},
+                        {"last_overflow_iter", loss_scaler->last_overflow_iter},
+                        {"cur_iter", loss_scaler->cur_iter}};
+  }
+  return e;
+}
+
+EngineRecord EngineRecord::from_json(const json& e, const std::string& where) {
+  if (!e.is_object()) bad_field(where, "", e, "an object");
+  EngineRecord r;
+  r.global_steps = count_field(e, "global_steps", 0, 0, where);
+  r.skipped_steps = count_field(e, "skipped_steps", 0, 0, where);
+  if (r.skipped_steps > r.global_steps) bad_field(where, "skipped_steps", e["skipped_steps"], "at most global_steps");
+  r.micro_steps = count_field(e, "micro_steps", 0, 0, where);
+  r.gradient_accumulation_steps = count_field(e, "gradient_accumulation_steps", 1, 1, where);
+  r.optimizer_steps = count_field(e, "optimizer_steps", 0, 0, where);
+  const int64_t taken = r.global_steps - r.skipped_steps;
+  if (e.contains("scheduler_steps")) {
+    r.scheduler_steps = count_field(e, "scheduler_steps", 0, 0, where);
+    if (*r.scheduler_steps > taken) bad_field(where, "scheduler_steps", e["scheduler_steps"], "at most global_steps - skipped_steps");
+  }
+  if (e.contains("lr")) r.lr = number_field(e, "lr", 0.0, false, where);
+  if (e.contains("mid_accumulation")) {
+    if (!e["mid_accumulation"].is_boolean()) bad_field(where, "mid_accumulation", e["mid_accumulation"], "true or false");
+    r.mid_accumulation = e["mid_accumulation"].get<bool>();
+  }
+  if (e.contains("loss_scaler")) {
+    const json& l = e["loss_scaler"];
+    if (!l.is_object()) bad_field(where, "loss_scaler", l, "an object");
+    LossScalerState st;
+    const std::string p = "loss_scaler.";
+    st.scale = number_field(l, "scale", 1.0, true, where, p);
+    st.cur_hysteresis = count_field(l, "cur_hysteresis", 1, 0, where, p);
+    st.last_overflow_iter = count_field(l, "last_overflow_iter", -1, -1, where, p);
+    st.cur_iter = count_field(l, "cur_iter", 0, 0, where, p);
+    r.loss_scaler = st;
+  }
+  return r;
 }
 
 }  // namespace zero::engine

@@ -5,11 +5,13 @@
 // window through which NVMe offload brings master weights and states.
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "engine/loss_scaler.h"
 #include "engine/optimizer.h"
 #include "offload/swapped_tensors.h"
 
@@ -23,6 +25,23 @@ at::Tensor view_of(const ckpt::TensorData& data);
 // "<kind>/<param>/<offset>": the fragment of `param` at `offset` of state
 // `kind` ("fp32" for the master weights, else the optimizer state's name).
 std::string fragment_name(const std::string& kind, const std::string& param, int64_t offset);
+
+// The engine's record in a manifest ("engine"): counters, lr and the loss
+// scaler. Read back with every field type- and range-checked: a file's
+// value that is not what save writes is a CheckpointError naming the key.
+struct EngineRecord {
+  int64_t global_steps = 0, skipped_steps = 0, micro_steps = 0;
+  int64_t gradient_accumulation_steps = 1;
+  int64_t optimizer_steps = 0;
+  std::optional<int64_t> scheduler_steps;  // absent: global_steps - skipped_steps
+  std::optional<double> lr;
+  bool mid_accumulation = false;
+  std::optional<LossScalerState> loss_scaler;  // fp16
+
+  nlohmann::json to_json() const;
+  // `where` names the manifest in errors.
+  static EngineRecord from_json(const nlohmann::json& e, const std::string& where);
+};
 
 // The model's named tensors as a checkpoint describes them: every parameter
 // once (a tied one under its first name), and the buffers.

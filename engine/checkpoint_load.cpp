@@ -66,11 +66,12 @@ struct Plan {
   bool mid_accumulation = false;  // the checkpoint holds partial gradients to resume
 };
 
-Plan plan_for(TrainingState& s, const ckpt::Manifest& m, const LoadOptions& options, const std::string& where) {
+Plan plan_for(TrainingState& s, const ckpt::Manifest& m, const EngineRecord& e, const LoadOptions& options,
+              const std::string& where) {
   Plan plan;
   plan.training = !options.load_module_only;
   plan.states = plan.training && options.load_optimizer_states;
-  plan.mid_accumulation = plan.training && m.engine.value("mid_accumulation", false);
+  plan.mid_accumulation = plan.training && e.mid_accumulation;
   if (plan.states && !m.states.empty()) {
     for (const auto& kind : s.optimizer.state_names()) {
       if (std::find(m.states.begin(), m.states.end(), kind) == m.states.end()) {
@@ -81,9 +82,9 @@ Plan plan_for(TrainingState& s, const ckpt::Manifest& m, const LoadOptions& opti
     }
   }
   if (plan.mid_accumulation && (m.world_size != s.pg.size() || m.stage != s.config.zero_optimization.stage ||
-                                m.engine.value("gradient_accumulation_steps", int64_t{1}) != s.gas)) {
+                                e.gradient_accumulation_steps != s.gas)) {
     throw CheckpointError("load_checkpoint: " + where + " was saved in the middle of a gradient accumulation (micro step " +
-                          std::to_string(m.engine.value("micro_steps", int64_t{0})) + "), whose partial gradients resume only at "
+                          std::to_string(e.micro_steps) + "), whose partial gradients resume only at "
                           "world size " + std::to_string(m.world_size) + ", stage " + std::to_string(m.stage) +
                           " and the same gradient_accumulation_steps; save at an accumulation boundary to change them");
   }
@@ -113,7 +114,12 @@ class Source {
     std::vector<int> mine;  // each file is hashed by one rank: file f by rank f % world size
     for (int f = pg.rank(); f < m.world_size; f += pg.size()) mine.push_back(f);
     reader->verify_only(mine);
-    for (const auto& p : m.params) trainable_then_[p.name] = p.trainable;
+    for (const auto& p : m.params) {
+      trainable_then_[p.name] = p.trainable;
+      int64_t numel = 1;
+      for (int64_t d : p.shape) numel *= d;  // the shapes are the model's (check_matches_model)
+      numel_[p.name] = numel;
+    }
   }
   // Elements of a parameter as fp32: from master fragments, or from the
   // whole tensor when it was frozen then.
@@ -123,7 +129,16 @@ class Source {
       return;
     }
     const at::Tensor whole = view_of(reader->read_whole(0, "module/" + name, storage_)).to(at::kFloat);
+    check_numel(whole, numel_.at(name), "module/" + name);
     std::memcpy(dst, whole.data_ptr<float>() + offset, length * sizeof(float));
+  }
+  // A whole tensor of the file must hold as many elements as the model's
+  // tensor: a file that says otherwise does not match its manifest.
+  static void check_numel(const at::Tensor& whole, int64_t numel, const std::string& entry) {
+    if (whole.numel() == numel) return;
+    throw CheckpointError("load_checkpoint: " + ckpt::rank_file_name(0) + " holds " + std::to_string(whole.numel()) +
+                          " elements of \"" + entry + "\" where the model's tensor has " + std::to_string(numel) +
+                          "; the file does not match the checkpoint's manifest (rewritten, or copied from another checkpoint)");
   }
   // A whole tensor of rank `rank`'s file, viewed in the reader's storage.
   at::Tensor read_whole(int rank, const std::string& name) {
@@ -138,6 +153,7 @@ class Source {
 
  private:
   std::unordered_map<std::string, bool> trainable_then_;
+  std::unordered_map<std::string, int64_t> numel_;  // per parameter, as the manifest lists it
   std::vector<uint8_t> storage_;
 };
 
@@ -203,7 +219,11 @@ void read_module(Source& source, const ModelTensors& model) {
     source.read_param(name, 0, t.numel(), values.data_ptr<float>());
     t.copy_(values.view(t.sizes()));
   }
-  for (const auto& [name, t] : model.buffers) t.copy_(source.read_whole(0, "module/" + name).view(t.sizes()));
+  for (const auto& [name, t] : model.buffers) {
+    const at::Tensor whole = source.read_whole(0, "module/" + name);
+    Source::check_numel(whole, t.numel(), "module/" + name);
+    t.copy_(whole.view(t.sizes()));
+  }
 }
 
 // The accumulated gradients and each generator this rank saved (a
@@ -223,20 +243,16 @@ void read_rank_state(TrainingState& s, Source& source, const ckpt::Manifest& m, 
   }
 }
 
-void restore_counters(TrainingState& s, const json& e, const LoadOptions& options, bool mid_accumulation) {
+void restore_counters(TrainingState& s, const EngineRecord& e, const LoadOptions& options, bool mid_accumulation) {
   StepCounters& c = s.counters;
-  c.global_steps = e.value("global_steps", int64_t{0});
-  c.skipped_steps = e.value("skipped_steps", int64_t{0});
-  c.micro_steps = e.value("micro_steps", int64_t{0});
+  c.global_steps = e.global_steps;
+  c.skipped_steps = e.skipped_steps;
+  c.micro_steps = e.micro_steps;
   if (!mid_accumulation) c.micro_steps -= c.micro_steps % s.gas;
   const int64_t taken = c.global_steps - c.skipped_steps;
-  c.schedule_start = options.load_lr_scheduler_states ? taken - e.value("scheduler_steps", taken) : taken;
-  c.lr = options.load_lr_scheduler_states ? e.value("lr", c.lr) : s.schedule.lr_at(0);
-  if (s.scaler && e.contains("loss_scaler")) {
-    const json& l = e["loss_scaler"];
-    s.scaler->set_state({l.value("scale", 1.0), l.value("cur_hysteresis", int64_t{1}),
-                         l.value("last_overflow_iter", int64_t{-1}), l.value("cur_iter", int64_t{0})});
-  }
+  c.schedule_start = options.load_lr_scheduler_states ? taken - e.scheduler_steps.value_or(taken) : taken;
+  c.lr = options.load_lr_scheduler_states ? e.lr.value_or(c.lr) : s.schedule.lr_at(0);
+  if (s.scaler && e.loss_scaler) s.scaler->set_state(*e.loss_scaler);
 }
 
 }  // namespace
@@ -245,9 +261,14 @@ std::string load_checkpoint(TrainingState& s, const std::string& dir, const std:
   const std::string tag = tag_in.empty() ? ckpt::read_latest(dir) : tag_in;
   const ckpt::Manifest m = ckpt::read_manifest(dir, tag);
   const std::string where = (fs::path(dir) / tag).string();
+  if (!m.tag_in_file.empty()) {
+    log::warn("ckpt", where + "/manifest.json names tag \"" + m.tag_in_file +
+                          "\"; the folder it is in is the checkpoint, so its files are read from " + where);
+  }
+  const EngineRecord record = EngineRecord::from_json(m.engine, where + "/manifest.json");
   const ModelTensors model = describe(s.module);
   check_matches_model(m, model, where);
-  const Plan plan = plan_for(s, m, options, where);
+  const Plan plan = plan_for(s, m, record, options, where);
 
   Attempts attempts;
   std::unique_ptr<Source> source;
@@ -257,7 +278,7 @@ std::string load_checkpoint(TrainingState& s, const std::string& dir, const std:
   NvmeWindow window(s.nvme, s.optimizer, s.params.masters().tensors(), /*write_back=*/true);
   read_partition(s, source.get(), kinds, window, attempts);
   attempts.run([&] {
-    if (plan.states && !m.states.empty()) s.optimizer.set_step_count(m.engine.value("optimizer_steps", int64_t{0}));
+    if (plan.states && !m.states.empty()) s.optimizer.set_step_count(record.optimizer_steps);
     read_module(*source, model);
     if (plan.training) read_rank_state(s, *source, m, plan.mid_accumulation);
   });
@@ -266,9 +287,9 @@ std::string load_checkpoint(TrainingState& s, const std::string& dir, const std:
   const std::string error = comm::agreed_error(s.pg, attempts.error, "load_checkpoint: " + where);
   if (!error.empty()) throw CheckpointError(error);
 
-  if (plan.training) restore_counters(s, m.engine, options, plan.mid_accumulation);
+  if (plan.training) restore_counters(s, record, options, plan.mid_accumulation);
   log::info("ckpt", "loaded " + where + " (saved by " + std::to_string(m.world_size) + " rank(s) at stage " +
-                        std::to_string(m.stage) + ", step " + std::to_string(m.engine.value("global_steps", int64_t{0})) + ")");
+                        std::to_string(m.stage) + ", step " + std::to_string(record.global_steps) + ")");
   return m.client_state.dump();
 }
 

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/env.h"
+#include "core/json_depth.h"
 #include "engine/checkpoint_io.h"
 #include "engine/training_state.h"
 #include "zero/error.h"
@@ -184,23 +185,17 @@ std::vector<ckpt::FileInfo> share_file_entries(comm::ProcessGroup& pg, const ckp
 // The engine's record in the manifest: counters, lr and the loss scaler.
 json engine_record(TrainingState& s) {
   const StepCounters& c = s.counters;
-  json e;
-  e["global_steps"] = c.global_steps;
-  e["skipped_steps"] = c.skipped_steps;
-  e["micro_steps"] = c.micro_steps;
-  e["gradient_accumulation_steps"] = s.gas;
-  e["optimizer_steps"] = s.optimizer.step_count();
-  e["scheduler_steps"] = c.scheduler_steps();
-  e["lr"] = c.lr;
-  e["mid_accumulation"] = c.micro_steps % s.gas != 0;
-  if (s.scaler) {
-    const LossScalerState st = s.scaler->state();
-    e["loss_scaler"] = {{"scale", st.scale},
-                        {"cur_hysteresis", st.cur_hysteresis},
-                        {"last_overflow_iter", st.last_overflow_iter},
-                        {"cur_iter", st.cur_iter}};
-  }
-  return e;
+  EngineRecord e;
+  e.global_steps = c.global_steps;
+  e.skipped_steps = c.skipped_steps;
+  e.micro_steps = c.micro_steps;
+  e.gradient_accumulation_steps = s.gas;
+  e.optimizer_steps = s.optimizer.step_count();
+  e.scheduler_steps = c.scheduler_steps();
+  e.lr = c.lr;
+  e.mid_accumulation = c.micro_steps % s.gas != 0;
+  if (s.scaler) e.loss_scaler = s.scaler->state();
+  return e.to_json();
 }
 
 ckpt::Manifest manifest(TrainingState& s, const std::string& tag, const std::vector<std::string>& kinds,
@@ -221,6 +216,9 @@ ckpt::Manifest manifest(TrainingState& s, const std::string& tag, const std::vec
 }
 
 json parse_client_state(const std::string& text) {
+  if (core::json_nests_deeper_than(text))
+    throw CheckpointError("save_checkpoint: client_state nests deeper than " + std::to_string(core::kMaxJsonDepth) +
+                          " levels, which a load could not read back safely");
   try {
     return json::parse(text.empty() ? "{}" : text);
   } catch (const json::exception& e) {

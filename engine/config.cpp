@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/json_depth.h"
 #include "engine/config_detail.h"
 #include "zero/error.h"
 
@@ -66,6 +67,9 @@ class DuplicateFinder {
 };
 
 Json parse(const std::string& text) {
+  if (core::json_nests_deeper_than(text))
+    throw ConfigError("invalid JSON: nested deeper than " + std::to_string(core::kMaxJsonDepth) +
+                      " levels (a ds_config nests a few)");
   DuplicateFinder finder;
   Json root;
   try {

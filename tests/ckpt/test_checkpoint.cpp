@@ -641,6 +641,85 @@ TEST(BadInput, AnotherModelListsTheDifferences) {
   EXPECT_NE(msg.find("mix.weight"), std::string::npos) << msg;
 }
 
+// A file whose frozen parameter or buffer holds fewer elements than the
+// model's (its manifest rewritten to match a bigger model): a clear error
+// naming the tensor, not a read past the end of the file's tensor.
+TEST(BadInput, AShortFrozenParameterOrBufferIsRefused) {
+  for (const std::string name : {"shift", "gain"}) {
+    const std::string dir = saved_checkpoint("short_" + name);
+    Net net = make_net(3);
+    {
+      torch::NoGradGuard no_grad;
+      (name == "shift" ? net->shift : net->gain).set_data(torch::zeros({4 * kDim}));
+    }
+    const std::string msg = load_error(
+        dir,
+        [&] {
+          const std::string path = dir + "/" + zero::ckpt::read_latest(dir) + "/manifest.json";
+          nlohmann::json j;
+          std::ifstream(path) >> j;
+          for (auto& p : j["params"]) {
+            if (p["name"] == name) p["shape"] = {4 * kDim};
+          }
+          std::ofstream(path) << j.dump();
+        },
+        net);
+    EXPECT_NE(msg.find("\"module/" + name + "\""), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::to_string(4 * kDim)), std::string::npos) << msg;
+  }
+}
+
+// The folder a manifest is in is the checkpoint: a renamed folder loads,
+// and the manifest's own tag (here pointing elsewhere) reads nothing.
+TEST(BadInput, TheFolderIsTheCheckpointWhateverTheManifestsTagSays) {
+  const std::string dir = dir_for("renamed");
+  Net a = make_net(1);
+  auto ea = make_engine({}, a);
+  train(ea, a, 0, 2, *g_world);
+  ea.save_checkpoint(dir);
+  const auto saved = weights(ea);
+  if (g_world->rank() == 0) {
+    fs::rename(dir + "/global_step2", dir + "/moved");
+    const std::string path = dir + "/moved/manifest.json";
+    nlohmann::json j;
+    std::ifstream(path) >> j;
+    j["tag"] = "../../elsewhere/global_step2";
+    std::ofstream(path) << j.dump();
+  }
+  g_world->barrier();
+  Net b = make_net(2);
+  auto eb = make_engine({}, b);
+  eb.load_checkpoint(dir, "moved");
+  expect_identical(saved, weights(eb), "renamed folder");
+}
+
+// The engine's record with a field of the wrong type or out of range: a
+// CheckpointError naming the key (not a JSON exception, not a negative step).
+TEST(BadInput, AWrongTypedOrAbsurdEngineFieldIsNamed) {
+  const std::string dir = saved_checkpoint("enginefields");
+  const std::string path = dir + "/" + zero::ckpt::read_latest(dir) + "/manifest.json";
+  nlohmann::json original;
+  std::ifstream(path) >> original;
+  g_world->barrier();
+  const std::vector<std::pair<std::string, nlohmann::json>> edits = {
+      {"global_steps", "two"}, {"global_steps", 1e30}, {"micro_steps", -3}, {"lr", "fast"},
+      {"mid_accumulation", 1}, {"skipped_steps", 5}};
+  for (const auto& [key, value] : edits) {
+    const std::string msg = load_error(dir, [&, key = key, value = value] {
+      nlohmann::json j = original;
+      j["engine"][key] = value;
+      std::ofstream(path) << j.dump();
+    });
+    EXPECT_NE(msg.find("\"engine\"." + key), std::string::npos) << key << " = " << value.dump() << ": " << msg;
+  }
+  const std::string msg = load_error(dir, [&] {
+    nlohmann::json j = original;
+    j["engine"] = 7;
+    std::ofstream(path) << j.dump();
+  });
+  EXPECT_NE(msg.find("\"engine\" is 7"), std::string::npos) << msg;
+}
+
 TEST(BadInput, MissingLatest) {
   const std::string dir = saved_checkpoint("nolatest");
   const std::string msg = load_error(dir, [&] { fs::remove(dir + "/latest"); });

@@ -456,6 +456,9 @@ TEST_F(CkptTest, MalformedHeadersAreRejectedNamingTheProblem) {
   p = raw("array", "[1, 2]", 0);
   EXPECT_CONTAINS(open_error(p), "not a JSON object");
 
+  p = raw("deep", std::string(100000, '[') + std::string(100000, ']'), 0);
+  EXPECT_CONTAINS(open_error(p), "deeper than 64 levels");
+
   p = raw("dtype", R"({"x": {"dtype": "F8", "shape": [2], "data_offsets": [0, 2]}})", 2);
   EXPECT_CONTAINS(open_error(p), "unknown dtype \"F8\"");
 
@@ -708,6 +711,9 @@ TEST_F(CkptTest, LatestAndTagErrorsSayWhatToDo) {
   // A damaged manifest names its path.
   spit(manifest_path(ck, "global_step9"), "{\"format\": ");
   EXPECT_CONTAINS(error_of([&] { read_manifest(ck, "global_step9"); }), manifest_path(ck, "global_step9"));
+  // One nested past any manifest is refused before it is parsed.
+  spit(manifest_path(ck, "global_step9"), "{\"format\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
+  EXPECT_CONTAINS(error_of([&] { read_manifest(ck, "global_step9"); }), "deeper than 64 levels");
 }
 
 TEST_F(CkptTest, WriteLatestKeepsTheOldTagUntilTheRename) {
@@ -727,6 +733,21 @@ TEST_F(CkptTest, WriteLatestKeepsTheOldTagUntilTheRename) {
   write_latest(dir_, "global_step2");
   EXPECT_EQ(read_latest(dir_), "global_step2");
   EXPECT_FALSE(fs::exists(dir_ + "/latest.tmp"));
+}
+
+// The folder a manifest is in is the checkpoint, whatever its "tag" says.
+TEST_F(CkptTest, ARenamedTagFolderReadsItsOwnFiles) {
+  Model model;
+  model.write(dir_, "saved", kTwoRanks);
+  fs::rename(dir_ + "/saved", dir_ + "/renamed");
+  const Manifest m = read_manifest(dir_, "renamed");
+  EXPECT_EQ(m.tag, "renamed");
+  EXPECT_EQ(m.tag_in_file, "saved");
+  FragmentReader reader(dir_, m);
+  const auto& p = model.trainable.front();
+  std::vector<float> out(static_cast<size_t>(p.numel));
+  reader.read_f32(model.kinds.front(), p.name, 0, p.numel, out.data());
+  EXPECT_EQ(out, model.ref.at({model.kinds.front(), p.name}));
 }
 
 // ---- fragments -----------------------------------------------------------------

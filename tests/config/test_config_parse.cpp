@@ -1,6 +1,7 @@
 // Reading rules: value types, unknown keys and their suggestions, "auto",
 // JSON syntax, and that nothing but zero::ConfigError ever escapes.
 #include "config_test_util.h"
+#include "core/json_depth.h"
 
 namespace {
 
@@ -13,6 +14,29 @@ using zero_test::parse;
 void expect_error(const std::string& json, const std::vector<std::string>& parts) {
   std::string message = config_error([&] { parse(json); });
   for (const auto& part : parts) EXPECT_NE(message.find(part), std::string::npos) << message << "\nmissing: " << part;
+}
+
+// ---- nesting ---------------------------------------------------------------
+
+// 100,000 nested arrays would overflow the stack when the value is dumped
+// or copied: refused before parsing, with a ConfigError.
+TEST(ConfigJson, NestingDeeperThanAnyConfigIsRefused) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  expect_error("{\"train_batch_size\": " + deep + "}", {"invalid JSON", "deeper than 64 levels"});
+}
+
+TEST(ConfigJson, BracketsInStringsAndCommentsDoNotNest) {
+  using zero::core::json_nests_deeper_than;
+  const std::string many(200, '[');
+  EXPECT_FALSE(json_nests_deeper_than("{\"a\": \"" + many + "\", \"b\": \"\\\"" + many + "\"}"));
+  EXPECT_FALSE(json_nests_deeper_than("{// " + many + "\n /* " + many + " */ \"a\": 1}"));
+  EXPECT_FALSE(json_nests_deeper_than(std::string(64, '[') + std::string(64, ']')));
+  EXPECT_TRUE(json_nests_deeper_than(std::string(65, '[') + std::string(65, ']')));
+  EXPECT_TRUE(json_nests_deeper_than(std::string(40, '{') + "\"a\": " + std::string(30, '[')));
+  // Depth, not count: many arrays side by side are shallow.
+  std::string wide = "[";
+  for (int i = 0; i < 1000; ++i) wide += "[[1]],";
+  EXPECT_FALSE(json_nests_deeper_than(wide + "0]"));
 }
 
 // ---- value types ---------------------------------------------------------
