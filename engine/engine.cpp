@@ -41,6 +41,18 @@ at::ScalarType training_dtype(const Config& c) {
   return at::kFloat;
 }
 
+// A LibTorch error raised in backward, as one line (no C++ frames), with
+// what to do when it is an fp16 kernel the CPU lacks.
+std::string torch_message(const c10::Error& e, at::ScalarType dtype) {
+  std::string text = e.what_without_backtrace();
+  for (char& c : text) c = c == '\n' ? ' ' : c;
+  if (dtype == at::kHalf && text.find("'Half'") != std::string::npos) {
+    text += " (LibTorch's CPU kernels lack some fp16 ops: train in bf16 on CPU ranks, \"bf16\": {\"enabled\": true}, "
+            "and in fp16 on a GPU)";
+  }
+  return text;
+}
+
 std::shared_ptr<comm::ProcessGroup> join(const Config& config) {
   comm::GroupOptions options;
   if (!env::is_set("ZERO_COMM_TIMEOUT")) options.timeout = std::chrono::seconds(config.zero.comm_timeout_s);
@@ -135,6 +147,9 @@ void Engine::backward(const at::Tensor& loss) {
   s.sharded->begin_backward(is_gradient_accumulation_boundary());
   try {
     (loss * (scale / static_cast<double>(s.gas))).backward();
+  } catch (const c10::Error& e) {
+    s.sharded->end_backward();
+    throw EngineError("engine.backward: LibTorch raised: " + torch_message(e, s.dtype));
   } catch (...) {
     s.sharded->end_backward();
     throw;

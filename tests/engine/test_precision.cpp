@@ -168,6 +168,38 @@ std::pair<double, double> losses(bool bf16) {
   return {both[0].item<double>(), both[1].item<double>()};
 }
 
+// An op whose backward raises a LibTorch error (as a kernel missing for a
+// dtype does).
+struct FailingBackward : torch::autograd::Function<FailingBackward> {
+  static torch::Tensor forward(torch::autograd::AutogradContext*, torch::Tensor x) { return x * 2; }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list g) {
+    TORCH_CHECK(false, "no backward for this op here");
+    return g;
+  }
+};
+
+// It reaches the user as one line in a zero::EngineError, without C++
+// frames, and the engine trains on after it.
+TEST(Errors, ALibTorchErrorInBackwardIsOneEngineErrorLine) {
+  Elementwise model;
+  auto engine = make_engine(model, R"({"enabled": false})");
+  auto x = batch_x(0, at::kFloat);
+  auto loss = FailingBackward::apply(model->forward(x)).pow(2).mean();
+  std::string message;
+  try {
+    engine.backward(loss);
+  } catch (const zero::EngineError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("engine.backward: LibTorch raised: no backward for this op here"), std::string::npos) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  EXPECT_EQ(message.find("Exception raised from"), std::string::npos) << message;
+  const auto before = snapshot(model);
+  engine.backward((model->forward(x) - 1.0).pow(2).mean());
+  engine.step();
+  EXPECT_FALSE(torch::equal(before, snapshot(model)));
+}
+
 TEST(Bf16, TrainsToTheSameLossBandAsFp32) {
   const auto [start, fp32] = losses(false);
   const double bf16 = losses(true).second;
