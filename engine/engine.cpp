@@ -79,6 +79,13 @@ void Engine::Impl::build_params(InitOptions& options) {
   engine::ModelParams model_params = engine::model_params(*module, std::move(options.param_groups), config, dtype);
   frozen_bytes = model_params.frozen_bytes;
   units = model_params.units;
+  // Before the first collective that assumes it: every rank holds the same
+  // config and model, or every rank stops naming what differs.
+  const std::string differs = comm::disagreement(*pg, engine::rank_facts(config, *module, model_params));
+  if (!differs.empty()) {
+    throw EngineError("zero::initialize: " + differs +
+                      "; every rank must start with the same config and the same model");
+  }
   // Every rank starts from rank 0's weights and buffers, as DeepSpeed does.
   {
     torch::NoGradGuard no_grad;

@@ -4,6 +4,8 @@
 #include <sstream>
 #include <unordered_map>
 
+#include <nlohmann/json.hpp>
+
 #include "core/env.h"
 #include "engine/host_optimizer.h"
 #include "zero/error.h"
@@ -142,6 +144,36 @@ partition::Options partition_options(const Config& config, at::ScalarType dtype,
     o.param_swap.buffer_count = z.offload_param.buffer_count;
   }
   return o;
+}
+
+namespace {
+
+// The config's leaves as "config.a.b" = value, in the order to_json writes them.
+void flatten(const nlohmann::json& j, const std::string& path, comm::Facts& out) {
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) flatten(it.value(), path + "." + it.key(), out);
+  } else {
+    out.emplace_back(path, j.dump());
+  }
+}
+
+std::string tensor_fact(const at::Tensor& t) {
+  std::ostringstream out;
+  out << t.sizes() << " " << t.scalar_type() << (t.requires_grad() ? " trainable" : " frozen");
+  return out.str();
+}
+
+}  // namespace
+
+comm::Facts rank_facts(const Config& config, torch::nn::Module& module, const ModelParams& params) {
+  comm::Facts facts;
+  flatten(nlohmann::json::parse(config.to_json()), "config", facts);  // our own output: shallow
+  for (const auto& p : module.named_parameters()) facts.emplace_back("parameter " + p.key(), tensor_fact(p.value()));
+  for (const auto& b : module.named_buffers()) facts.emplace_back("buffer " + b.key(), tensor_fact(b.value()));
+  for (size_t g = 0; g < params.groups.size(); ++g) {
+    for (const auto& name : params.groups[g].names) facts.emplace_back("group of " + name, std::to_string(g));
+  }
+  return facts;
 }
 
 namespace {

@@ -29,6 +29,11 @@ struct ModelParams {
 ModelParams model_params(torch::nn::Module& module, std::vector<ParamGroup> param_groups, const Config& config,
                          at::ScalarType dtype);
 
+// What every rank must share (comm::disagreement): the resolved config key
+// by key, every parameter's and buffer's shape, dtype and trainability, and
+// each trainable parameter's group.
+comm::Facts rank_facts(const Config& config, torch::nn::Module& module, const ModelParams& params);
+
 partition::Options partition_options(const Config& config, at::ScalarType dtype, int rank);
 
 struct OptimizerParts {

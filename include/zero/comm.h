@@ -14,6 +14,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace zero::comm {
@@ -124,5 +125,14 @@ bool nccl_available();
 // failed, otherwise `what` followed by each failed rank's message (the
 // first 2 kB of each).
 std::string agreed_error(ProcessGroup& pg, const std::string& my_error, const std::string& what);
+
+// Agreement on what must be the same on every rank (a config, a model):
+// `facts` are (key, value) pairs in an order every rank shares. The ranks
+// compare one 64-bit digest; only when it differs do they exchange the
+// facts. Returns, on every rank, "" when all ranks hold the same facts, else
+// the same message naming the first key that differs, its value on each
+// rank, and how many keys differ.
+using Facts = std::vector<std::pair<std::string, std::string>>;
+std::string disagreement(ProcessGroup& pg, const Facts& facts);
 
 }  // namespace zero::comm

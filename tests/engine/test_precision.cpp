@@ -200,6 +200,38 @@ TEST(Errors, ALibTorchErrorInBackwardIsOneEngineErrorLine) {
   EXPECT_FALSE(torch::equal(before, snapshot(model)));
 }
 
+// A rank started with another learning rate, or another model, stops every
+// rank at initialize with the key that differs and the ranks on each side.
+std::string initialize_error(const std::string& lr, torch::nn::Linear model) {
+  const std::string json = R"({"train_micro_batch_size_per_gpu": 4, "steps_per_print": 1000000,
+    "optimizer": {"type": "SGD", "params": {"lr": )" + lr + R"(}}, "zero_optimization": {"stage": 2}})";
+  zero::InitOptions options;
+  options.group = g_world;
+  try {
+    zero::initialize(zero::Config::from_json(json), model, options);
+  } catch (const zero::EngineError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Agreement, RanksThatDisagreeStopNamingTheKeyAndTheRanks) {
+  if (g_world->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const bool last = g_world->rank() == g_world->size() - 1;
+  const std::string last_rank = "rank " + std::to_string(g_world->size() - 1);
+  std::string others = g_world->size() == 2 ? "rank 0" : "ranks 0";
+  for (int r = 1; r + 1 < g_world->size(); ++r) others += ", " + std::to_string(r);
+  std::string message = initialize_error(last ? "0.02" : "0.01", torch::nn::Linear(4, 4));
+  EXPECT_NE(message.find("disagree on config.optimizer.params.lr"), std::string::npos) << message;
+  EXPECT_NE(message.find("0.02 on " + last_rank), std::string::npos) << message;
+  EXPECT_NE(message.find("0.01 on " + others), std::string::npos) << message;
+  message = initialize_error("0.01", torch::nn::Linear(4, last ? 5 : 4));
+  EXPECT_NE(message.find("disagree on parameter weight"), std::string::npos) << message;
+  EXPECT_NE(message.find("[5, 4]"), std::string::npos) << message;
+  EXPECT_NE(message.find("(and 1 more key(s) differ)"), std::string::npos) << message;  // the bias
+  EXPECT_EQ(initialize_error("0.01", torch::nn::Linear(4, 4)), "");
+}
+
 TEST(Bf16, TrainsToTheSameLossBandAsFp32) {
   const auto [start, fp32] = losses(false);
   const double bf16 = losses(true).second;
