@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -601,6 +602,15 @@ std::string rank0_file(const std::string& dir) {
   return dir + "/" + zero::ckpt::read_latest(dir) + "/" + zero::ckpt::rank_file_name(0);
 }
 
+// Rewrites the manifest of `tag` (default: the latest) in `dir` through `edit`.
+void edit_manifest(const std::string& dir, const std::function<void(nlohmann::json&)>& edit, std::string tag = "") {
+  const std::string path = dir + "/" + (tag.empty() ? zero::ckpt::read_latest(dir) : tag) + "/manifest.json";
+  nlohmann::json j;
+  std::ifstream(path) >> j;
+  edit(j);
+  std::ofstream(path) << j.dump();
+}
+
 TEST(BadInput, CorruptedShardFailsItsChecksum) {
   const std::string dir = saved_checkpoint("corrupt");
   const std::string msg = load_error(dir, [&] {
@@ -624,13 +634,7 @@ TEST(BadInput, TruncatedShard) {
 
 TEST(BadInput, UnknownFormatVersion) {
   const std::string dir = saved_checkpoint("version");
-  const std::string msg = load_error(dir, [&] {
-    const std::string path = dir + "/" + zero::ckpt::read_latest(dir) + "/manifest.json";
-    nlohmann::json j;
-    std::ifstream(path) >> j;
-    j["version"] = 99;
-    std::ofstream(path) << j.dump();
-  });
+  const std::string msg = load_error(dir, [&] { edit_manifest(dir, [](nlohmann::json& j) { j["version"] = 99; }); });
   EXPECT_NE(msg.find("99"), std::string::npos) << msg;
 }
 
@@ -655,13 +659,11 @@ TEST(BadInput, AShortFrozenParameterOrBufferIsRefused) {
     const std::string msg = load_error(
         dir,
         [&] {
-          const std::string path = dir + "/" + zero::ckpt::read_latest(dir) + "/manifest.json";
-          nlohmann::json j;
-          std::ifstream(path) >> j;
-          for (auto& p : j["params"]) {
-            if (p["name"] == name) p["shape"] = {4 * kDim};
-          }
-          std::ofstream(path) << j.dump();
+          edit_manifest(dir, [&](nlohmann::json& j) {
+            for (auto& p : j["params"]) {
+              if (p["name"] == name) p["shape"] = {4 * kDim};
+            }
+          });
         },
         net);
     EXPECT_NE(msg.find("\"module/" + name + "\""), std::string::npos) << msg;
@@ -680,11 +682,7 @@ TEST(BadInput, TheFolderIsTheCheckpointWhateverTheManifestsTagSays) {
   const auto saved = weights(ea);
   if (g_world->rank() == 0) {
     fs::rename(dir + "/global_step2", dir + "/moved");
-    const std::string path = dir + "/moved/manifest.json";
-    nlohmann::json j;
-    std::ifstream(path) >> j;
-    j["tag"] = "../../elsewhere/global_step2";
-    std::ofstream(path) << j.dump();
+    edit_manifest(dir, [](nlohmann::json& j) { j["tag"] = "../../elsewhere/global_step2"; }, "moved");
   }
   g_world->barrier();
   Net b = make_net(2);
