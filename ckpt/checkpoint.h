@@ -218,6 +218,10 @@ class FragmentReader {
   // cover it.
   void read_f32(const std::string& kind, const std::string& param, int64_t start, int64_t length,
                 float* dst);
+  // How many leading elements of `param` of `kind` the fragments present
+  // cover without a gap (reads the files' headers, not their data): what
+  // a reader checks before allocating what the manifest's shape claims.
+  int64_t covered_elements(const std::string& kind, const std::string& param);
   // Shared verification for a load by many ranks: hashes the files written
   // by `ranks` and skips the hash of the others (their sizes are still
   // checked), which other ranks verify; the callers agree on the outcome.

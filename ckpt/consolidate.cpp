@@ -1,5 +1,7 @@
 // consolidate(): one fp32 state dict in one safetensors file, from a sharded
 // checkpoint of any world size. See Note [Checkpoint layout] in checkpoint.h.
+#include <filesystem>
+
 #include "ckpt/checkpoint.h"
 #include "zero/error.h"
 
@@ -17,10 +19,33 @@ int find_whole(FragmentReader& reader, const std::string& dir, const Manifest& m
                         "\" in any rank file; the checkpoint is incomplete");
 }
 
+// The output must not be one of the inputs: the writer replaces `out`
+// atomically, so --out naming a rank file or the manifest would destroy the
+// checkpoint it is reading. Links count (the same file under another name),
+// and so does the tag folder itself, whose files the manifest lists.
+void check_output(const std::string& dir, const Manifest& m, const std::string& out) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string folder = tag_dir(dir, m.tag);
+  const fs::path out_parent = fs::weakly_canonical(fs::absolute(out, ec).parent_path(), ec);
+  if (!ec && out_parent == fs::weakly_canonical(folder, ec))
+    throw CheckpointError("refusing to write " + out + " into the checkpoint folder " + folder +
+                          " it consolidates (it could replace a file the checkpoint needs); write it elsewhere");
+  std::vector<std::string> inputs = {manifest_path(dir, m.tag), tag_dir(dir, "latest")};
+  for (const FileInfo& f : m.files) inputs.push_back(folder + "/" + f.name);
+  for (const std::string& input : inputs) {
+    std::error_code e1;
+    if (fs::exists(out, e1) && fs::exists(input, e1) && fs::equivalent(out, input, e1))
+      throw CheckpointError("refusing to write " + out + ": it is " + input +
+                            ", an input of the consolidation; write it elsewhere");
+  }
+}
+
 }  // namespace
 
 int64_t consolidate(const std::string& dir, const std::string& tag, const std::string& out) {
   const Manifest m = read_manifest(dir, tag);
+  check_output(dir, m, out);
   FragmentReader reader(dir, m);
   // The header first (names, dtypes, shapes), then each tensor read when the
   // writer reaches it, into one buffer: memory for the largest tensor only.
@@ -49,7 +74,15 @@ int64_t consolidate(const std::string& dir, const std::string& tag, const std::s
       continue;
     }
     int64_t n = 1;
-    for (int64_t d : p.shape) n *= d;
+    for (int64_t d : p.shape) n *= d;  // bounded by read_manifest
+    // The shape is the manifest's claim: check it against the fragments'
+    // bytes before a buffer of that size is allocated.
+    const int64_t covered = reader.covered_elements("fp32", p.name);
+    if (covered < n)
+      throw CheckpointError("checkpoint " + tag_dir(dir, m.tag) + ": the manifest gives parameter \"" + p.name +
+                            "\" " + std::to_string(n) + " elements but its fp32 fragments in the rank files cover the first " +
+                            std::to_string(covered) + ": elements [" + std::to_string(covered) + ", " + std::to_string(n) +
+                            ") are missing; the checkpoint is damaged or incomplete");
     tensors.push_back({p.name, DType::F32, p.shape, nullptr, static_cast<size_t>(n) * 4});
     sources.push_back({true, 0, false});
   }

@@ -26,6 +26,7 @@
 #include <thread>
 
 #include "ckpt/checkpoint.h"
+#include "core/regular_file.h"
 #include "zero/error.h"
 
 namespace zero::ckpt {
@@ -137,6 +138,9 @@ struct FragmentReader::Impl {
              "): the checkpoint is incomplete; copy the file back or load another tag");
       fail(std::string(std::strerror(e)) + " opening checkpoint file " + s.path);
     }
+    if (!S_ISREG(st.st_mode))
+      fail("checkpoint file " + s.path + " is " + core::file_kind(st.st_mode) +
+           ", not a regular file: restore it or load another tag");
     if (verify && static_cast<uint64_t>(st.st_size) != s.info.bytes)
       fail("size mismatch: " + s.path + " has " + std::to_string(st.st_size) + " bytes, " + manifest_file + " says " +
            std::to_string(s.info.bytes) + "; the file was truncated or replaced: restore it or load another tag");
@@ -362,6 +366,19 @@ void FragmentReader::read_f32(const std::string& kind, const std::string& param,
   if (cursor < end)
     fail(what + ": no fragment covers elements " + range_string(cursor, end) + " (reading " + range_string(start, end) +
          "; fragments present: " + I.fragments_present(frags) + "); the checkpoint is incomplete");
+}
+
+int64_t FragmentReader::covered_elements(const std::string& kind, const std::string& param) {
+  Impl& I = *impl_;
+  I.build_index();
+  auto it = I.index.find({kind, param});
+  if (it == I.index.end()) return 0;
+  int64_t cursor = 0;
+  for (const Impl::Fragment& f : it->second) {  // sorted by offset
+    if (f.offset > cursor) break;
+    cursor = std::max(cursor, f.offset + f.length);
+  }
+  return cursor;
 }
 
 bool FragmentReader::has(int rank, const std::string& tensor_name) {

@@ -9,6 +9,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "core/json_depth.h"
+#include "core/regular_file.h"
 #include "zero/error.h"
 
 namespace zero::ckpt {
@@ -100,13 +101,17 @@ std::string tag_list(const std::string& dir) {
   return s;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read " + path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) fail("error reading " + path);
-  return s.str();
+// A manifest lists every parameter by name and shape: 1 GiB is far beyond
+// any model's; `latest` holds one tag.
+// 2^50 elements (4 PiB of fp32) in one parameter: beyond any model.
+constexpr int64_t kMaxParamElements = int64_t{1} << 50;
+
+constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 30;
+
+std::string read_text(const std::string& path, uint64_t max_bytes = kMaxManifestBytes) {
+  std::string text, error;
+  if (!core::read_regular_file(path, max_bytes, text, error)) fail("cannot read " + error);
+  return text;
 }
 
 }  // namespace
@@ -174,9 +179,13 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& where) 
     if (!names.insert(info.name).second) fail(pw + " is listed twice");
     const json& shape = require(p, "shape", pw);
     if (!shape.is_array()) fail(pw + ": \"shape\" must be an array");
+    // Bounded so that every product of a shape's sizes later fits int64_t.
+    int64_t numel = 1;
     for (const json& d : shape) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0) fail(pw + ": shape holds " + d.dump() + ", not a size");
       info.shape.push_back(d.get<int64_t>());
+      if (__builtin_mul_overflow(numel, info.shape.back(), &numel) || numel > kMaxParamElements)
+        fail(pw + ": shape " + shape.dump() + " has more than 2^50 elements, which no parameter has");
     }
     if (p.contains("trainable")) {
       if (!p["trainable"].is_boolean()) fail(pw + ": \"trainable\" must be true or false");
@@ -270,7 +279,7 @@ std::string read_latest(const std::string& dir) {
   if (!fs::exists(latest, ec))
     fail("no " + latest + " (it names the newest complete tag, and is written last); complete tags in " + dir + ": " +
          tag_list(dir) + "; pass the tag to load explicitly");
-  std::string tag = read_text(latest);
+  std::string tag = read_text(latest, 4096);
   auto b = tag.find_first_not_of(" \t\r\n");
   auto e = tag.find_last_not_of(" \t\r\n");
   tag = b == std::string::npos ? "" : tag.substr(b, e - b + 1);

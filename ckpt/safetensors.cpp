@@ -23,6 +23,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "core/json_depth.h"
+#include "core/regular_file.h"
 #include "zero/error.h"
 
 namespace zero::ckpt {
@@ -308,20 +309,12 @@ std::string xxh3_hex(uint64_t hash) {
 }
 
 FileInfo hash_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    fail(errno_text(e) + " opening " + path);
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int e = errno;
-    ::close(fd);
-    fail(errno_text(e) + " reading the size of " + path);
-  }
+  core::OpenedFile opened = core::open_regular_file(path, std::numeric_limits<uint64_t>::max());
+  if (opened.fd < 0) fail(opened.error);
+  const int fd = opened.fd;
   FileInfo info;
   info.name = path;
-  info.bytes = static_cast<uint64_t>(st.st_size);
+  info.bytes = opened.bytes;
   try {
     Xxh3 h;
     std::vector<char> buf(std::min<uint64_t>(info.bytes, kChunk));
@@ -401,18 +394,11 @@ FileInfo write_safetensors(const std::string& path, const std::vector<TensorData
 // ---- reading -----------------------------------------------------------------
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) {
-    int e = errno;
-    fail(errno_text(e) + " opening " + path);
-  }
+  core::OpenedFile opened = core::open_regular_file(path, std::numeric_limits<uint64_t>::max());
+  if (opened.fd < 0) fail(opened.error);
+  fd_ = opened.fd;
   try {
-    struct stat st {};
-    if (::fstat(fd_, &st) != 0) {
-      int e = errno;
-      fail(errno_text(e) + " reading the size of " + path);
-    }
-    file_bytes_ = static_cast<uint64_t>(st.st_size);
+    file_bytes_ = opened.bytes;
     const std::string where = "not a valid safetensors file: " + path + ": ";
     if (file_bytes_ < 8)
       fail("truncated: " + path + " has " + std::to_string(file_bytes_) +

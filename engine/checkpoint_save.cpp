@@ -65,6 +65,14 @@ void move_into_place(const fs::path& staging, const fs::path& final_dir, const f
   fs::remove_all(replaced, ignored);
 }
 
+// After a save, failed or not, nothing staged stays behind: the staging
+// folder (if it was not moved into place) and `.saving` once it is empty.
+void discard_staging(const fs::path& staging, const fs::path& saving_root) {
+  std::error_code ignored;
+  fs::remove_all(staging, ignored);
+  fs::remove(saving_root, ignored);  // only if empty: another tag may be saving there
+}
+
 // This rank's file: whole tensors are borrowed by the writer (`keep_` holds
 // them); the fragments' bytes are fetched as the writer reaches them, one
 // bucket at a time for NVMe offload and for device tensors (one host copy
@@ -243,7 +251,7 @@ void save_checkpoint(TrainingState& s, const std::string& dir, const std::string
   if (rank == 0) {
     try {
       fs::create_directories(root);
-      fs::remove_all(staging);
+      fs::remove_all(saving_root);  // what a killed save left: no other save uses this folder now
       fs::create_directories(staging);
     } catch (const std::exception& e) {
       error = "save_checkpoint: cannot create " + staging.string() + ": " + e.what();
@@ -257,10 +265,7 @@ void save_checkpoint(TrainingState& s, const std::string& dir, const std::string
   maybe_inject_fault(rank);
   auto files = share_file_entries(pg, info, write_error);  // rank 0 learns every file's size and checksum
   if (files.empty()) {
-    if (rank == 0) {
-      std::error_code ignored;
-      fs::remove_all(staging, ignored);
-    }
+    if (rank == 0) discard_staging(staging, saving_root);
     const std::string kept = fs::exists(root / "latest") ? "; " + (root / "latest").string() + " still names the previous checkpoint" : "";
     agree(pg, write_error, "save_checkpoint: writing " + (root / tag).string() + " failed", kept);  // throws
   }
@@ -272,6 +277,7 @@ void save_checkpoint(TrainingState& s, const std::string& dir, const std::string
     } catch (const std::exception& e) {
       error = std::string("save_checkpoint: finishing ") + (root / tag).string() + ": " + e.what();
     }
+    discard_staging(staging, saving_root);
   }
   agree(pg, error, "save_checkpoint: finishing " + (root / tag).string());
   log::info("ckpt", "saved " + (root / tag).string() + " (" + std::to_string(pg.size()) + " file(s), this rank " +

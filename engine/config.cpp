@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/json_depth.h"
+#include "core/regular_file.h"
 #include "engine/config_detail.h"
 #include "zero/error.h"
 
@@ -104,14 +105,12 @@ Config Config::from_json(const std::string& json_text) {
 }
 
 Config Config::from_file(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw ConfigError("config file '" + path + "' is a directory");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError("cannot open config file '" + path + "': " + std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
+  // A ds_config is a few KB; 64 MiB leaves room for generated ones.
+  std::string text, error;
+  if (!core::read_regular_file(path, uint64_t{64} << 20, text, error))
+    throw ConfigError("cannot read config file: " + error);
   try {
-    Config c = from_json(text.str());
+    Config c = from_json(text);
     c.source_ = path;
     return c;
   } catch (const ConfigError& e) {

@@ -3,6 +3,9 @@
 #include "config_test_util.h"
 #include "core/json_depth.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 namespace {
 
 using zero::Config;
@@ -272,6 +275,26 @@ void mutate_all(const nlohmann::ordered_json& root, nlohmann::ordered_json& node
     it.value() = saved;
     mutate_all(root, it.value(), cases);
   }
+}
+
+// ---- the file itself ----------------------------------------------------------
+
+// A FIFO would block the open until a writer came, /dev/zero would be read
+// without end: only regular files are read, and each refusal says what the
+// path is. alarm() turns a regression into a failure instead of a hang.
+TEST(ConfigFile, OnlyRegularFilesAreRead) {
+  const std::string fifo = ::testing::TempDir() + "zero_config_fifo_" + std::to_string(::getpid());
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ::alarm(30);
+  EXPECT_NE(config_error([&] { Config::from_file(fifo); }).find(fifo + " is a FIFO, not a regular file"),
+            std::string::npos);
+  EXPECT_NE(config_error([&] { Config::from_file("/dev/zero"); }).find("/dev/zero is a character device"),
+            std::string::npos);
+  EXPECT_NE(config_error([&] { Config::from_file(::testing::TempDir()); }).find("is a directory, not a regular file"),
+            std::string::npos);
+  ::alarm(0);
+  ::unlink(fifo.c_str());
 }
 
 TEST(ConfigRobustness, OnlyConfigErrorsEscape) {

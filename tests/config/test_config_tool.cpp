@@ -95,7 +95,7 @@ TEST(ConfigTool, BadConfigExitsOneWithTheMessage) {
 
   r = tool("/nonexistent/ds.json");
   EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.err.find("zero-config: error: cannot open config file '/nonexistent/ds.json'"), std::string::npos);
+  EXPECT_NE(r.err.find("zero-config: error: cannot read config file: No such file or directory opening /nonexistent/ds.json"), std::string::npos);
 }
 
 TEST(ConfigTool, UsageErrorsExitTwo) {

@@ -1,0 +1,105 @@
+// Checkpoints made hostile on purpose: files that are not regular files,
+// manifests claiming more than the rank files hold, and tool outputs that
+// would overwrite their own inputs. Each case once crashed, hung, allocated
+// what a file claimed or destroyed a checkpoint.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt/checkpoint.h"
+#include "tests/ckpt/ckpt_test_support.h"
+
+using namespace ckpt_test;
+
+namespace {
+
+// A FIFO where `latest`, a manifest or a rank file belongs: refused at
+// once, naming it (a plain open() would wait for a writer forever).
+TEST_F(CkptTest, NonRegularFilesAreRefusedWithoutWaiting) {
+  Model model;
+  model.write(dir_, "global_step1", kTwoRanks);
+  ::alarm(30);  // a regression fails here instead of hanging the suite
+
+  fs::rename(dir_ + "/latest", dir_ + "/latest.saved");
+  ASSERT_EQ(::mkfifo((dir_ + "/latest").c_str(), 0600), 0);
+  EXPECT_CONTAINS(error_of([&] { read_latest(dir_); }), dir_ + "/latest is a FIFO, not a regular file");
+  ToolRun r = tool(dir_, "inspect '" + dir_ + "'");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_CONTAINS(r.err, "is a FIFO, not a regular file");
+  fs::remove(dir_ + "/latest");
+  fs::create_directory(dir_ + "/latest");
+  EXPECT_CONTAINS(error_of([&] { read_latest(dir_); }), dir_ + "/latest is a directory, not a regular file");
+  fs::remove(dir_ + "/latest");
+  fs::rename(dir_ + "/latest.saved", dir_ + "/latest");
+
+  const std::string manifest = manifest_path(dir_, "global_step1");
+  fs::remove(manifest);
+  fs::create_symlink("/dev/zero", manifest);
+  EXPECT_CONTAINS(error_of([&] { read_manifest(dir_, "global_step1"); }), "is a character device, not a regular file");
+
+  Model other;
+  const Manifest m = other.write(dir_, "global_step2", kTwoRanks);
+  const std::string rank1 = tag_dir(dir_, "global_step2") + "/" + rank_file_name(1);
+  fs::remove(rank1);
+  ASSERT_EQ(::mkfifo(rank1.c_str(), 0600), 0);
+  EXPECT_CONTAINS(error_of([&] { SafetensorsFile f(rank1); }), rank1 + " is a FIFO, not a regular file");
+  EXPECT_CONTAINS(error_of([&] { hash_file(rank1); }), rank1 + " is a FIFO, not a regular file");
+  EXPECT_CONTAINS(error_of([&] { consolidate(dir_, "global_step2", dir_ + "/out.safetensors"); }),
+                  "checkpoint file " + rank1 + " is a FIFO, not a regular file");
+  ::alarm(0);
+}
+
+// A manifest that claims a bigger parameter than its fragments hold is
+// refused before a buffer of the claimed size exists (it was allocated
+// first: std::bad_alloc, or 4 TB of zeros); a shape whose product would
+// overflow int64 is refused when the manifest is read.
+TEST_F(CkptTest, ShapesClaimedByTheManifestAreCheckedBeforeAllocating) {
+  Model model;
+  Manifest m = model.write(dir_, "global_step1", kTwoRanks);
+  m.params[1].shape = {1000000000000};  // fc1.bias: 10 elements stored
+  write_manifest(dir_, m);
+  const std::string out = dir_ + "/out.safetensors";
+  const std::string e = error_of([&] { consolidate(dir_, "global_step1", out); });
+  EXPECT_CONTAINS(e, "parameter \"fc1.bias\" 1000000000000 elements but its fp32 fragments in the rank files cover the first 10: elements [10, 1000000000000) are missing");
+  EXPECT_FALSE(fs::exists(out));
+
+  m.params[1].shape = {int64_t{1} << 40, int64_t{1} << 40};
+  write_manifest(dir_, m);
+  EXPECT_CONTAINS(error_of([&] { read_manifest(dir_, "global_step1"); }),
+                  "parameter \"fc1.bias\": shape [1099511627776,1099511627776] has more than 2^50 elements");
+  ToolRun r = tool(dir_, "inspect '" + dir_ + "'");  // its element count once overflowed (UBSan)
+  EXPECT_EQ(r.status, 1) << r.out << r.err;
+  EXPECT_CONTAINS(r.err, "more than 2^50 elements");
+}
+
+// consolidate --out naming one of the checkpoint's own files (directly, by
+// a link, or inside its folder) is refused and the checkpoint stays whole;
+// before, the output replaced the rank file being read.
+TEST_F(CkptTest, ConsolidateNeverWritesOverItsInputs) {
+  Model model;
+  const Manifest m = model.write(dir_, "global_step1", kTwoRanks);
+  const std::string folder = tag_dir(dir_, "global_step1");
+  const std::string rank0 = folder + "/" + rank_file_name(0);
+  const FileInfo before = hash_file(rank0);
+
+  ToolRun r = tool(dir_, "consolidate '" + dir_ + "' --out '" + rank0 + "'");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_CONTAINS(r.err, "into the checkpoint folder " + folder);
+  EXPECT_CONTAINS(error_of([&] { consolidate(dir_, "global_step1", manifest_path(dir_, "global_step1")); }),
+                  "refusing to write");
+  EXPECT_CONTAINS(error_of([&] { consolidate(dir_, "global_step1", folder + "/new.safetensors"); }),
+                  "into the checkpoint folder");
+  const std::string link = dir_ + "/rank0_link.safetensors";
+  fs::create_hard_link(rank0, link);
+  EXPECT_CONTAINS(error_of([&] { consolidate(dir_, "global_step1", link); }),
+                  "it is " + rank0 + ", an input of the consolidation");
+  EXPECT_CONTAINS(error_of([&] { consolidate(dir_, "global_step1", dir_ + "/latest"); }), "an input of the consolidation");
+
+  EXPECT_EQ(hash_file(rank0).xxh3, before.xxh3);
+  EXPECT_EQ(m.files[0].xxh3, before.xxh3);
+  EXPECT_EQ(read_latest(dir_), "global_step1");
+  const std::string out = dir_ + "/elsewhere.safetensors";
+  EXPECT_EQ(consolidate(dir_, "global_step1", out), 6);
+  expect_consolidated(out, model);
+}
+
+}  // namespace
