@@ -199,6 +199,8 @@ void write_manifest(const std::string& dir, const Manifest& m);
 // crafted tag cannot point the reader at another checkpoint's files or out
 // of `dir`); a tag that disagrees is kept in tag_in_file for a warning.
 Manifest read_manifest(const std::string& dir, const std::string& tag);
+// A manifest's text, checked as read_manifest checks it; `path` names it in errors.
+Manifest parse_manifest(const std::string& text, const std::string& path);
 
 // All fragments of a checkpoint, for reading any element range of any
 // (kind, parameter) whatever the world size that wrote it.

@@ -311,7 +311,13 @@ Manifest read_manifest(const std::string& dir, const std::string& tag) {
     fail("no manifest " + path + why + ": the save was interrupted or the tag is wrong; complete tags in " + dir +
          ": " + tag_list(dir));
   }
-  const std::string text = read_text(path);
+  Manifest m = parse_manifest(read_text(path), path);
+  if (m.tag != tag) m.tag_in_file = m.tag;
+  m.tag = tag;
+  return m;
+}
+
+Manifest parse_manifest(const std::string& text, const std::string& path) {
   if (core::json_nests_deeper_than(text))
     fail(path + " nests deeper than " + std::to_string(core::kMaxJsonDepth) +
          " levels, which no manifest does; the manifest is damaged: load another tag");
@@ -321,10 +327,7 @@ Manifest read_manifest(const std::string& dir, const std::string& tag) {
   } catch (const json::exception& e) {
     fail(path + " is not valid JSON (" + e.what() + "); the manifest is damaged: load another tag");
   }
-  Manifest m = Manifest::from_json(j, path);
-  if (m.tag != tag) m.tag_in_file = m.tag;
-  m.tag = tag;
-  return m;
+  return Manifest::from_json(j, path);
 }
 
 }  // namespace zero::ckpt

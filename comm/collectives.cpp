@@ -9,6 +9,15 @@
 
 namespace zero::comm {
 
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+  }
+  return "?";
+}
+
 std::string where(const GroupInfo& g) {
   std::ostringstream out;
   out << "rank " << g.global_ranks[g.rank];

@@ -10,12 +10,17 @@
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
+#include <gloo/common/logging.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdio>
+#include <exception>
+#include <mutex>
 #include <sstream>
 
 #include "comm/internal.h"
@@ -103,9 +108,47 @@ std::shared_ptr<gloo::transport::Device> make_device() {
   return gloo::transport::tcp::CreateDevice(attr);
 }
 
+// Note [Failures inside gloo's threads]: gloo checks what a peer sends on
+// its own I/O thread, and a failed check there (e.g. a peer that passed a
+// bigger tensor: "op.preamble.length <= op.nbytes") is an exception no
+// caller can catch, so the process terminates. Before it does, this
+// terminate handler names the collective in flight and asks the heartbeats
+// which rank passed what (HealthMonitor::diagnose), so that the launcher's
+// output says "the ranks passed tensors of different sizes" and the sizes.
+std::atomic<const GroupInfo*> g_in_flight{nullptr};
+std::atomic<const char*> g_in_flight_op{nullptr};
+std::terminate_handler g_previous_terminate = nullptr;
+
+void report_gloo_failure(const char* what) {
+  const GroupInfo* group = g_in_flight.load();
+  const char* op = g_in_flight_op.load();
+  if (!group || !op) return;
+  std::string diagnosis = group->health ? group->health->diagnose(group->global_ranks) : "";
+  std::fprintf(stderr, "zero: %s: %s failed inside gloo: %s\n  diagnosis: %s\n", where(*group).c_str(), op, what,
+               diagnosis.c_str());
+  std::fflush(stderr);
+}
+
+[[noreturn]] void on_terminate() {
+  if (std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const gloo::EnforceNotMet& g) {
+      report_gloo_failure(g.what());
+    } catch (const gloo::Exception& g) {
+      report_gloo_failure(g.what());
+    } catch (...) {
+    }
+  }
+  if (g_previous_terminate) g_previous_terminate();
+  std::abort();
+}
+
 class GlooBackend : public HostBackend {
  public:
   explicit GlooBackend(const GroupInfo& group) : group_(group) {
+    static std::once_flag installed;
+    std::call_once(installed, [] { g_previous_terminate = std::set_terminate(on_terminate); });
     try {
       auto device = make_device();
       auto context = std::make_shared<gloo::rendezvous::Context>(group.rank, group.size);
@@ -119,7 +162,7 @@ class GlooBackend : public HostBackend {
   }
 
   void all_reduce(at::Tensor& t, ReduceOp op) override {
-    guarded("all_reduce", [&] {
+    guarded("all_reduce", t.nbytes(), [&] {
       gloo::AllreduceOptions opts(context_);
       opts.setTag(next_tag());
       switch (t.scalar_type()) {
@@ -137,7 +180,7 @@ class GlooBackend : public HostBackend {
   }
 
   void reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
-    guarded("reduce_scatter", [&] {
+    guarded("reduce_scatter", input.nbytes(), [&] {
       at::Tensor chunks = scratch(input);
       gloo::AlltoallOptions opts(context_);
       opts.setTag(next_tag());
@@ -149,7 +192,7 @@ class GlooBackend : public HostBackend {
   }
 
   void all_gather(at::Tensor& output, const at::Tensor& input) override {
-    guarded("all_gather", [&] {
+    guarded("all_gather", input.nbytes(), [&] {
       gloo::AllgatherOptions opts(context_);
       opts.setTag(next_tag());
       auto* out = static_cast<uint8_t*>(output.data_ptr());
@@ -163,7 +206,7 @@ class GlooBackend : public HostBackend {
   }
 
   void broadcast(at::Tensor& t, int root) override {
-    guarded("broadcast", [&] {
+    guarded("broadcast", t.nbytes(), [&] {
       gloo::BroadcastOptions opts(context_);
       opts.setTag(next_tag());
       opts.setRoot(root);
@@ -173,7 +216,7 @@ class GlooBackend : public HostBackend {
   }
 
   void barrier() override {
-    guarded("barrier", [&] {
+    guarded("barrier", 0, [&] {
       gloo::BarrierOptions opts(context_);
       opts.setTag(next_tag());
       gloo::barrier(opts);
@@ -200,15 +243,20 @@ class GlooBackend : public HostBackend {
   }
 
   template <typename F>
-  void guarded(const char* op, F&& body) {
-    if (group_.health) group_.health->entering(op);
+  void guarded(const char* op, uint64_t bytes, F&& body) {
+    if (group_.health) group_.health->entering(op, bytes);
+    g_in_flight_op.store(op);
+    g_in_flight.store(&group_);
     try {
       body();
     } catch (const zero::Error&) {
+      g_in_flight.store(nullptr);
       throw;
     } catch (const std::exception& e) {
+      g_in_flight.store(nullptr);
       fail(op, e);
     }
+    g_in_flight.store(nullptr);
   }
 
   [[noreturn]] void fail(const char* op, const std::exception& e) {

@@ -12,8 +12,9 @@ const std::string kExited = "exited";
 
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
-// Heartbeat value: "<beat counter> <collective number> <collective name>",
-// or "exited <collective number> <collective name>" after a clean exit.
+// Heartbeat value: "<beat counter> <collective number> <collective name>
+// <bytes>", or "exited <collective number> <collective name> <bytes>" after
+// a clean exit (bytes: what this rank contributes to the collective).
 // Compared between two reads rather than by clock time, so that
 // hosts need not agree on the time.
 struct Beat {
@@ -22,6 +23,7 @@ struct Beat {
   long counter = -1;
   long seq = -1;
   std::string op;
+  uint64_t bytes = 0;
 };
 
 Beat read_beat(c10d::Store& store, const std::string& key) {
@@ -32,11 +34,11 @@ Beat read_beat(c10d::Store& store, const std::string& key) {
   beat.present = true;
   if (in.peek() == kExited[0]) {  // "exited <collective number> <name>"
     std::string word;
-    in >> word >> beat.seq >> beat.op;
+    in >> word >> beat.seq >> beat.op >> beat.bytes;
     beat.exited = true;
     return beat;
   }
-  in >> beat.counter >> beat.seq >> beat.op;
+  in >> beat.counter >> beat.seq >> beat.op >> beat.bytes;
   return beat;
 }
 
@@ -56,8 +58,9 @@ HealthMonitor::~HealthMonitor() {
   if (thread_.joinable()) thread_.join();
 }
 
-void HealthMonitor::entering(const char* op) {
+void HealthMonitor::entering(const char* op, uint64_t bytes) {
   op_.store(op);
+  bytes_.store(bytes);
   seq_.fetch_add(1);
 }
 
@@ -68,7 +71,7 @@ void HealthMonitor::beat() {
     lock.unlock();
     try {
       std::ostringstream value;
-      value << ++counter << " " << seq_.load() << " " << op_.load();
+      value << ++counter << " " << seq_.load() << " " << op_.load() << " " << bytes_.load();
       store_->set(key(rank_), bytes(value.str()));
     } catch (const std::exception&) {
       // The store is gone (rank 0 exited); the next collective reports it.
@@ -97,7 +100,12 @@ std::string HealthMonitor::diagnose(const std::vector<int>& global_ranks) {
     const std::string mine = "#" + std::to_string(my_seq) + " (" + op_.load() + ")";
     const std::string theirs = "#" + std::to_string(last.seq) + " (" + last.op + ")";
     std::string why;
-    if (!last.present) {
+    const bool same_collective = last.present && last.seq == my_seq && last.op == op_.load();
+    if (same_collective && last.bytes != bytes_.load()) {
+      why = std::string(last.exited ? "exited in" : "is in") + " the same collective " + theirs + " with " +
+            std::to_string(last.bytes) + " bytes while rank " + std::to_string(rank_) + " passed " +
+            std::to_string(bytes_.load()) + ": the ranks passed tensors of different sizes";
+    } else if (!last.present) {
       why = "never started its heartbeat";
     } else if (last.exited) {
       why = "has exited";
@@ -130,7 +138,8 @@ void HealthMonitor::shutdown(std::chrono::milliseconds timeout) {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   try {
-    store_->set(key(rank_), bytes(kExited + " " + std::to_string(seq_.load()) + " " + op_.load()));
+    store_->set(key(rank_), bytes(kExited + " " + std::to_string(seq_.load()) + " " + op_.load() + " " +
+                                  std::to_string(bytes_.load())));
     if (rank_ != 0) return;
     // Rank 0 hosts the store: keep it up until every other rank has exited
     // or stopped beating, so that no peer loses the store mid-shutdown.

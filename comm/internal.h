@@ -41,8 +41,10 @@ class HealthMonitor {
  public:
   HealthMonitor(StorePtr store, int global_rank, int world_size);
   ~HealthMonitor();
-  // Called as a collective starts: the heartbeat carries its number and name.
-  void entering(const char* op);
+  // Called as a collective starts: the heartbeat carries its number, name
+  // and the bytes this rank contributes (so that a diagnosis can name ranks
+  // that passed tensors of different sizes).
+  void entering(const char* op, uint64_t bytes);
   // A sentence on which of `global_ranks` is missing and why.
   std::string diagnose(const std::vector<int>& global_ranks);
   // Marks this rank as exited cleanly; rank 0 then waits (bounded) for the
@@ -58,6 +60,7 @@ class HealthMonitor {
   int world_;
   std::atomic<long> seq_{0};
   std::atomic<const char*> op_{"none"};
+  std::atomic<uint64_t> bytes_{0};
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -3,7 +3,7 @@
 #include <sstream>
 
 #include "core/env.h"
-#include "zero/comm.h"
+#include "zero/launch_info.h"
 #include "zero/error.h"
 
 namespace zero::comm {
@@ -84,15 +84,6 @@ std::string LaunchInfo::describe() const {
       << ", from " << source << ")";
   if (world_size > 1) out << ", store " << master_addr << ":" << master_port << (agent_store ? " (torchrun agent)" : "");
   return out.str();
-}
-
-const char* to_string(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Avg: return "avg";
-    case ReduceOp::Max: return "max";
-  }
-  return "?";
 }
 
 }  // namespace zero::comm

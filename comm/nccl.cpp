@@ -162,7 +162,7 @@ class NcclBackend : public DeviceBackend {
   template <typename F>
   WorkHandle launch(const char* op, std::vector<at::Tensor> tensors, F&& call) {
     if (failed_->load()) throw CommError(where(group_) + ": " + op + " on an NCCL communicator that was aborted");
-    if (group_.health) group_.health->entering(op);
+    if (group_.health) group_.health->entering(op, tensors.back().nbytes());  // this rank's contribution
     DeviceGuard guard(device_);
     cudaEvent_t ready = nullptr, done = nullptr;
     cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");

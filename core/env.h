@@ -24,8 +24,8 @@ inline std::string cpu_optimizer_simd() { return get("ZERO_CPU_OPTIMIZER_SIMD", 
 // as an accelerator does (Note [Offload copies] in zero/internal/master_store.h).
 inline bool offload_host_grad_copies() { return get("ZERO_OFFLOAD_HOST_GRAD_COPIES") == "1"; }
 
-// Test hook: "kill-after-write:<rank>" kills that rank in the middle of
-// save_checkpoint (after its file, before the checkpoint is complete).
-inline std::string ckpt_fault() { return get("ZERO_CKPT_FAULT", ""); }
+// Test hook: "<point>:<rank>[:<n>]" kills that rank at a point of a save,
+// a load or a step (core/fault.h).
+inline std::string fault() { return get("ZERO_FAULT", ""); }
 
 }  // namespace zero::env

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/fault.h"
 #include "engine/checkpoint_io.h"
 #include "engine/training_state.h"
 #include "zero/error.h"
@@ -284,6 +285,7 @@ std::string load_checkpoint(TrainingState& s, const std::string& dir, const std:
   });
   if (source) source->reader->wait_for_hashes();  // they read the targets
   attempts.run([&] { window.finish(); });
+  fault::reached("load.read", s.pg.rank());
   const std::string error = comm::agreed_error(s.pg, attempts.error, "load_checkpoint: " + where);
   if (!error.empty()) throw CheckpointError(error);
 

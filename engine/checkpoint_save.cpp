@@ -6,13 +6,13 @@
 
 #include <torch/torch.h>
 
-#include <csignal>
 #include <filesystem>
 #include <mutex>
 
 #include <nlohmann/json.hpp>
 
 #include "core/env.h"
+#include "core/fault.h"
 #include "core/json_depth.h"
 #include "engine/checkpoint_io.h"
 #include "engine/training_state.h"
@@ -35,13 +35,6 @@ void check_tag(const std::string& tag) {
 void agree(comm::ProcessGroup& pg, const std::string& my_error, const std::string& what, const std::string& suffix = "") {
   const std::string error = comm::agreed_error(pg, my_error, what);
   if (!error.empty()) throw CheckpointError(error + suffix);
-}
-
-// Test hook: ZERO_CKPT_FAULT=kill-after-write:<rank> kills that rank once its
-// file is written, before the checkpoint is complete (an interrupted save).
-void maybe_inject_fault(int rank) {
-  const std::string fault = env::ckpt_fault();
-  if (fault == "kill-after-write:" + std::to_string(rank)) std::raise(SIGKILL);
 }
 
 // The complete checkpoint in `staging` becomes `final_dir`. A tag saved again
@@ -262,7 +255,7 @@ void save_checkpoint(TrainingState& s, const std::string& dir, const std::string
   const std::vector<std::string> kinds = saved_kinds(s);
   const ModelTensors model = describe(s.module);
   auto [info, write_error] = write_rank_file(s, staging, kinds, model);
-  maybe_inject_fault(rank);
+  fault::reached("save.written", rank);
   auto files = share_file_entries(pg, info, write_error);  // rank 0 learns every file's size and checksum
   if (files.empty()) {
     if (rank == 0) discard_staging(staging, saving_root);
@@ -272,6 +265,7 @@ void save_checkpoint(TrainingState& s, const std::string& dir, const std::string
   if (rank == 0) {
     try {
       ckpt::write_manifest(saving_root.string(), manifest(s, tag, kinds, model, std::move(files), std::move(client)));
+      fault::reached("save.finishing", rank);
       move_into_place(staging, root / tag, saving_root / (tag + ".replaced"));
       ckpt::write_latest(dir, tag);
     } catch (const std::exception& e) {

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/env.h"
+#include "core/fault.h"
 #include "engine/engine_impl.h"
 #include "engine/engine_setup.h"
 #include "engine/host_optimizer.h"
@@ -186,6 +187,7 @@ void Engine::Impl::take_step() {
   // (Note [Gradient norm]); stage 0 holds the whole gradient on each rank.
   at::Tensor sq = torch::tensor({sharded->grad_squares()}, torch::kDouble);
   if (sharded->owners() > 1) pg->all_reduce(sq, comm::ReduceOp::Sum);
+  fault::reached("step.reduced", pg->rank());
   if (scaler && !std::isfinite(sq.item<double>())) {  // overflow on any rank makes every rank skip the step
     scaler->update(true);  // logs the new scale; throws at min_loss_scale
     ++steps.skipped_steps;

@@ -1,5 +1,5 @@
 // An interrupted save: `save DIR` (2 ranks) saves tag "first", then rank 1
-// is killed in the middle of saving "second" (ZERO_CKPT_FAULT). `resume DIR`
+// is killed in the middle of saving "second" (ZERO_FAULT). `resume DIR`
 // then finds `latest` still naming "first", no "second", and loads it.
 #include <torch/torch.h>
 
@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
     engine.group().barrier();
     train(engine, model, 2);
     engine.save_checkpoint(dir, "first");
-    setenv("ZERO_CKPT_FAULT", "kill-after-write:1", 1);
+    setenv("ZERO_FAULT", "save.written:1", 1);
     train(engine, model, 2);
     engine.save_checkpoint(dir, "second");  // rank 1 dies in here
     return fail("the save of \"second\" returned");

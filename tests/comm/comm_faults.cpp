@@ -1,7 +1,7 @@
 // Fault scenarios, run on 3 ranks through zero-run. The ranks that stay
 // must fail within seconds with a CommError naming the rank at fault; each
 // checks its own error and exits 0 only if it is the expected one.
-//   comm_faults early-exit | crash | rank0-crash | never-arrives | mismatch
+//   comm_faults early-exit | crash | rank0-crash | never-arrives | mismatch | size-mismatch
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -76,6 +76,17 @@ int main(int argc, char** argv) {
     return expect_error([&] { world->rank() == 1 ? world->barrier() : world->all_reduce(t); },
                         {"different collectives"}, 15);
   }
-  std::cerr << "usage: comm_faults early-exit|crash|rank0-crash|never-arrives|mismatch" << std::endl;
+  if (scenario == "size-mismatch") {
+    // Rank 1 all-reduces 64 more bytes than the others. gloo's check fails
+    // on its own thread, which terminates that process (Note [Failures
+    // inside gloo's threads]): it prints the diagnosis, naming the
+    // collective and both sizes, which the test's PASS_REGULAR_EXPRESSION
+    // looks for in the launcher's output. A rank that gets a CommError
+    // instead (its peer died) checks that it names the collective.
+    auto u = torch::ones({(1 << 20) + (world->rank() == 1 ? 16 : 0)});
+    return expect_error([&] { world->all_reduce(u); },
+                        {"all_reduce"}, 15);
+  }
+  std::cerr << "usage: comm_faults early-exit|crash|rank0-crash|never-arrives|mismatch|size-mismatch" << std::endl;
   return 2;
 }

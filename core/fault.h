@@ -1,0 +1,14 @@
+#pragma once
+// Fault injection for tests: ZERO_FAULT="<point>:<rank>[:<n>]" kills rank
+// <rank> with SIGKILL the n-th time (default: the first) it reaches
+// <point>, as a machine failure would. Points: save.written (a rank's
+// checkpoint file is written, the checkpoint is not complete),
+// save.finishing (rank 0 wrote the manifest, before the folder is moved into
+// place), load.read (a rank read its part of a checkpoint, before the
+// ranks agree), step.reduced (gradients reduced, before the optimizer).
+// Unset, a point costs one getenv.
+namespace zero::fault {
+
+void reached(const char* point, int rank);
+
+}  // namespace zero::fault
