@@ -16,23 +16,13 @@
 #include <limits>
 #include <string>
 
+#include "tests/engine/elementwise_model.h"
 #include "zero/zero.h"
 
 namespace {
 
-constexpr int64_t kN = 37;  // not a multiple of the world size
-
-// LibTorch's CPU kernels lack fp16 matmul: an element-wise model.
-struct ElementwiseImpl : torch::nn::Module {
-  ElementwiseImpl() {
-    torch::manual_seed(3);
-    w = register_parameter("w", torch::randn({kN}) * 0.1);
-    b = register_parameter("b", torch::zeros({kN}));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return (x * w + b).sum(1); }
-  torch::Tensor w, b;
-};
-TORCH_MODULE(Elementwise);
+using zero_test::Elementwise;
+using zero_test::kN;
 
 bool overflows_at(int64_t step) { return (static_cast<uint64_t>(step) * 2654435761u) % 11 == 0; }
 

@@ -6,25 +6,15 @@
 
 #include <cmath>
 
+#include "tests/engine/elementwise_model.h"
 #include "zero/zero.h"
 
 namespace {
 
 std::shared_ptr<zero::comm::ProcessGroup> g_world;
-constexpr int64_t kN = 37;  // not a multiple of the world size
 
-// LibTorch's CPU kernels lack fp16 matmul and layer norm, so the fp16 model
-// is element-wise: y = sum(x * w + b) per row.
-struct ElementwiseImpl : torch::nn::Module {
-  ElementwiseImpl() {
-    torch::manual_seed(3);
-    w = register_parameter("w", torch::randn({kN}) * 0.1);
-    b = register_parameter("b", torch::zeros({kN}));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return (x * w + b).sum(1); }
-  torch::Tensor w, b;
-};
-TORCH_MODULE(Elementwise);
+using zero_test::Elementwise;
+using zero_test::kN;
 
 torch::Tensor batch_x(int64_t step, at::ScalarType dtype) {
   auto gen = at::detail::createCPUGenerator(500 + step * 7 + g_world->rank());
