@@ -129,6 +129,15 @@ void report_gloo_failure(const char* what) {
   std::fflush(stderr);
 }
 
+// Marks a collective as in flight for on_terminate while it runs.
+struct InFlight {
+  InFlight(const GroupInfo& group, const char* op) {
+    g_in_flight_op.store(op);
+    g_in_flight.store(&group);
+  }
+  ~InFlight() { g_in_flight.store(nullptr); }
+};
+
 [[noreturn]] void on_terminate() {
   if (std::exception_ptr e = std::current_exception()) {
     try {
@@ -245,18 +254,14 @@ class GlooBackend : public HostBackend {
   template <typename F>
   void guarded(const char* op, uint64_t bytes, F&& body) {
     if (group_.health) group_.health->entering(op, bytes);
-    g_in_flight_op.store(op);
-    g_in_flight.store(&group_);
+    InFlight in_flight(group_, op);
     try {
       body();
     } catch (const zero::Error&) {
-      g_in_flight.store(nullptr);
       throw;
     } catch (const std::exception& e) {
-      g_in_flight.store(nullptr);
       fail(op, e);
     }
-    g_in_flight.store(nullptr);
   }
 
   [[noreturn]] void fail(const char* op, const std::exception& e) {
