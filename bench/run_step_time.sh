@@ -1,36 +1,76 @@
 #!/usr/bin/env bash
-# Step time and bytes per step at ZeRO stages 0-3 on 2 and 4 local CPU ranks,
-# against stage 0, a plain single-process LibTorch loop measured in the same
-# run (as many threads as each rank gets: cores / ranks) and the theory.
+# Step time, minor page faults, peak RSS and bytes per step at ZeRO stages
+# 0-3 on 2 and 4 local CPU ranks, against PyTorch DDP over gloo on the same
+# model (bench/ddp_peer.py), stage 0, and plain single-process LibTorch and
+# PyTorch loops, all measured in this run with the same threads per process
+# (cores / ranks). Everything starts through zero-run, so that every row
+# runs with zero-run's allocator (tcmalloc when installed; ZERO_ALLOCATOR
+# chooses another); DDP also runs with glibc's malloc, as users start it.
 # Usage: bench/run_step_time.sh [build dir] [bench_step_time options...]
 #   e.g. bench/run_step_time.sh build --depth 4 --width 512 --steps 6
-# Environment: RANKS (default "2 4"), RESULTS (default bench/results).
+# Environment: RANKS (default "2 4"), RESULTS (default bench/results),
+# PYTHON (default /usr/bin/python3, Debian's, for python3-torch).
+# Installs Debian's python3-torch for the PyTorch rows when it is missing
+# (as root; otherwise the table is printed without them). tcmalloc comes
+# with tools/setup-deps.sh.
 # Writes $RESULTS/step_time.jsonl, prints one table per world size and keeps
 # the tables in $RESULTS/step_time.md.
-# Always exits 0 when the runs complete: the targets are information.
+# Always exits 0 when the runs complete: the goals are information.
 set -euo pipefail
 build="${1:-build}"
 shift || true
 here="$(cd "$(dirname "$0")" && pwd)"
 results="${RESULTS:-$here/results}"
+python="${PYTHON:-/usr/bin/python3}"
 mkdir -p "$results"
 lines="$results/step_time.jsonl"
 rm -f "$lines"
 cores=$(nproc)
 bin="$build/bench/bench_step_time"
+run="$build/tools/launcher/zero-run"
+
+peers=1
+if ! "$python" -c 'import torch.distributed' 2>/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-torch >/dev/null || true
+  fi
+  "$python" -c 'import torch.distributed' 2>/dev/null || {
+    peers=0
+    echo "note: $python cannot import torch: the PyTorch rows are left out (apt-get install python3-torch)" >&2
+  }
+}
+
+# The bench's flags the Python peer understands too (the model and the loop).
+peer_flags=()
+args=("$@")
+for ((i = 0; i + 1 < ${#args[@]}; i += 2)); do
+  case "${args[i]}" in
+    --depth|--width|--heads|--context|--micro|--warmup|--steps) peer_flags+=("${args[i]}" "${args[i+1]}") ;;
+  esac
+done
+
 declare -A measured=()
 for n in ${RANKS:-2 4}; do
   threads=$(( cores / n )); [ "$threads" -ge 1 ] || threads=1
   if [ -z "${measured[$threads]:-}" ]; then
-    "$bin" --mode plain --threads "$threads" --out "$lines" "$@"
+    "$run" --nproc 1 "$bin" --mode plain --threads "$threads" --out "$lines" "$@"
     measured[$threads]=1
+    if [ "$peers" = 1 ]; then
+      read -r vocab params < <("$python" -c 'import json,sys; j=[json.loads(l) for l in open(sys.argv[1])][-1]; print(j["vocab"], j["params"])' "$lines")
+      peer_flags+=(--vocab "$vocab" --expect-params "$params")
+      "$run" --nproc 1 "$python" "$here/ddp_peer.py" --mode plain --threads "$threads" --out "$lines" "${peer_flags[@]}"
+    fi
+  fi
+  if [ "$peers" = 1 ]; then
+    for allocator in "${ZERO_ALLOCATOR:-tcmalloc}" system; do
+      "$run" --nproc "$n" --allocator "$allocator" "$python" "$here/ddp_peer.py" --mode ddp --threads "$threads" \
+        --out "$lines" "${peer_flags[@]}"
+    done
   fi
   for stage in 0 1 2 3; do
-    "$build/tools/launcher/zero-run" --nproc "$n" "$bin" --mode engine --stage "$stage" --threads "$threads" \
-      --out "$lines" "$@"
+    "$run" --nproc "$n" "$bin" --mode engine --stage "$stage" --threads "$threads" --out "$lines" "$@"
   done
 done
 for n in ${RANKS:-2 4}; do
-  threads=$(( cores / n )); [ "$threads" -ge 1 ] || threads=1
-  "$bin" --mode report --in "$lines" --world "$n" --threads "$threads" "$@"
+  "$bin" --mode report --in "$lines" --world "$n" "$@"
 done | tee "$results/step_time.md"

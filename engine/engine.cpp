@@ -10,6 +10,7 @@
 
 #include "core/env.h"
 #include "core/fault.h"
+#include "core/heap.h"
 #include "engine/engine_impl.h"
 #include "engine/engine_setup.h"
 #include "engine/host_optimizer.h"
@@ -134,6 +135,7 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
                           std::to_string(s.pg->size()) + " rank(s), " + std::to_string(s.sharded->numel()) +
                           " trainable parameters in " + std::to_string(s.sharded->num_buckets()) +
                           " bucket(s); this rank holds " + memory_report().describe());
+  if (const std::string advice = heap::advice(); !advice.empty()) log::info("engine", advice);
 }
 
 Engine::~Engine() = default;

@@ -53,6 +53,8 @@ export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$supp/ubsa
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp"
 # Slower under a sanitizer: the collectives' timeout stays well inside ctest's.
 export ZERO_COMM_TIMEOUT="${ZERO_COMM_TIMEOUT:-120}"
+# A sanitizer replaces malloc itself: zero-run must not preload another allocator.
+export ZERO_ALLOCATOR=system
 
 cd "$dir"
 if [ "$kind" = thread ]; then

@@ -10,6 +10,7 @@ packages=(
   libgloo-dev             # collectives on host tensors
   libtbb-dev liburing-dev nlohmann-json3-dev
   libxxhash-dev           # checkpoint checksums
+  libtcmalloc-minimal4    # the allocator zero-run preloads (tools/launcher/allocator.h)
   fio                     # reference for the NVMe swapper benchmark
   libgtest-dev libbenchmark-dev
 )

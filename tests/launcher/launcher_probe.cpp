@@ -19,6 +19,7 @@
 //                       it creates DIR/gcready.<rank> when its handler is in place
 //   daemon S            fork a process that keeps stdout/stderr open for S seconds
 //   fds                 print "fds" and the open descriptors above 2 (or "fds none")
+//   heap                print "heap <name>": the malloc this process runs with (core/heap.h)
 //   bind-master         bind a TCP socket to MASTER_ADDR:MASTER_PORT, print "bind ok" or the error
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -38,6 +39,8 @@
 #include <cstring>
 #include <string>
 #include <thread>
+
+#include "core/heap.h"
 
 namespace {
 
@@ -162,12 +165,15 @@ int main(int argc, char** argv) {
           "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
           "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
           "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-          "TORCHELASTIC_USE_AGENT_STORE", "OMP_NUM_THREADS", "ZERO_TEST_INHERITED"};
+          "TORCHELASTIC_USE_AGENT_STORE", "OMP_NUM_THREADS", "ZERO_TEST_INHERITED",
+          "LD_PRELOAD", "TCMALLOC_RELEASE_RATE", "MALLOC_CONF"};
       for (const char* name : kNames) {
         const char* v = std::getenv(name);
         if (v) std::printf("env %s=%s\n", name, v);
         else std::printf("env %s unset\n", name);
       }
+    } else if (cmd == "heap") {
+      if (here) std::printf("heap %s\n", zero::heap::allocator_name().c_str());
     } else if (cmd == "args") {
       if (!here) break;
       for (++i; i < argc; ++i) std::printf("arg %s\n", argv[i]);

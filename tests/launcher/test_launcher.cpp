@@ -321,6 +321,70 @@ TEST(Env, OmpNumThreadsSetOnlyWhenUnsetAndSeveralRanks) {
   }
 }
 
+// tools/launcher/allocator.h: tcmalloc is preloaded when installed (else a
+// note says so), the rank really runs on it (its own symbol is found), and
+// the user's choice wins: --allocator, ZERO_ALLOCATOR, an LD_PRELOAD that
+// already names an allocator, tuning variables already set.
+TEST(Env, AllocatorIsPreloadedUnlessTheUserChoseOne) {
+  Job::Env clean;
+  clean.unset = {"LD_PRELOAD", "ZERO_ALLOCATOR", "TCMALLOC_RELEASE_RATE", "MALLOC_CONF"};
+  {
+    Result r = run({"--nproc", "2", kProbe, "env", "heap"}, clean);
+    ASSERT_TRUE(r.exited_with(0)) << r.summary();
+    auto ranks = parse_env(r.out);
+    ASSERT_EQ(ranks.size(), 2u) << r.summary();
+    const std::string preload = ranks[0]["LD_PRELOAD"];
+    if (preload == "<unset>") {
+      EXPECT_NE(r.err.find("zero-run: note: tcmalloc is not installed (apt-get install libtcmalloc-minimal4)"),
+                std::string::npos) << r.summary();
+      EXPECT_EQ(count_occurrences(r.out, "heap glibc malloc\n"), 2) << r.summary();
+    } else {
+      EXPECT_NE(preload.find("libtcmalloc"), std::string::npos) << preload;
+      EXPECT_TRUE(fs::exists(preload)) << preload;
+      EXPECT_EQ(ranks[1]["LD_PRELOAD"], preload);
+      EXPECT_EQ(ranks[0]["TCMALLOC_RELEASE_RATE"], "0");
+      EXPECT_EQ(count_occurrences(r.out, "heap tcmalloc\n"), 2) << r.summary();
+      EXPECT_EQ(r.err, "") << r.summary();
+    }
+  }
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--nproc", "1", "--allocator", "system", kProbe, "env", "heap"},
+        std::vector<std::string>{"--nproc", "1", "--allocator=system", kProbe, "env", "heap"}}) {
+    Result r = run(args, clean);
+    ASSERT_TRUE(r.exited_with(0)) << r.summary();
+    auto ranks = parse_env(r.out);
+    EXPECT_EQ(ranks[0]["LD_PRELOAD"], "<unset>");
+    EXPECT_EQ(ranks[0]["TCMALLOC_RELEASE_RATE"], "<unset>");
+    EXPECT_NE(r.out.find("[rank 0] heap glibc malloc\n"), std::string::npos) << r.summary();
+  }
+  {
+    Job::Env env = clean;
+    env.set = {{"ZERO_ALLOCATOR", "system"}};
+    auto ranks = parse_env(run({"--nproc", "1", kProbe, "env"}, env).out);
+    EXPECT_EQ(ranks[0]["LD_PRELOAD"], "<unset>");
+  }
+  {
+    // An allocator the user preloads stays the only one.
+    Job::Env env = clean;
+    env.set = {{"LD_PRELOAD", "libjemalloc.so.2"}};
+    auto ranks = parse_env(run({"--nproc", "1", kProbe, "env"}, env).out);
+    EXPECT_EQ(ranks[0]["LD_PRELOAD"], "libjemalloc.so.2");
+  }
+  {
+    // Another preload is kept, after the allocator; tuning the user set is kept.
+    Job::Env env = clean;
+    env.set = {{"LD_PRELOAD", "libm.so.6"}, {"TCMALLOC_RELEASE_RATE", "3"}};
+    Result r = run({"--nproc", "1", kProbe, "env"}, env);
+    auto ranks = parse_env(r.out);
+    const std::string preload = ranks[0]["LD_PRELOAD"];
+    const std::string after = ":libm.so.6";
+    const bool allocator_first = preload.find("libtcmalloc") != std::string::npos && preload.size() > after.size() &&
+                                 preload.compare(preload.size() - after.size(), after.size(), after) == 0;
+    EXPECT_TRUE(preload == "libm.so.6" || allocator_first) << preload;
+    EXPECT_EQ(ranks[0]["TCMALLOC_RELEASE_RATE"], "3");
+  }
+}
+
 TEST(Env, ArgumentsAfterProgramArePassedUnchanged) {
   Result r = run({"--nproc", "1", "--", kProbe, "args", "--nproc", "5", "--", "a b", ""});
   ASSERT_TRUE(r.exited_with(0)) << r.summary();
@@ -556,6 +620,10 @@ TEST(Usage, BadCommandLinesExitWith2AndSayWhy) {
       {{"--nproc", "2", "--node-rank", "1", kProbe}, "zero-run: --node-rank must be in [0, 1), got 1"},
       {{"--nproc", "2", "--master-port", "70000", kProbe}, "zero-run: --master-port must be an integer in [1, 65535]"},
       {{"--nproc", "2", "--timeout-s", "-1", kProbe}, "zero-run: --timeout-s must be a number of seconds >= 0"},
+      {{"--nproc", "2", "--allocator", "ptmalloc", kProbe},
+       "zero-run: --allocator must be tcmalloc, jemalloc, system or a library path; got 'ptmalloc'"},
+      {{"--nproc", "2", "--allocator", "/nonexistent/libtcmalloc.so", kProbe},
+       "zero-run: --allocator /nonexistent/libtcmalloc.so: no readable library at that path"},
   };
   for (const UsageCase& c : cases) {
     std::string cmd;

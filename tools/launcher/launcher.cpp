@@ -265,6 +265,8 @@ void restore_signals_in_child() {
 // job starts the store itself. Like torchrun, OMP_NUM_THREADS is set when
 // unset and nproc > 1, though not to 1 but to this machine's CPUs divided
 // among the local ranks, so that ranks do not oversubscribe the cores.
+// LD_PRELOAD gains the heap allocator of --allocator (allocator.h) with its
+// tuning variables, each only where the user has not set it.
 
 bool has_name(const char* entry, const char* name) {
   size_t len = std::strlen(name);
@@ -291,8 +293,12 @@ class Environment {
     for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
       bool replaced = false;
       for (const char* name : kReplaced) replaced = replaced || has_name(*e, name);
+      for (const std::string& extra : o.extra_env) {
+        replaced = replaced || has_name(*e, extra.substr(0, extra.find('=')).c_str());
+      }
       if (!replaced) common_.emplace_back(*e);
     }
+    for (const std::string& extra : o.extra_env) common_.push_back(extra);
     const std::string world = std::to_string(o.nproc * o.nnodes);
     common_.push_back("WORLD_SIZE=" + world);
     common_.push_back("ROLE_WORLD_SIZE=" + world);

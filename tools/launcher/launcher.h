@@ -27,6 +27,8 @@ struct LaunchOptions {
   int master_port = 0; // 0: pick a free port on master_addr (single node only)
   double grace_s = 5;  // SIGTERM/SIGINT -> SIGKILL grace period (--timeout-s)
   std::vector<std::string> command; // PROGRAM ARGS...
+  std::string allocator;   // --allocator: "" (the default), tcmalloc, jemalloc, system or a path (allocator.h)
+  std::vector<std::string> extra_env; // NAME=value entries that replace the inherited ones in every rank
 };
 
 // Exit codes, in the shell's conventions.

@@ -3,15 +3,19 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 
+#include "allocator.h"
 #include "launcher.h"
+
+extern char** environ;
 
 namespace {
 
 const char kUsage[] =
     "usage: zero-run --nproc N [--nnodes M --node-rank R] [--master-addr A]\n"
-    "                [--master-port P] [--timeout-s T] [--] PROGRAM [ARGS...]\n";
+    "                [--master-port P] [--timeout-s T] [--allocator A] [--] PROGRAM [ARGS...]\n";
 
 const char kHelp[] =
     "\n"
@@ -28,6 +32,10 @@ const char kHelp[] =
     "  --master-port P    its port; default: a free port (required when M > 1)\n"
     "  --timeout-s T      seconds the ranks get to exit after SIGTERM/SIGINT\n"
     "                     before SIGKILL (default 5)\n"
+    "  --allocator A      heap allocator preloaded into the ranks: tcmalloc (the\n"
+    "                     default when installed), jemalloc, system (none) or a\n"
+    "                     library path; also ZERO_ALLOCATOR. An LD_PRELOAD that\n"
+    "                     already names an allocator or a sanitizer is kept\n"
     "  -h, --help         this text\n"
     "Options end at PROGRAM or at '--'; PROGRAM is looked up in PATH.\n"
     "Options may also be written --name=value, and with '_' for '-'.\n"
@@ -91,7 +99,7 @@ zero_run::LaunchOptions parse(int argc, char** argv, bool* help) {
       if (name[k] == '_') name[k] = '-';
     }
     static const char* const kKnown[] = {"--nproc",       "--nproc-per-node", "--nnodes",   "--node-rank",
-                                         "--master-addr", "--master-port",    "--timeout-s"};
+                                         "--master-addr", "--master-port",    "--timeout-s", "--allocator"};
     bool known = false;
     for (const char* k : kKnown) known = known || name == k;
     if (!known) throw UsageError{"unknown option '" + arg + "'"};
@@ -114,6 +122,9 @@ zero_run::LaunchOptions parse(int argc, char** argv, bool* help) {
       have_port = true;
     } else if (name == "--timeout-s") {
       o.grace_s = parse_seconds(name, value);
+    } else if (name == "--allocator") {
+      if (value.empty()) throw UsageError{"--allocator must not be empty"};
+      o.allocator = value;
     }
   }
   for (; i < argc; ++i) o.command.emplace_back(argv[i]);
@@ -128,6 +139,13 @@ zero_run::LaunchOptions parse(int argc, char** argv, bool* help) {
   }
   if (static_cast<long long>(o.nproc) * o.nnodes > 2147483647LL) throw UsageError{"--nproc * --nnodes is too large"};
   if (o.command.empty()) throw UsageError{"missing PROGRAM to run"};
+  try {
+    const zero_run::AllocatorChoice allocator = zero_run::choose_allocator(o.allocator, environ);
+    if (!allocator.note.empty()) std::fprintf(stderr, "zero-run: note: %s\n", allocator.note.c_str());
+    o.extra_env = allocator.env;
+  } catch (const std::invalid_argument& e) {
+    throw UsageError{e.what()};
+  }
   return o;
 }
 
