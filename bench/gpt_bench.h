@@ -53,6 +53,7 @@ struct TrainSetup {
   int64_t micro_batch = 4;
   int64_t reduce_bucket_size = 500000;  // elements
   bool overlap_comm = true;
+  std::string offload_optimizer = "none";  // none | cpu
 };
 
 // The ds_config both benchmarks train with: AdamW, clipping 1.0, no
@@ -67,7 +68,8 @@ inline std::string ds_config(const TrainSetup& s) {
     << " \"bf16\": {\"enabled\": " << (s.dtype == "bf16" ? "true" : "false") << "},"
     << " \"steps_per_print\": 1000000000,"
     << " \"zero_optimization\": {\"stage\": " << s.stage << ", \"overlap_comm\": " << (s.overlap_comm ? "true" : "false")
-    << ", \"contiguous_gradients\": true, \"reduce_bucket_size\": " << s.reduce_bucket_size << "}}";
+    << ", \"contiguous_gradients\": true, \"reduce_bucket_size\": " << s.reduce_bucket_size
+    << ", \"offload_optimizer\": {\"device\": \"" << s.offload_optimizer << "\"}}}";
   return j.str();
 }
 

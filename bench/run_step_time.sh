@@ -38,7 +38,7 @@ if ! "$python" -c 'import torch.distributed' 2>/dev/null; then
     peers=0
     echo "note: $python cannot import torch: the PyTorch rows are left out (apt-get install python3-torch)" >&2
   }
-}
+fi
 
 # The bench's flags the Python peer understands too (the model and the loop).
 peer_flags=()

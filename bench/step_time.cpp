@@ -160,6 +160,7 @@ int run_engine(const zero_bench::Flags& flags) {
   setup.stage = static_cast<int>(flags.num("stage"));
   setup.micro_batch = flags.num("micro");
   setup.reduce_bucket_size = flags.num("bucket");
+  setup.offload_optimizer = flags.str("offload");
   zero::InitOptions init;
   init.group = world;
   auto engine = zero::initialize(zero::Config::from_json(zero_bench::ds_config(setup)), model, init);
@@ -228,7 +229,7 @@ double field(const json& j, const char* key) { return j.contains(key) ? j[key].g
 std::string mb(double bytes) {
   if (std::isnan(bytes)) return "-";
   char text[32];
-  std::snprintf(text, sizeof text, "%.0f", bytes / 1e6);
+  std::snprintf(text, sizeof text, "%.1f", bytes / 1e6);
   return text;
 }
 
@@ -321,6 +322,7 @@ int main(int argc, char** argv) {
                              {"warmup", "2"},
                              {"steps", "10"},
                              {"bucket", "5e6"},
+                             {"offload", "none"},
                              {"threads", "0"}});
     const std::string mode = flags.str("mode");
     if (mode == "plain") return run_plain(flags);
