@@ -56,7 +56,7 @@ int64_t cuda_peak_bytes(const at::Device& device) {
 }
 
 // The per-rank figures, in the order they travel in the all-gather.
-enum Field { kRssBaseline, kRssAfterInit, kPeakRss, kParams, kGrads, kMaster, kOptim, kBuffers, kCudaPeak, kFields };
+enum Field { kRssBaseline, kRssAfterInit, kPeakRss, kParams, kGrads, kMaster, kOptim, kBuffers, kCudaPeak, kGatheredPeak, kFields };
 
 std::string kinds_json(int64_t params, int64_t grads, int64_t master, int64_t optim, int64_t buffers) {
   std::ostringstream j;
@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
     // Every rank's figures to every rank (a small int64 all-gather).
     at::Tensor mine = torch::tensor(std::vector<int64_t>{rss_baseline, rss_after_init, peak_rss, held.params, held.gradients,
                                                          held.fp32_master, held.optimizer_states, held.buffers,
-                                                         cuda_peak_bytes(device)},
+                                                         cuda_peak_bytes(device), held.gathered_params_peak},
                                     torch::kInt64);
     at::Tensor all = torch::zeros({N * kFields}, torch::kInt64);
     world->all_gather(all, mine);
@@ -164,6 +164,7 @@ int main(int argc, char** argv) {
              << ", \"rss_after_init\": " << f[kRssAfterInit] << ", \"peak_rss\": " << f[kPeakRss] << ", \"cuda_peak\": ";
         if (f[kCudaPeak] >= 0) line << f[kCudaPeak];
         else line << "null";
+        line << ", \"gathered_peak\": " << f[kGatheredPeak];
         line << ", \"held\": " << kinds_json(f[kParams], f[kGrads], f[kMaster], f[kOptim], f[kBuffers]) << "}";
       }
       line << "]}";

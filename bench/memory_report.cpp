@@ -42,6 +42,7 @@ struct Row {
   int64_t formula = 0;
   int64_t peak_rss = 0, rss_increase = 0, init_increase = -1;
   int64_t cuda_peak = -1;
+  int64_t gathered_peak = -1, gathered_estimate = -1;  // stage 3's units gathered at once, measured and bound
   json line;
 };
 
@@ -77,6 +78,7 @@ Row parse(const json& j) {
   r.psi = j.at("params").get<int64_t>();
   r.device = j.value("device", "cpu");
   r.formula = j.at("estimate").at("model_states").get<int64_t>();
+  r.gathered_estimate = j.value("estimate_gathered_params_max", int64_t(-1));
   for (const auto& rank : j.at("ranks")) {
     const json& h = rank.at("held");
     r.params = std::max(r.params, h.at("params").get<int64_t>());
@@ -91,6 +93,7 @@ Row parse(const json& j) {
     if (rank.contains("rss_after_init")) {
       r.init_increase = std::max(r.init_increase, rank.at("rss_after_init").get<int64_t>() - baseline);
     }
+    if (rank.contains("gathered_peak")) r.gathered_peak = std::max(r.gathered_peak, rank.at("gathered_peak").get<int64_t>());
     if (!rank.at("cuda_peak").is_null()) r.cuda_peak = std::max(r.cuda_peak, rank.at("cuda_peak").get<int64_t>());
   }
   return r;
@@ -111,9 +114,9 @@ std::string markdown(const std::vector<Row>& rows) {
      << ", " << l.value("steps", 0) << " steps, reduce_bucket_size " << l.value("reduce_bucket_size", 0)
      << ".\n\n";
   md << "| stage | dtype | params | grads | fp32 master | optimizer | held total | formula total | held/formula "
-        "| peak RSS | RSS increase | of which init | RSS vs stage 0 |"
+        "| peak RSS | RSS increase | of which init | RSS vs stage 0 | gathered peak | gathered bound |"
      << (cuda ? " CUDA peak |" : "") << "\n";
-  md << "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" << (cuda ? "---:|" : "") << "\n";
+  md << "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" << (cuda ? "---:|" : "") << "\n";
   for (const auto& r : rows) {
     char ratio[32];
     std::snprintf(ratio, sizeof(ratio), "%.3f", r.formula > 0 ? double(r.states) / r.formula : 0.0);
@@ -122,7 +125,9 @@ std::string markdown(const std::vector<Row>& rows) {
        << mib(r.master) << " | " << mib(r.optim) << " | " << mib(r.states) << " | " << mib(r.formula) << " | "
        << ratio << " | " << mib(r.peak_rss) << " | " << mib(r.rss_increase) << " | "
        << (r.init_increase >= 0 ? mib(r.init_increase) : std::string("n/a")) << " | "
-       << (base == stage0_rss.end() ? std::string("n/a") : signed_mib(r.peak_rss - base->second)) << " |";
+       << (base == stage0_rss.end() ? std::string("n/a") : signed_mib(r.peak_rss - base->second)) << " | "
+       << (r.stage == 3 && r.gathered_peak >= 0 ? mib(r.gathered_peak) : std::string("-")) << " | "
+       << (r.stage == 3 && r.gathered_estimate >= 0 ? mib(r.gathered_estimate) : std::string("-")) << " |";
     if (cuda) md << " " << (r.cuda_peak >= 0 ? mib(r.cuda_peak) : std::string("n/a")) << " |";
     md << "\n";
   }
@@ -131,7 +136,9 @@ std::string markdown(const std::vector<Row>& rows) {
         "same parameters, ranks, stage and dtype; RSS increase = peak RSS minus the process's peak RSS before "
         "the model was built (model, engine, activations, temporaries); of which init = the part already reached "
         "when zero::initialize returned (the model built in fp32, its flat copies); RSS vs stage 0 = peak RSS minus stage "
-        "0's peak RSS in the same dtype."
+        "0's peak RSS in the same dtype; gathered peak = the most bytes of stage 3's units gathered at once "
+        "(memory_report().gathered_params_peak), gathered bound = the estimate's gathered_params_max "
+        "(min(params, stage3_max_live_parameters) in the training dtype)."
      << (cuda ? "" : " CUDA peak: n/a (run on CPU).") << "\n";
   return md.str();
 }

@@ -280,6 +280,7 @@ MemoryReport Engine::Impl::memory() const {
   r.optimizer_states = optimizer->state_bytes();
   r.host_offloaded = sharded->offloaded_param_bytes(/*nvme=*/false);
   r.nvme_offloaded = sharded->offloaded_param_bytes(/*nvme=*/true);
+  r.gathered_params_peak = sharded->gathered_param_peak();
   if (sharded->options().offload_optimizer) {
     // Of the master weights and states, those of the buckets on the host
     // (all of them unless partial, Note [Partial offload]). A host master is

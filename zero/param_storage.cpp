@@ -3,6 +3,8 @@
 // memory or NVMe.
 #include "zero/internal/param_storage.h"
 
+#include <algorithm>
+
 #include "offload/host_tensors.h"
 
 namespace zero::partition {
@@ -51,6 +53,8 @@ void ParamStorage::add(const at::Tensor& full, int64_t shard_start, int64_t shar
       b.swap_id = store_->add(b.shard, "params" + std::to_string(buckets_.size()));
     }
   }
+  if (!persistent) gathered_now_ += full.numel() * full.element_size();  // gathered until the first release
+  gathered_peak_ = std::max(gathered_peak_, gathered_now_);
   buckets_.push_back(std::move(b));
 }
 
@@ -63,6 +67,8 @@ void ParamStorage::gather(size_t k, bool async) {
   if (b.gathered) return;
   refill_storage(b.full);
   b.gathered = true;
+  if (!b.persistent) gathered_now_ += b.full.numel() * b.full.element_size();
+  gathered_peak_ = std::max(gathered_peak_, gathered_now_);
   if (b.swap_id >= 0) {
     // offload_param "nvme": the shard is read back first.
     // Note [NVMe read-ahead]: a shard read ahead has had a unit's compute to
@@ -111,6 +117,7 @@ void ParamStorage::release(size_t k) {
   wait_gathered(k);
   empty_storage(b.full);
   b.gathered = false;
+  gathered_now_ -= b.full.numel() * b.full.element_size();
 }
 
 void ParamStorage::release_all() {

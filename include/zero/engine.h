@@ -53,6 +53,10 @@ struct MemoryReport {
   // optimizer states took at once since initialize (the step's sub-groups
   // in flight, a checkpoint's buckets); what to size host memory for.
   int64_t nvme_host_peak = 0;
+  // Stage 3: the most bytes of units' parameters gathered at once since
+  // initialize (part of `params` while they are gathered), which
+  // stage3_max_live_parameters and stage3_prefetch_bucket_size bound.
+  int64_t gathered_params_peak = 0;
   int64_t total() const { return params + gradients + fp32_master + optimizer_states + buffers + offload_buffers; }
   std::string describe() const;  // "params 1.2 MB, grads ..., "
 };

@@ -126,6 +126,28 @@ TEST_P(EachPlace, CountsOffloadedBytesWhereTheyAre) {
   EXPECT_EQ(storage_->offloaded_bytes(/*nvme=*/true), place == "nvme" ? released_shard_bytes() : 0);
 }
 
+// memory_report().gathered_params_peak: what is gathered of the buckets that
+// are released between uses, now and at most, against the buckets' sizes.
+TEST_P(EachPlace, CountsGatheredBytesAndTheirPeak) {
+  auto full_bytes = [](int k) { return kShard[k] * g_world->size() * static_cast<int64_t>(sizeof(float)); };
+  const int64_t setup_peak = storage_->gathered_peak();  // SetUp held buckets 1 and 2 before releasing them
+  EXPECT_EQ(setup_peak, full_bytes(1) + full_bytes(2));
+  EXPECT_EQ(storage_->gathered_bytes(), 0);
+  storage_->gather(0, /*async=*/false);  // persistent: never counted
+  storage_->gather(2, /*async=*/false);
+  EXPECT_EQ(storage_->gathered_bytes(), full_bytes(2));
+  storage_->release(2);
+  storage_->release(2);  // a second release changes nothing
+  EXPECT_EQ(storage_->gathered_bytes(), 0);
+  storage_->gather(1, /*async=*/true);
+  storage_->gather(1, /*async=*/true);  // nor a second gather
+  storage_->wait_gathered(1);
+  EXPECT_EQ(storage_->gathered_bytes(), full_bytes(1));
+  storage_->release_all();
+  EXPECT_EQ(storage_->gathered_bytes(), 0);
+  EXPECT_EQ(storage_->gathered_peak(), setup_peak) << "the peak is a high-water mark";
+}
+
 INSTANTIATE_TEST_SUITE_P(Places, EachPlace, ::testing::Values("none", "cpu", "nvme"),
                          [](const auto& info) { return info.param; });
 

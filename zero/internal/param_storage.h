@@ -79,6 +79,13 @@ class ParamStorage {
   int64_t bytes() const;
   int64_t offloaded_bytes(bool nvme) const;
 
+  // Of bytes(): the buffers of buckets that are released between uses
+  // (stage 3's units) and gathered now, and the most of them at once since
+  // reset_gathered_peak() (what stage3_max_live_parameters and the prefetch
+  // bound).
+  int64_t gathered_bytes() const { return gathered_now_; }
+  int64_t gathered_peak() const { return gathered_peak_; }
+
  private:
   struct Bucket {
     at::Tensor full;
@@ -99,6 +106,7 @@ class ParamStorage {
   std::vector<Bucket> buckets_;
   std::unique_ptr<offload::SwappedTensors> store_;  // offload_param "nvme"
   std::vector<int> writes_;                         // shard writes in flight
+  int64_t gathered_now_ = 0, gathered_peak_ = 0;    // buckets that are not persistent, gathered
 };
 
 }  // namespace zero::partition
