@@ -21,7 +21,9 @@
 //   stages 0-2: 2Ψ(N-1)/N * 4 bytes (all-reduce; or reduce-scatter + all-gather)
 //   stage 3:    3Ψ(N-1)/N * 4 bytes (+ one more all-gather of the parameters)
 // Minor page faults per step (getrusage over the measured steps) show the
-// allocator's churn; peak RSS is the process's high-water mark. The report
+// allocator's churn; peak RSS is the process's high-water mark. Rank 0 also
+// prints its split of the step (Engine::take_step_times(): forward, backward,
+// waiting for reductions, optimizer step, publishing parameters). The report
 // also reads the PyTorch peers' lines (bench/ddp_peer.py: DDP over gloo and
 // a plain loop at the same threads per process).
 // Goals (information only; the program exits 0 whatever it measures):
@@ -173,6 +175,7 @@ int run_engine(const zero_bench::Flags& flags) {
     if (step == warmup) {
       before = world->stats();
       faults_before = minor_faults();
+      engine.take_step_times();  // the split below covers the measured steps only
     }
     Batch batch = train.next_batch(setup.micro_batch, options.context, rank, N, step, 0);
     const auto start = Clock::now();
@@ -191,6 +194,7 @@ int run_engine(const zero_bench::Flags& flags) {
   at::Tensor t = torch::tensor(times, torch::kDouble);
   world->all_reduce(t, zero::comm::ReduceOp::Max);
   const double faults = double(minor_faults() - faults_before) / steps;
+  const zero::StepTimes split = engine.take_step_times();
   at::Tensor b = torch::tensor({per_step, kinds[0], kinds[1], kinds[2], kinds[3], faults,
                                 double(zero_bench::peak_rss_bytes())}, torch::kDouble);
   world->all_reduce(b, zero::comm::ReduceOp::Max);
@@ -212,6 +216,9 @@ int run_engine(const zero_bench::Flags& flags) {
     j["bytes_theory"] = theory;
     j["minflt_per_step"] = b[5].item<double>();
     j["peak_rss"] = b[6].item<double>();
+    // Rank 0's split of its step time (wall_clock_breakdown), per step.
+    j["split_s"] = {{"forward", split.forward / steps}, {"backward", split.backward / steps},
+                    {"reduce", split.reduce / steps}, {"step", split.step / steps}, {"gather", split.gather / steps}};
     append(flags.str("out"), j);
     std::printf("stage %d, %d ranks x %d thread(s): median step %.1f ms, %.2f MB sent per step per rank "
                 "(theory %.2f MB; all-reduce %.2f, reduce-scatter %.2f, all-gather %.2f), %.0f minor faults per step, "
@@ -219,6 +226,10 @@ int run_engine(const zero_bench::Flags& flags) {
                 setup.stage, N, threads, median(slowest) * 1e3, b[0].item<double>() / 1e6, theory / 1e6,
                 b[1].item<double>() / 1e6, b[2].item<double>() / 1e6, b[3].item<double>() / 1e6,
                 b[5].item<double>(), b[6].item<double>() / 1e6);
+    std::printf("stage %d split per step on rank 0 (ms): forward %.1f, backward %.1f, waiting for reductions %.1f, "
+                "optimizer step %.1f, publishing parameters %.1f\n", setup.stage, split.forward / steps * 1e3,
+                split.backward / steps * 1e3, split.reduce / steps * 1e3, split.step / steps * 1e3,
+                split.gather / steps * 1e3);
   }
   return 0;
 }
