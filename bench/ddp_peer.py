@@ -19,7 +19,6 @@ included) are the largest over the ranks. One JSON line is appended to
 """
 import argparse
 import json
-import math
 import os
 import resource
 import statistics
@@ -30,63 +29,18 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from torch_gpt import GPT  # bench/torch_gpt.py, the model FSDP2's reference trains too
 
-class Attention(nn.Module):
-    def __init__(self, width, heads):
+
+class LossModel(nn.Module):
+    """The GPT and its mean cross-entropy (in float32) in one forward, as DDP wraps it."""
+
+    def __init__(self, gpt):
         super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(width, 3 * width)
-        self.proj = nn.Linear(width, width)
+        self.gpt = gpt
 
-    def forward(self, x):
-        B, T, C = x.shape
-        D = C // self.heads
-        q, k, v = self.qkv(x).view(B, T, 3, self.heads, D).permute(2, 0, 3, 1, 4)
-        scores = (q * (1.0 / math.sqrt(D))).matmul(k.transpose(-2, -1))
-        future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        scores = scores.masked_fill(future, float("-inf"))
-        probs = torch.softmax(scores, -1, dtype=torch.float).to(v.dtype)
-        y = probs.matmul(v).transpose(1, 2).contiguous().view(B, T, C)
-        return self.proj(y)
-
-
-class Block(nn.Module):
-    def __init__(self, width, heads):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(width)
-        self.attn = Attention(width, heads)
-        self.ln2 = nn.LayerNorm(width)
-        self.fc = nn.Linear(width, 4 * width)
-        self.mlp_proj = nn.Linear(4 * width, width)
-
-    def forward(self, x):
-        h = x + self.attn(self.ln1(x))
-        return h + self.mlp_proj(F.gelu(self.fc(self.ln2(h))))
-
-
-class GPT(nn.Module):
-    def __init__(self, vocab, context, depth, width, heads):
-        super().__init__()
-        self.wte = nn.Embedding(vocab, width)
-        self.wpe = nn.Embedding(context, width)
-        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(depth))
-        self.ln_f = nn.LayerNorm(width)
-        std, residual_std = 0.02, 0.02 / math.sqrt(2.0 * depth)
-        with torch.no_grad():
-            for module in self.modules():
-                if isinstance(module, (nn.Linear, nn.Embedding)):
-                    nn.init.normal_(module.weight, 0.0, std)
-                if isinstance(module, nn.Linear):
-                    nn.init.zeros_(module.bias)
-            for block in self.blocks:
-                nn.init.normal_(block.attn.proj.weight, 0.0, residual_std)
-                nn.init.normal_(block.mlp_proj.weight, 0.0, residual_std)
-
-    def forward(self, tokens, targets):  # the mean cross-entropy: DDP reduces through forward
-        x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1]))
-        for block in self.blocks:
-            x = block(x)
-        logits = F.linear(self.ln_f(x), self.wte.weight)
+    def forward(self, tokens, targets):
+        logits = self.gpt(tokens)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 
@@ -116,7 +70,7 @@ def main():
     torch.set_num_threads(threads)
 
     torch.manual_seed(0)
-    model = GPT(args.vocab, args.context, args.depth, args.width, args.heads)
+    model = LossModel(GPT(args.vocab, args.context, args.depth, args.width, args.heads))
     params = sum(p.numel() for p in model.parameters())
     if args.expect_params and params != args.expect_params:
         raise SystemExit(f"ddp_peer.py: the Python GPT has {params} parameters, the C++ one {args.expect_params}; "
