@@ -33,20 +33,18 @@ const char* const kJemallocTuning[] = {"MALLOC_CONF=dirty_decay_ms:-1,muzzy_deca
 const Known kKnown[] = {{"tcmalloc", kTcmallocFiles, kTcmallocTuning, "libtcmalloc-minimal4"},
                         {"jemalloc", kJemallocFiles, kJemallocTuning, "libjemalloc2"}};
 
-std::string lookup(char** environ, const char* name) {
+// NAME's value in `environ`, or nullptr when NAME is not set.
+const char* find(char** environ, const char* name) {
   const size_t len = std::strlen(name);
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     if (std::strncmp(*e, name, len) == 0 && (*e)[len] == '=') return *e + len + 1;
   }
-  return "";
+  return nullptr;
 }
 
-bool has(char** environ, const char* name) {
-  const size_t len = std::strlen(name);
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    if (std::strncmp(*e, name, len) == 0 && (*e)[len] == '=') return true;
-  }
-  return false;
+std::string lookup(char** environ, const char* name) {
+  const char* value = find(environ, name);
+  return value ? value : "";
 }
 
 std::string find_library(const char* const* files) {
@@ -106,7 +104,7 @@ AllocatorChoice choose_allocator(const std::string& requested, char** environ) {
     preload(choice, environ, library);
     for (const char* const* t = known.tuning; *t != nullptr; ++t) {
       const std::string entry = *t;
-      if (!has(environ, entry.substr(0, entry.find('=')).c_str())) choice.env.push_back(entry);
+      if (!find(environ, entry.substr(0, entry.find('=')).c_str())) choice.env.push_back(entry);
     }
     return choice;
   }
