@@ -128,13 +128,10 @@ void visit_activation_checkpointing(Fields& f, ActivationCheckpointingConfig& a)
   f.flag("cpu_checkpointing", a.cpu_checkpointing);
   f.flag("contiguous_memory_optimization", a.contiguous_memory_optimization);
   f.integer("number_checkpoints", a.number_checkpoints, Opt().min(1));
+  f.integer("checkpoint_every", a.checkpoint_every, Opt().min(1));
   f.flag("synchronize_checkpoint_boundary", a.synchronize_checkpoint_boundary);
   f.flag("profile", a.profile);
-  bool any = a.partition_activations || a.cpu_checkpointing || a.contiguous_memory_optimization ||
-             a.number_checkpoints || a.synchronize_checkpoint_boundary || a.profile;
-  if (f.reading() && any)
-    f.warn("activation_checkpointing is accepted, but zero does not implement activation checkpointing "
-           "yet; it has no effect");
+  if (f.reading() && a.contiguous_memory_optimization) f.warn(unimplemented_warning(f.path("contiguous_memory_optimization")));
 }
 
 void visit_checkpoint(Fields& f, CheckpointConfig& c) {

@@ -10,11 +10,13 @@
 
 #include "core/env.h"
 #include "core/fault.h"
+#include "activations/activation_memory.h"
 #include "core/heap.h"
 #include "engine/engine_impl.h"
 #include "engine/engine_setup.h"
 #include "engine/host_optimizer.h"
 #include "engine/optimizer.h"
+#include "zero/activation_checkpointing.h"
 #include "zero/error.h"
 #include "zero/log.h"
 #include "zero/internal/partition.h"
@@ -74,6 +76,7 @@ std::string MemoryReport::describe() const {
   if (host_offloaded > 0) out << "; offloaded to host " << human_bytes(host_offloaded);
   if (nvme_offloaded > 0) out << ", to NVMe " << human_bytes(nvme_offloaded);
   if (nvme_host_peak > 0) out << " (host peak " << human_bytes(nvme_host_peak) << ")";
+  if (activations_peak > 0) out << "; activations (measured peak) " << human_bytes(activations_peak);
   return out.str();
 }
 
@@ -125,6 +128,7 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
   s.dtype = training_dtype(s.config);
   s.gas = *s.config.batch.gradient_accumulation_steps;
   s.build_params(options);
+  s.setup_activation_checkpointing();
 
   const auto& opt = s.config.optimizer;
   s.schedule = std::make_unique<LrSchedule>(LrSchedule::from_config(s.config.scheduler, opt));
@@ -136,7 +140,56 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
                           " trainable parameters in " + std::to_string(s.sharded->num_buckets()) +
                           " bucket(s); this rank holds " + memory_report().describe());
   if (const std::string advice = heap::advice(); !advice.empty()) log::info("engine", advice);
+  s.forward_starts();
 }
+
+// The config's activation_checkpointing section: the process-wide settings
+// of zero::checkpoint, and which of the model's units recompute.
+void Engine::Impl::setup_activation_checkpointing() {
+  for (const auto& p : module->parameters()) {
+    model_device = p.device();
+    break;
+  }
+  const auto& a = config.activation_checkpointing;
+  ActivationCheckpointOptions options;
+  options.cpu_checkpointing = a.cpu_checkpointing;
+  options.synchronize_boundary = a.synchronize_checkpoint_boundary;
+  options.profile = a.profile;
+  configure_activation_checkpointing(options);
+  if (a.partition_activations) {
+    log::info("activations", "activation_checkpointing.partition_activations: there is no tensor-parallel group to "
+                             "split the saved inputs over, so they stay whole on each rank");
+  }
+  std::vector<UnitBase*> all;
+  for (const auto& m : module->modules(/*include_self=*/true)) {
+    if (auto* unit = dynamic_cast<UnitBase*>(m.get())) all.push_back(unit);
+  }
+  const int64_t n = static_cast<int64_t>(all.size());
+  const bool chosen = a.checkpoint_every || a.number_checkpoints;
+  if (chosen && n == 0) {
+    log::warn("activations", "activation_checkpointing selects units, but the model has no zero::Unit; wrap its blocks "
+                             "in zero::Unit or call zero::checkpoint in its forward (include/zero/activation_checkpointing.h)");
+  }
+  int64_t on = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    bool pick = false;
+    if (a.checkpoint_every) {
+      pick = i % *a.checkpoint_every == 0;
+    } else if (a.number_checkpoints) {  // that many, evenly spaced
+      const int64_t k = std::min(*a.number_checkpoints, n);
+      pick = (i + 1) * k / n > i * k / n;
+    }
+    if (chosen) all[i]->set_config_checkpointing(pick);
+    on += all[i]->checkpoints_activations() ? 1 : 0;
+  }
+  if (on > 0) {
+    log::info("activations", std::to_string(on) + " of " + std::to_string(n) +
+                                 " unit(s) recompute their activations in backward" +
+                                 (a.cpu_checkpointing ? "; their inputs wait in host memory" : ""));
+  }
+}
+
+void Engine::Impl::forward_starts() { allocated_at_forward = activations::allocated_bytes(model_device); }
 
 Engine::~Engine() = default;
 Engine::Engine(Engine&&) noexcept = default;
@@ -149,6 +202,9 @@ void Engine::backward(const at::Tensor& loss) {
   if (!loss.requires_grad()) throw EngineError("engine.backward: the loss does not require grad (was it computed under no_grad or eval?)");
   const auto start = Clock::now();
   s.t_forward += std::chrono::duration<double>(start - s.last_step_end).count();
+  if (const int64_t now = activations::allocated_bytes(s.model_device); now >= 0 && s.allocated_at_forward >= 0) {
+    s.activations_peak = std::max(s.activations_peak, now - s.allocated_at_forward);
+  }
   const double scale = s.scaler ? s.scaler->scale() : 1.0;
   at::Tensor detached = loss.detach().to(at::kFloat).reshape({});
   s.loss_sum = s.loss_sum.defined() ? s.loss_sum + detached : detached;
@@ -168,6 +224,7 @@ void Engine::backward(const at::Tensor& loss) {
   s.sharded->end_backward();
   s.t_backward += std::chrono::duration<double>(reduce_start - start).count();
   s.t_reduce += seconds_since(reduce_start);
+  s.forward_starts();  // the next micro-step's, unless step() comes first
   s.last_step_end = Clock::now();
 }
 
@@ -178,8 +235,9 @@ void Engine::step() {
   const auto start = Clock::now();
   s.take_step();
   s.t_step += seconds_since(start);
-  s.last_step_end = Clock::now();
   s.log_progress();
+  s.forward_starts();
+  s.last_step_end = Clock::now();
 }
 
 void Engine::Impl::take_step() {
@@ -252,6 +310,13 @@ void Engine::Impl::log_progress() {
       line << " (host step " << timing.compute_s * per << ", nvme wait " << timing.nvme_wait_s * per << ")";
     }
   }
+  if (config.activation_checkpointing.profile) {  // DeepSpeed's checkpointing timers
+    const ActivationCheckpointStats c = take_activation_checkpoint_stats();
+    line.precision(1);
+    line << " | checkpoints/step " << c.forwards / static_cast<double>(window_steps) << ", ms/step checkpointed forward "
+         << c.forward_s * 1000.0 / window_steps << " recompute " << c.recompute_s * 1000.0 / window_steps
+         << ", inputs kept " << human_bytes(c.saved_bytes / window_steps) << "/step";
+  }
   log::info("engine", line.str());
   loss_sum = at::Tensor();
   loss_count = 0;
@@ -281,6 +346,7 @@ MemoryReport Engine::Impl::memory() const {
   r.host_offloaded = sharded->offloaded_param_bytes(/*nvme=*/false);
   r.nvme_offloaded = sharded->offloaded_param_bytes(/*nvme=*/true);
   r.gathered_params_peak = sharded->gathered_param_peak();
+  r.activations_peak = activations_peak;
   if (sharded->options().offload_optimizer) {
     // Of the master weights and states, those of the buckets on the host
     // (all of them unless partial, Note [Partial offload]). A host master is

@@ -43,7 +43,16 @@ struct Engine::Impl {
   int64_t window_steps = 0;
   double t_forward = 0, t_backward = 0, t_reduce = 0, t_step = 0, t_gather = 0;
 
+  // Activation memory, measured (activations/activation_memory.h): the bytes
+  // allocated on the model's device when forward started, and the most any
+  // forward left alive for its backward.
+  at::Device model_device = at::Device(at::kCPU);
+  int64_t allocated_at_forward = -1;
+  int64_t activations_peak = 0;
+  void forward_starts();
+
   void build_params(InitOptions& options);
+  void setup_activation_checkpointing();
   engine::TrainingState training_state();
   MemoryReport memory() const;
   void take_step();

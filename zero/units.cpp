@@ -60,7 +60,9 @@ void UnitScheduler::prefetch_after(int position, bool backward) {
 }
 
 void UnitScheduler::pre_forward(int unit) {
-  if (!at::GradMode::is_enabled()) {  // evaluation: no backward follows, no plan to keep
+  // Evaluation (no backward follows), or a unit nested in a checkpointed
+  // one (run without a graph, then again in backward): no plan to keep.
+  if (!at::GradMode::is_enabled() || in_backward_) {
     gather_unit(unit, /*async=*/false);
     return;
   }
@@ -103,10 +105,14 @@ void UnitScheduler::pre_backward(int unit) {
   }
 }
 
-void UnitScheduler::begin_backward() { backward_seen_.assign(trace_.size(), false); }
+void UnitScheduler::begin_backward() {
+  backward_seen_.assign(trace_.size(), false);
+  in_backward_ = true;
+}
 
 // This step's forward order becomes the plan for the next one.
 void UnitScheduler::end_step() {
+  in_backward_ = false;
   plan_ = trace_;
   plan_valid_ = !plan_.empty();
   trace_.clear();

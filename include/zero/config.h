@@ -217,13 +217,19 @@ struct AioConfig {
   bool use_gds = false;             // not implemented by zero (warned)
 };
 
-// "activation_checkpointing": accepted; zero does not checkpoint activations
-// yet (one warning when anything is switched on).
+// "activation_checkpointing": which zero::Units recompute their activations
+// in backward, and how (include/zero/activation_checkpointing.h).
+// checkpoint_every (zero's key): every k-th unit, the first included (1: all);
+// number_checkpoints: that many units, evenly spaced; neither: only the units
+// and zero::checkpoint calls the model asks for. partition_activations needs
+// a tensor-parallel group (a no-op without); contiguous_memory_optimization is
+// not implemented (warned).
 struct ActivationCheckpointingConfig {
   bool partition_activations = false;
   bool cpu_checkpointing = false;
   bool contiguous_memory_optimization = false;
   std::optional<int64_t> number_checkpoints;
+  std::optional<int64_t> checkpoint_every;
   bool synchronize_checkpoint_boundary = false;
   bool profile = false;
 };

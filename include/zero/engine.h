@@ -57,6 +57,11 @@ struct MemoryReport {
   // initialize (part of `params` while they are gathered), which
   // stage3_max_live_parameters and stage3_prefetch_bucket_size bound.
   int64_t gathered_params_peak = 0;
+  // Measured, not estimated: the most bytes a forward left allocated on the
+  // model's device for its backward (the activations autograd keeps, the
+  // loss), since initialize; 0 before the first backward or where the
+  // allocator cannot be read. Not part of total().
+  int64_t activations_peak = 0;
   int64_t total() const { return params + gradients + fp32_master + optimizer_states + buffers + offload_buffers; }
   std::string describe() const;  // "params 1.2 MB, grads ..., "
 };

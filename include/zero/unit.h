@@ -14,8 +14,16 @@
 // At stages 0-2 (or before zero::initialize) a unit is a pass-through.
 // A unit's parameters keep the names they have without the wrapper (the
 // inner module's children are registered on the unit itself).
+//
+// Activation checkpointing: blocks[i]->checkpoint_activations(true), or the
+// config's "activation_checkpointing": {"checkpoint_every": k} for every
+// k-th unit, runs the block without keeping its activations and recomputes
+// them in backward (activation_checkpointing.h). At stage 3 the recompute
+// uses the parameters gathered for the unit's backward.
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
+
+#include "zero/activation_checkpointing.h"
 
 #include <memory>
 #include <type_traits>
@@ -40,6 +48,13 @@ class UnitBase : public torch::nn::Module {
   }
   void detach() { hooks_.reset(); }
 
+  // Recompute this unit's activations in backward instead of keeping them.
+  // Set here, it wins over the config's choice.
+  void checkpoint_activations(bool on) { chosen_ = on ? 1 : 0; }
+  bool checkpoints_activations() const { return chosen_ >= 0 ? chosen_ == 1 : from_config_; }
+  // The config's choice (the engine, at initialize), for a unit not set above.
+  void set_config_checkpointing(bool on) { from_config_ = on; }
+
  protected:
   // Registers `inner`'s children and direct parameters and buffers on this
   // module, so that names do not change when a block becomes a unit.
@@ -61,6 +76,8 @@ class UnitBase : public torch::nn::Module {
  private:
   std::shared_ptr<UnitHooks> hooks_;
   int id_ = -1;
+  int chosen_ = -1;  // -1: not chosen; 0 or 1
+  bool from_config_ = false;
 };
 
 template <typename Inner>  // Inner: a module holder such as Block (TORCH_MODULE)
@@ -77,7 +94,15 @@ class UnitImpl : public UnitBase {
     using Result = decltype(inner_->forward(std::forward<Args>(args)...));
     static_assert(std::is_same<std::decay_t<Result>, at::Tensor>::value,
                   "zero::Unit supports modules whose forward returns one at::Tensor");
-    return run([&] { return inner_->forward(std::forward<Args>(args)...); });
+    if (!checkpoints_activations()) return run([&] { return inner_->forward(std::forward<Args>(args)...); });
+    // The recompute calls the inner module alone: the hooks run once, around the forward.
+    return run([&] {
+      // The unit's parameters leave through the checkpoint: a unit called
+      // twice gets one gradient per backward, the sum, as without it.
+      return zero::checkpoint_with_params(trainable_parameters(parameters()),
+                                          [inner = inner_](auto&&... a) mutable { return inner->forward(a...); },
+                                          std::forward<Args>(args)...);
+    });
   }
 
   Inner& inner() { return inner_; }

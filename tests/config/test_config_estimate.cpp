@@ -8,6 +8,7 @@
 #include <regex>
 
 #include "config_test_util.h"
+#include "activations/estimate.h"
 #include "zero/internal/estimate.h"
 
 namespace {
@@ -443,6 +444,54 @@ TEST(ConfigEstimateTool, HelpMentionsTheEstimate) {
   EXPECT_EQ(r.status, 0);
   for (const char* option : {"--estimate", "--params", "--world-size", "--json"})
     EXPECT_NE(r.out.find(option), std::string::npos) << option;
+}
+
+// ---- activations (activations/estimate.h) ------------------------------------
+
+TEST(ActivationEstimate, BlockIsKorthikantisCountAndCheckpointingKeepsInputs) {
+  zero::ActivationShape s;
+  s.micro_batch = 4, s.context = 2048, s.width = 4096, s.depth = 32, s.heads = 32, s.vocab = 50257;
+  s.bytes_per_element = 2;
+  const int64_t sbh = 4LL * 2048 * 4096, as2b = 32LL * 2048 * 2048 * 4;
+  EXPECT_EQ(zero::block_activation_bytes(s), 34 * sbh + 5 * as2b);  // the paper's figure at 16 bits
+  const int64_t outside = 2 * sbh * 2 + 4LL * 2048 * 4 * 50257;
+  EXPECT_EQ(zero::activation_bytes(s, 0), 32 * (34 * sbh + 5 * as2b) + outside);
+  // Every block checkpointed: 32 inputs, one block back during its recompute.
+  EXPECT_EQ(zero::activation_bytes(s, 32), 32 * 2 * sbh + (34 * sbh + 5 * as2b) + outside);
+  EXPECT_EQ(zero::activation_bytes(s, 8), 24 * (34 * sbh + 5 * as2b) + 8 * 2 * sbh + (34 * sbh + 5 * as2b) + outside);
+  EXPECT_EQ(zero::checkpointed_units(32, 1, 0), 32);
+  EXPECT_EQ(zero::checkpointed_units(32, 3, 0), 11);  // units 0, 3, ..., 30
+  EXPECT_EQ(zero::checkpointed_units(32, 0, 40), 32);
+  EXPECT_EQ(zero::checkpointed_units(32, 0, 0), 0);
+}
+
+TEST(ActivationEstimate, GptParamsMatchTheExampleModel) {
+  zero::ActivationShape s;  // the step-time bench's GPT: 42,600,192 parameters
+  s.depth = 6, s.width = 768, s.context = 64, s.vocab = 29;
+  EXPECT_EQ(zero::gpt_params(s), 42600192);
+}
+
+TEST(ConfigEstimateTool, ShapeFlagsAddActivationsWithAndWithoutCheckpointing) {
+  ToolRun r = tool(file_arg("configs/zero3.json") +
+                   " --estimate --micro 4 --context 2048 --width 4096 --depth 32 --heads 32 --world-size 8 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  zero::ActivationShape s;
+  s.micro_batch = 4, s.context = 2048, s.width = 4096, s.depth = 32, s.heads = 32, s.vocab = 50257;
+  s.bytes_per_element = j["dtype"] == "fp32" ? 4 : 2;
+  EXPECT_EQ(j["params"].get<int64_t>(), zero::gpt_params(s));  // derived from the shape
+  EXPECT_EQ(j["activations"]["without_checkpointing"].get<int64_t>(), zero::activation_bytes(s, 0));
+  EXPECT_EQ(j["activations"]["checkpoint_every_unit"].get<int64_t>(), zero::activation_bytes(s, 32));
+  EXPECT_EQ(j["activations"]["configured_checkpointed_units"].get<int64_t>(), 0);
+  ToolRun text = tool(file_arg("configs/zero3.json") + " --estimate --micro 4 --context 2048 --width 4096 --depth 32");
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_NE(text.out.find("checkpointing every unit"), std::string::npos) << text.out;
+  ToolRun missing = tool(file_arg("configs/zero3.json") + " --estimate --micro 4 --context 2048");
+  EXPECT_EQ(missing.status, 2);
+  EXPECT_NE(missing.err.find("--width"), std::string::npos) << missing.err;
+  ToolRun heads = tool(file_arg("configs/zero3.json") + " --estimate --micro 1 --context 8 --width 100 --depth 1 --heads 3");
+  EXPECT_EQ(heads.status, 2);
+  EXPECT_NE(heads.err.find("multiple of --heads"), std::string::npos) << heads.err;
 }
 
 }  // namespace

@@ -77,7 +77,7 @@ TEST(ConfigTool, JsonDocumentCarriesTheWarnings) {
   EXPECT_EQ(j["config"]["train_batch_size"], 48);   // as written
   EXPECT_EQ(j["config"]["gradient_accumulation_steps"], 2);
   EXPECT_EQ(j["config"]["train_micro_batch_size_per_gpu"], 48 / (2 * 2));
-  ASSERT_EQ(j["warnings"].size(), 2u);   // cpu_offload, activation_checkpointing
+  ASSERT_EQ(j["warnings"].size(), 1u);   // cpu_offload (its activation_checkpointing keys are all implemented)
   EXPECT_TRUE(r.err.empty()) << r.err;
 }
 

@@ -12,7 +12,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -22,6 +24,7 @@
 #include "core/env.h"
 #include "zero/config.h"
 #include "zero/error.h"
+#include "activations/estimate.h"
 #include "zero/internal/estimate.h"
 
 namespace {
@@ -29,6 +32,8 @@ namespace {
 const char* const kUsage =
     "usage: zero-config FILE [--world-size N] [--json]\n"
     "       zero-config FILE --estimate --params N [--world-size N] [--json]\n"
+    "       zero-config FILE --estimate --micro B --context S --width H --depth L\n"
+    "                   [--heads A] [--vocab V] [--params N] [--world-size N] [--json]\n"
     "\n"
     "Checks the DeepSpeed-style config FILE, resolves it for N data-parallel ranks\n"
     "and prints it with every default filled in.\n"
@@ -44,6 +49,12 @@ const char* const kUsage =
     "  --world-size N  data-parallel ranks (default: $WORLD_SIZE, else 1)\n"
     "  --estimate      estimate memory per rank instead of printing the config\n"
     "  --params N      trainable parameters for --estimate, e.g. 7e9 or 7000000000\n"
+    "  --micro, --context, --width, --depth  a GPT-style model's shape: with them,\n"
+    "                  --estimate adds its activations per rank with and without\n"
+    "                  activation checkpointing (and as the config's\n"
+    "                  activation_checkpointing chooses); --params defaults to the\n"
+    "                  example GPT's count for that shape\n"
+    "  --heads A       attention heads (default width / 64), --vocab V (default 50257)\n"
     "  --json          print one JSON document {file, world_size, warnings, config}\n"
     "                  instead of the config alone (warnings then stay off stderr);\n"
     "                  with --estimate, the estimate in bytes as JSON\n"
@@ -64,7 +75,19 @@ struct Options {
   bool help = false;
   bool estimate = false;
   int64_t params = 0;   // --params, with --estimate
+  bool shape = false;   // --micro, --context, --width, --depth given: activations too
+  zero::ActivationShape activations;
 };
+
+// A positive whole number for a shape flag.
+int64_t parse_size(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0 || v < 1 || v > 100000000LL)
+    throw UsageError{flag + " must be a positive whole number; got '" + text + "'"};
+  return v;
+}
 
 int parse_world_size(const std::string& text, const std::string& origin) {
   char* end = nullptr;
@@ -98,9 +121,14 @@ int64_t parse_params(const std::string& text) {
 Options parse_args(int argc, char** argv) {
   Options o;
   std::optional<std::string> world_size, params;
+  std::map<std::string, std::string> shape;  // --micro ... --vocab
+  const std::set<std::string> shape_flags = {"--micro", "--context", "--width", "--depth", "--heads", "--vocab"};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
-    if (arg == "-h" || arg == "--help") {
+    if (shape_flags.count(arg)) {
+      if (i + 1 >= argc) throw UsageError{arg + " needs a value"};
+      shape[arg] = argv[++i];
+    } else if (arg == "-h" || arg == "--help") {
       o.help = true;
     } else if (arg == "--json") {
       o.json = true;
@@ -123,8 +151,25 @@ Options parse_args(int argc, char** argv) {
   if (o.help) return o;
   if (o.file.empty()) throw UsageError{"no config file given"};
   if (params && !o.estimate) throw UsageError{"--params is for --estimate"};
-  if (o.estimate && !params) throw UsageError{"--estimate needs --params N, the model's trainable parameters"};
+  if (!shape.empty()) {
+    if (!o.estimate) throw UsageError{"--micro, --context, --width, --depth, --heads and --vocab are for --estimate"};
+    for (const char* needed : {"--micro", "--context", "--width", "--depth"}) {
+      if (!shape.count(needed)) throw UsageError{std::string("the activation estimate needs ") + needed + " too (--micro, --context, --width, --depth)"};
+    }
+    zero::ActivationShape& a = o.activations;
+    a.micro_batch = parse_size("--micro", shape["--micro"]);
+    a.context = parse_size("--context", shape["--context"]);
+    a.width = parse_size("--width", shape["--width"]);
+    a.depth = parse_size("--depth", shape["--depth"]);
+    a.heads = shape.count("--heads") ? parse_size("--heads", shape["--heads"]) : std::max<int64_t>(1, a.width / 64);
+    a.vocab = shape.count("--vocab") ? parse_size("--vocab", shape["--vocab"]) : 50257;
+    if (a.width % a.heads != 0) throw UsageError{"--width must be a multiple of --heads"};
+    o.shape = true;
+  }
+  if (o.estimate && !params && !o.shape)
+    throw UsageError{"--estimate needs --params N, the model's trainable parameters (or a model shape: --micro, --context, --width, --depth)"};
   if (params) o.params = parse_params(*params);
+  if (!params && o.shape) o.params = zero::gpt_params(o.activations);
   if (world_size) {
     o.world_size = parse_world_size(*world_size, "--world-size");
   } else if (zero::env::is_set("WORLD_SIZE")) {
@@ -255,6 +300,63 @@ nlohmann::ordered_json bytes_json(const zero::MemoryBytes& m) {
   return j;
 }
 
+// ---- activations (activations/estimate.h) -------------------------------------
+
+struct ActivationRows {
+  zero::ActivationShape shape;
+  int64_t none, every_unit, configured, configured_units;
+};
+
+ActivationRows activation_rows(const Options& o, const zero::Config& c, const EstimateSetup& setup) {
+  ActivationRows r;
+  r.shape = o.activations;
+  r.shape.bytes_per_element = setup.base.dtype_bytes;
+  const auto& a = c.activation_checkpointing;
+  r.configured_units = zero::checkpointed_units(r.shape.depth, a.checkpoint_every.value_or(0), a.number_checkpoints.value_or(0));
+  r.none = zero::activation_bytes(r.shape, 0);
+  r.every_unit = zero::activation_bytes(r.shape, r.shape.depth);
+  r.configured = zero::activation_bytes(r.shape, r.configured_units);
+  return r;
+}
+
+nlohmann::ordered_json activations_json(const Options& o, const zero::Config& c, const EstimateSetup& setup) {
+  const ActivationRows r = activation_rows(o, c, setup);
+  nlohmann::ordered_json j;
+  j["micro_batch"] = r.shape.micro_batch;
+  j["context"] = r.shape.context;
+  j["width"] = r.shape.width;
+  j["depth"] = r.shape.depth;
+  j["heads"] = r.shape.heads;
+  j["vocab"] = r.shape.vocab;
+  j["bytes_per_element"] = r.shape.bytes_per_element;
+  j["per_block"] = zero::block_activation_bytes(r.shape);
+  j["without_checkpointing"] = r.none;
+  j["checkpoint_every_unit"] = r.every_unit;
+  j["configured_checkpointed_units"] = r.configured_units;
+  j["configured"] = r.configured;
+  return j;
+}
+
+std::string activations_text(const Options& o, const zero::Config& c, const EstimateSetup& setup) {
+  const ActivationRows r = activation_rows(o, c, setup);
+  const zero::ActivationShape& s = r.shape;
+  std::ostringstream out;
+  out << "\nActivations per rank for one micro batch (" << s.micro_batch << " x context " << s.context << ", width "
+      << s.width << ", depth " << s.depth << ", " << s.heads << " heads, vocab " << s.vocab << ", "
+      << setup.dtype << "),\nthe same at every stage:\n";
+  out << "  without checkpointing        " << pad_left(human(r.none), 12) << "   (" << human(zero::block_activation_bytes(s))
+      << " per block)\n";
+  out << "  checkpointing every unit     " << pad_left(human(r.every_unit), 12)
+      << "   (each block's input, one block recomputed at a time)\n";
+  if (r.configured_units > 0 && r.configured_units < s.depth)
+    out << "  as configured (" << r.configured_units << " of " << s.depth << " units) " << pad_left(human(r.configured), 12)
+        << "\n";
+  out << "Per block: 34sbh + 5as^2b bytes at 2 bytes per element (Korthikanti et al. 2022), dropout masks\n"
+         "included; outside the blocks the head's input and the fp32 log-softmax of the logits. Measured\n"
+         "figures: engine.memory_report().activations_peak.\n";
+  return out.str();
+}
+
 int run_estimate(const Options& o) {
   zero::Config config = zero::Config::from_file(o.file);
   if (!o.json)
@@ -297,6 +399,7 @@ int run_estimate(const Options& o) {
       r["gathered_params_max"] = m.gathered_params_max;
       doc["stages"].push_back(r);
     }
+    if (o.shape) doc["activations"] = activations_json(o, config, setup);
     std::cout << doc.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
     return 0;
   }
@@ -368,8 +471,10 @@ int run_estimate(const Options& o) {
     out << "- offload_param nvme (stage 3 only): the parameter shard on NVMe; the host keeps "
         << z.offload_param.buffer_count << " buffers\n  of buffer_size " << count(z.offload_param.buffer_size)
         << " elements.\n";
-  out << "Not counted: activations, the module's buffers, communication and temporary buffers, allocator\n"
+  out << "Not counted" << (o.shape ? "" : ": activations") << (o.shape ? ": " : ", ")
+      << "the module's buffers, communication and temporary buffers, allocator\n"
          "fragmentation.\n";
+  if (o.shape) out << activations_text(o, config, setup);
   std::cout << out.str();
   return 0;
 }

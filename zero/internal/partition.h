@@ -173,6 +173,7 @@ class UnitScheduler : public UnitHooks, public std::enable_shared_from_this<Unit
   std::vector<int> plan_;       // forward order of the previous step
   std::vector<int> trace_;      // forward order of this step
   std::vector<bool> backward_seen_;  // per forward position: its backward has started
+  bool in_backward_ = false;         // forwards now are recomputes (activation checkpointing)
   bool plan_valid_ = false;
   bool warned_ = false;
 };

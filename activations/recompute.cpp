@@ -1,0 +1,281 @@
+// zero::checkpoint_tensors (include/zero/activation_checkpointing.h): a
+// custom autograd function whose forward runs the body without recording a
+// graph and whose backward runs it again with one, then backward through
+// that (reentrant, as torch.utils.checkpoint's default).
+#include "zero/activation_checkpointing.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <unordered_set>
+
+#include "zero/error.h"
+
+namespace zero {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using Clock = std::chrono::steady_clock;
+
+std::mutex settings_mutex;
+ActivationCheckpointOptions settings;
+std::mutex stats_mutex;
+ActivationCheckpointStats stats;
+
+ActivationCheckpointOptions current_settings() {
+  std::lock_guard<std::mutex> lock(settings_mutex);
+  return settings;
+}
+
+// The random generators' states when the checkpointed forward began: the
+// CPU one always, and the accelerator's of the device the inputs are on.
+struct RngStates {
+  at::Tensor cpu;
+  c10::optional<at::Device> device;
+  at::Tensor on_device;
+
+  static RngStates capture(const std::vector<at::Tensor>& inputs) {
+    RngStates s;
+    s.cpu = at::detail::getDefaultCPUGenerator().get_state();
+    for (const auto& t : inputs) {
+      if (t.defined() && !t.device().is_cpu()) {
+        s.device = t.device();
+        s.on_device = at::globalContext().defaultGenerator(t.device()).get_state();
+        break;
+      }
+    }
+    return s;
+  }
+  void restore() const {
+    set(at::detail::getDefaultCPUGenerator(), cpu);
+    if (device) set(at::globalContext().defaultGenerator(*device), on_device);
+  }
+  static void set(at::Generator generator, const at::Tensor& state) {  // a handle on the same generator
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  }
+};
+
+// What the recompute needs besides the saved inputs; it rides in the
+// autograd context as a capsule.
+struct Saved : torch::CustomClassHolder {
+  CheckpointBody body;
+  size_t num_inputs = 0;              // the inputs come first,
+  size_t num_params = 0;              // then the listed parameters, then the marker
+  std::vector<bool> requires_grad;    // per input
+  std::vector<at::Tensor> host_inputs;  // cpu_checkpointing: the inputs, in host memory
+  std::vector<at::Device> devices;      // and where they came from
+  RngStates rng;
+  bool on_accelerator = false;
+  bool kept_on_host = false;            // cpu_checkpointing was on at the forward
+};
+
+// The leaves requiring grad that the recomputed graph reaches from `roots`,
+// other than `listed`.
+variable_list unlisted_leaves(const variable_list& roots, const variable_list& listed) {
+  std::unordered_set<const void*> known;
+  for (const auto& t : listed) known.insert(t.unsafeGetTensorImpl());
+  std::unordered_set<torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> todo;
+  for (const auto& r : roots) {
+    if (r.grad_fn()) todo.push_back(r.grad_fn().get());
+  }
+  variable_list out;
+  while (!todo.empty()) {
+    torch::autograd::Node* node = todo.back();
+    todo.pop_back();
+    if (!node || !seen.insert(node).second) continue;
+    if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
+      if (!known.count(acc->variable.unsafeGetTensorImpl())) out.push_back(acc->variable);
+      continue;
+    }
+    for (const auto& edge : node->next_edges()) todo.push_back(edge.function.get());
+  }
+  return out;
+}
+
+bool differentiable(const at::Tensor& t) { return t.defined() && at::isFloatingType(t.scalar_type()); }
+
+void synchronize_if(bool wanted, bool on_accelerator) {
+  if (wanted && on_accelerator && torch::cuda::is_available()) torch::cuda::synchronize();
+}
+
+class Recompute : public torch::autograd::Function<Recompute> {
+ public:
+  static variable_list forward(AutogradContext* ctx, at::TensorList inputs, c10::intrusive_ptr<Saved> saved) {
+    const ActivationCheckpointOptions options = current_settings();
+    synchronize_if(options.synchronize_boundary, saved->on_accelerator);
+    const auto start = Clock::now();
+    std::vector<at::Tensor> real(inputs.begin(), inputs.begin() + saved->num_inputs);
+    // The listed parameters are the module's own tensors: no copy, no
+    // version check; the recompute uses them through the module.
+    ctx->saved_data["zero.params"] =
+        c10::List<at::Tensor>(std::vector<at::Tensor>(inputs.begin() + saved->num_inputs,
+                                                      inputs.begin() + saved->num_inputs + saved->num_params));
+    saved->rng = RngStates::capture(real);
+    variable_list outputs = saved->body(real);
+
+    int64_t bytes = 0;
+    for (const auto& t : real) bytes += t.defined() ? t.nbytes() : 0;
+    saved->kept_on_host = options.cpu_checkpointing;
+    if (saved->kept_on_host) {
+      for (const auto& t : real) {
+        saved->devices.push_back(t.defined() ? t.device() : at::Device(at::kCPU));
+        if (!t.defined() || t.device().is_cpu()) {
+          saved->host_inputs.push_back(t);
+          continue;
+        }
+        at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+        host.copy_(t, /*non_blocking=*/true);
+        saved->host_inputs.push_back(host);
+      }
+    } else {
+      ctx->save_for_backward(real);
+    }
+    // Integer outputs carry no gradient.
+    std::vector<at::Tensor> no_grad;
+    for (const auto& out : outputs) {
+      if (out.defined() && !differentiable(out)) no_grad.push_back(out);
+    }
+    if (!no_grad.empty()) ctx->mark_non_differentiable(no_grad);
+    ctx->saved_data["zero.checkpoint"] = c10::IValue::make_capsule(saved);
+    synchronize_if(options.synchronize_boundary, saved->on_accelerator);
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    ++stats.forwards;
+    stats.saved_bytes += bytes;
+    if (options.profile) stats.forward_s += std::chrono::duration<double>(Clock::now() - start).count();
+    return outputs;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    auto saved = c10::static_intrusive_pointer_cast<Saved>(ctx->saved_data.at("zero.checkpoint").toCapsule());
+    const ActivationCheckpointOptions options = current_settings();
+    synchronize_if(options.synchronize_boundary, saved->on_accelerator);
+    const auto start = Clock::now();
+    std::vector<at::Tensor> inputs;
+    if (saved->kept_on_host) {
+      for (size_t i = 0; i < saved->host_inputs.size(); ++i) {
+        const at::Tensor& t = saved->host_inputs[i];
+        inputs.push_back(t.defined() ? t.to(saved->devices[i], /*non_blocking=*/true) : t);
+      }
+      saved->host_inputs.clear();
+    } else {
+      inputs = ctx->get_saved_variables();
+    }
+    std::vector<at::Tensor> detached;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      at::Tensor d = inputs[i].defined() ? inputs[i].detach() : inputs[i];
+      if (d.defined() && saved->requires_grad[i]) d.requires_grad_(true);
+      detached.push_back(d);
+    }
+
+    // The recompute draws the same random numbers as the forward did; the
+    // generators then continue where backward left them.
+    const RngStates now = RngStates::capture(detached);
+    saved->rng.restore();
+    std::vector<at::Tensor> outputs;
+    try {
+      torch::AutoGradMode grad(true);
+      outputs = saved->body(detached);
+    } catch (...) {
+      now.restore();
+      throw;
+    }
+    now.restore();
+    double recompute_s = std::chrono::duration<double>(Clock::now() - start).count();
+    if (outputs.size() != grad_outputs.size()) {
+      throw Error("zero::checkpoint: the recompute returned " + std::to_string(outputs.size()) +
+                  " outputs, the forward " + std::to_string(grad_outputs.size()) +
+                  "; the checkpointed function must return the same outputs each time it runs");
+    }
+    variable_list roots, grads;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].defined() && outputs[i].requires_grad() && grad_outputs[i].defined()) {
+        roots.push_back(outputs[i]);
+        grads.push_back(grad_outputs[i]);
+      }
+    }
+    // The inputs' and listed parameters' gradients are returned; the other
+    // parameters the recompute reached get theirs accumulated here
+    // (reentrant, as torch.utils.checkpoint), which fires their hooks.
+    variable_list wanted;
+    for (const auto& d : detached) {
+      if (d.defined() && d.requires_grad()) wanted.push_back(d);
+    }
+    const std::vector<at::Tensor> params(ctx->saved_data.at("zero.params").toTensorList().vec());
+    for (const auto& p : params) wanted.push_back(p);
+    const variable_list unlisted = unlisted_leaves(roots, wanted);
+    variable_list wanted_grads;
+    if (!roots.empty() && !wanted.empty()) {
+      wanted_grads = torch::autograd::grad(roots, wanted, grads, /*retain_graph=*/!unlisted.empty(),
+                                           /*create_graph=*/false, /*allow_unused=*/true);
+    }
+    if (!roots.empty() && !unlisted.empty()) {
+      torch::autograd::backward(roots, grads, /*retain_graph=*/false, /*create_graph=*/false, unlisted);
+    }
+
+    variable_list result;
+    size_t next = 0;
+    for (const auto& d : detached) {
+      const bool returned = d.defined() && d.requires_grad();
+      result.push_back(returned && next < wanted_grads.size() ? wanted_grads[next] : at::Tensor());
+      next += returned ? 1 : 0;
+    }
+    for (size_t i = 0; i < params.size(); ++i, ++next) {
+      result.push_back(next < wanted_grads.size() ? wanted_grads[next] : at::Tensor());
+    }
+    result.push_back(at::Tensor());  // the marker
+    result.push_back(at::Tensor());  // the capsule
+    synchronize_if(options.synchronize_boundary, saved->on_accelerator);
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    ++stats.recomputes;
+    if (options.profile) stats.recompute_s += recompute_s;
+    return result;
+  }
+};
+
+}  // namespace
+
+void configure_activation_checkpointing(const ActivationCheckpointOptions& options) {
+  std::lock_guard<std::mutex> lock(settings_mutex);
+  settings = options;
+}
+
+ActivationCheckpointOptions activation_checkpointing_options() { return current_settings(); }
+
+ActivationCheckpointStats take_activation_checkpoint_stats() {
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  ActivationCheckpointStats taken = stats;
+  stats = ActivationCheckpointStats();
+  return taken;
+}
+
+std::vector<at::Tensor> checkpoint_tensors(CheckpointBody body, const std::vector<at::Tensor>& inputs,
+                                           const std::vector<at::Tensor>& params) {
+  if (!body) throw Error("zero::checkpoint: no function to run");
+  // Evaluation: nothing is kept for backward anyway.
+  if (!at::GradMode::is_enabled()) return body(inputs);
+  auto saved = c10::make_intrusive<Saved>();
+  saved->body = std::move(body);
+  saved->num_inputs = inputs.size();
+  saved->num_params = params.size();
+  for (const auto& t : inputs) {
+    saved->requires_grad.push_back(t.defined() && t.requires_grad());
+    saved->on_accelerator = saved->on_accelerator || (t.defined() && !t.device().is_cpu());
+  }
+  // The marker requires grad, so that the outputs do even when no input
+  // does: the parameters inside still need their gradients.
+  variable_list with_marker(inputs.begin(), inputs.end());
+  with_marker.insert(with_marker.end(), params.begin(), params.end());
+  with_marker.push_back(torch::empty({0}, torch::TensorOptions().requires_grad(true)));
+  // As a TensorList: autograd takes a std::vector argument for a non-tensor.
+  return Recompute::apply(at::TensorList(with_marker), saved);
+}
+
+}  // namespace zero
