@@ -19,12 +19,15 @@ int64_t outside_blocks_activation_bytes(const ActivationShape& s) {
   return 2 * sb * s.width * s.bytes_per_element + 4 * sb * s.vocab;
 }
 
-int64_t activation_bytes(const ActivationShape& s, int64_t checkpointed) {
+int64_t kept_activation_bytes(const ActivationShape& s, int64_t checkpointed) {
   checkpointed = std::clamp<int64_t>(checkpointed, 0, s.depth);
-  const int64_t block = block_activation_bytes(s);
   const int64_t input = s.context * s.micro_batch * s.width * s.bytes_per_element;
-  const int64_t kept = (s.depth - checkpointed) * block + checkpointed * input;
-  return kept + (checkpointed > 0 ? block : 0) + outside_blocks_activation_bytes(s);
+  return (s.depth - checkpointed) * block_activation_bytes(s) + checkpointed * input + outside_blocks_activation_bytes(s);
+}
+
+int64_t activation_bytes(const ActivationShape& s, int64_t checkpointed) {
+  const bool any = std::clamp<int64_t>(checkpointed, 0, s.depth) > 0;
+  return kept_activation_bytes(s, checkpointed) + (any ? block_activation_bytes(s) : 0);
 }
 
 int64_t checkpointed_units(int64_t depth, int64_t checkpoint_every, int64_t number_checkpoints) {

@@ -26,7 +26,11 @@ struct ActivationShape {
 
 int64_t block_activation_bytes(const ActivationShape& s);        // one block, nothing checkpointed
 int64_t outside_blocks_activation_bytes(const ActivationShape& s);
-// The peak for backward when `checkpointed` of the `depth` blocks recompute.
+// What forward leaves for backward when `checkpointed` of the `depth`
+// blocks recompute (what engine.memory_report().activations_peak measures).
+int64_t kept_activation_bytes(const ActivationShape& s, int64_t checkpointed);
+// The peak during backward: the above and, with any checkpointed, one
+// block's activations recomputed.
 int64_t activation_bytes(const ActivationShape& s, int64_t checkpointed);
 // How many of `depth` units the config's checkpoint_every / number_checkpoints choose.
 int64_t checkpointed_units(int64_t depth, int64_t checkpoint_every, int64_t number_checkpoints);

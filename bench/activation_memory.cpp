@@ -10,6 +10,9 @@
 // largest over the ranks: engine.memory_report().activations_peak (the
 // bytes a forward left allocated for its backward, read from the heap
 // allocator), peak RSS, and the median step time (the slowest rank's).
+// The estimate beside it is activations/estimate.h's kept_activation_bytes,
+// what forward leaves for backward; the recompute's one block comes on top
+// during backward (in peak RSS, not in activations_peak).
 // Goals (information only): with checkpointing, at least 3x the longest
 // context that fits the activation budget without it, at depth 8; step
 // time at most 1.4x (the price of one more forward).
@@ -90,7 +93,8 @@ int run_one(const zero_bench::Flags& flags) {
               {"heads", o.heads}, {"micro", setup.micro_batch}, {"stage", setup.stage}, {"world", world->size()},
               {"checkpoint", checkpoint}, {"params", model->num_parameters()},
               {"activations_peak", figures[0].item<double>()}, {"peak_rss", figures[1].item<double>()},
-              {"estimate", zero::activation_bytes(shape, checkpoint ? o.depth : 0)},
+              {"estimate", zero::kept_activation_bytes(shape, checkpoint ? o.depth : 0)},
+              {"estimate_backward_peak", zero::activation_bytes(shape, checkpoint ? o.depth : 0)},
               {"step_s", median(times)}, {"step_times", times}};
     std::ofstream(flags.str("out"), std::ios::app) << j.dump() << "\n";
     std::printf("context %lld, checkpointing %s: activations %.1f MB (estimate %.1f MB), peak RSS %.1f MB, step %.1f ms\n",

@@ -458,6 +458,7 @@ TEST(ActivationEstimate, BlockIsKorthikantisCountAndCheckpointingKeepsInputs) {
   EXPECT_EQ(zero::activation_bytes(s, 0), 32 * (34 * sbh + 5 * as2b) + outside);
   // Every block checkpointed: 32 inputs, one block back during its recompute.
   EXPECT_EQ(zero::activation_bytes(s, 32), 32 * 2 * sbh + (34 * sbh + 5 * as2b) + outside);
+  EXPECT_EQ(zero::kept_activation_bytes(s, 32), 32 * 2 * sbh + outside);  // before backward recomputes any
   EXPECT_EQ(zero::activation_bytes(s, 8), 24 * (34 * sbh + 5 * as2b) + 8 * 2 * sbh + (34 * sbh + 5 * as2b) + outside);
   EXPECT_EQ(zero::checkpointed_units(32, 1, 0), 32);
   EXPECT_EQ(zero::checkpointed_units(32, 3, 0), 11);  // units 0, 3, ..., 30
