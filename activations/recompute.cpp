@@ -68,6 +68,7 @@ struct Saved : torch::CustomClassHolder {
   CheckpointBody body;
   size_t num_inputs = 0;              // the inputs come first,
   size_t num_params = 0;              // then the listed parameters, then the marker
+  std::vector<at::Tensor> params;       // the listed parameters
   std::vector<bool> requires_grad;    // per input
   std::vector<at::Tensor> host_inputs;  // cpu_checkpointing: the inputs, in host memory
   std::vector<at::Device> devices;      // and where they came from
@@ -113,11 +114,9 @@ class Recompute : public torch::autograd::Function<Recompute> {
     synchronize_if(options.synchronize_boundary, saved->on_accelerator);
     const auto start = Clock::now();
     std::vector<at::Tensor> real(inputs.begin(), inputs.begin() + saved->num_inputs);
-    // The listed parameters are the module's own tensors: no copy, no
-    // version check; the recompute uses them through the module.
-    ctx->saved_data["zero.params"] =
-        c10::List<at::Tensor>(std::vector<at::Tensor>(inputs.begin() + saved->num_inputs,
-                                                      inputs.begin() + saved->num_inputs + saved->num_params));
+    // The listed parameters are the module's own tensors, kept as they are
+    // (no copy, no version check): the recompute uses them through the module.
+    saved->params.assign(inputs.begin() + saved->num_inputs, inputs.begin() + saved->num_inputs + saved->num_params);
     saved->rng = RngStates::capture(real);
     variable_list outputs = saved->body(real);
 
@@ -208,7 +207,7 @@ class Recompute : public torch::autograd::Function<Recompute> {
     for (const auto& d : detached) {
       if (d.defined() && d.requires_grad()) wanted.push_back(d);
     }
-    const std::vector<at::Tensor> params(ctx->saved_data.at("zero.params").toTensorList().vec());
+    const std::vector<at::Tensor>& params = saved->params;
     for (const auto& p : params) wanted.push_back(p);
     const variable_list unlisted = unlisted_leaves(roots, wanted);
     variable_list wanted_grads;

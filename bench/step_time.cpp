@@ -150,7 +150,7 @@ int run_plain(const zero_bench::Flags& flags) {
   j["minflt_per_step"] = double(minor_faults() - faults_before) / steps;
   j["peak_rss"] = zero_bench::peak_rss_bytes();
   append(flags.str("out"), j);
-  std::printf("plain LibTorch (%d of them side by side, %d thread(s) each): median step %.1f ms, %.0f minor faults per step, peak RSS %.0f MB\n",
+  std::printf("plain LibTorch (%d process(es) side by side, %d thread(s) each): median step %.1f ms, %.0f minor faults per step, peak RSS %.0f MB\n",
               world, threads, j["step_s"].get<double>() * 1e3, j["minflt_per_step"].get<double>(),
               j["peak_rss"].get<double>() / 1e6);
   return 0;

@@ -56,6 +56,8 @@ TEST(ConfigFiles, ShippedConfigsMatchTheirNames) {
   }
   Config bf16 = Config::from_file(source_path("configs/zero3_bf16.json"));
   EXPECT_TRUE(bf16.bf16.enabled);
+  Config recompute = Config::from_file(source_path("configs/zero3_bf16_checkpointing.json"));
+  EXPECT_EQ(recompute.activation_checkpointing.checkpoint_every.value_or(0), 1);
   Config nvme = Config::from_file(source_path("configs/zero3_offload_nvme.json"));
   EXPECT_EQ(nvme.zero_optimization.offload_optimizer.device, "nvme");
   EXPECT_EQ(nvme.zero_optimization.offload_param.device, "nvme");
