@@ -83,20 +83,20 @@ variable_list unlisted_leaves(const variable_list& roots, const variable_list& l
   std::unordered_set<const void*> known;
   for (const auto& t : listed) known.insert(t.unsafeGetTensorImpl());
   std::unordered_set<torch::autograd::Node*> seen;
-  std::vector<torch::autograd::Node*> todo;
+  std::vector<torch::autograd::Node*> pending;
   for (const auto& r : roots) {
-    if (r.grad_fn()) todo.push_back(r.grad_fn().get());
+    if (r.grad_fn()) pending.push_back(r.grad_fn().get());
   }
   variable_list out;
-  while (!todo.empty()) {
-    torch::autograd::Node* node = todo.back();
-    todo.pop_back();
+  while (!pending.empty()) {
+    torch::autograd::Node* node = pending.back();
+    pending.pop_back();
     if (!node || !seen.insert(node).second) continue;
     if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
       if (!known.count(acc->variable.unsafeGetTensorImpl())) out.push_back(acc->variable);
       continue;
     }
-    for (const auto& edge : node->next_edges()) todo.push_back(edge.function.get());
+    for (const auto& edge : node->next_edges()) pending.push_back(edge.function.get());
   }
   return out;
 }

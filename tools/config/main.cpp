@@ -1,8 +1,9 @@
 // zero-config: checks a ds_config and prints it resolved for N ranks, or
-// estimates the model-state memory per rank at each ZeRO stage.
+// estimates the memory per rank at each ZeRO stage (estimate_report.cpp).
 //
 //   zero-config FILE [--world-size N] [--json]
 //   zero-config FILE --estimate --params N [--world-size N] [--json]
+//   zero-config FILE --estimate --micro B --context S --width H --depth L [...]
 //
 // Exit status: 0 valid, 1 invalid config, 2 bad usage.
 #include <algorithm>
@@ -24,10 +25,12 @@
 #include "core/env.h"
 #include "zero/config.h"
 #include "zero/error.h"
-#include "activations/estimate.h"
-#include "zero/internal/estimate.h"
+#include "tools/config/options.h"
 
 namespace {
+
+using zero_config_tool::Options;
+using zero_config_tool::UsageError;
 
 const char* const kUsage =
     "usage: zero-config FILE [--world-size N] [--json]\n"
@@ -63,21 +66,6 @@ const char* const kUsage =
     "Without --json: the resolved config as JSON (or the estimate table) on stdout;\n"
     "warnings and a summary on stderr. Exit status: 0 valid, 1 invalid config,\n"
     "2 bad usage.\n";
-
-struct UsageError {
-  std::string message;
-};
-
-struct Options {
-  std::string file;
-  int world_size = 1;
-  bool json = false;
-  bool help = false;
-  bool estimate = false;
-  int64_t params = 0;   // --params, with --estimate
-  bool shape = false;   // --micro, --context, --width, --depth given: activations too
-  zero::ActivationShape activations;
-};
 
 // A positive whole number for a shape flag.
 int64_t parse_size(const std::string& flag, const std::string& text) {
@@ -191,298 +179,10 @@ std::string summary(const zero::Config& c) {
   return s;
 }
 
-// ---- --estimate -------------------------------------------------------------
-
-struct EstimateSetup {
-  zero::EstimateInput base;   // stage and offload are set per row
-  std::string dtype;          // "fp32", "fp16", "bf16"
-  std::string optimizer;      // as the config spells it, or "Adam" assumed
-  bool optimizer_assumed = false;
-};
-
-EstimateSetup estimate_setup(const zero::Config& c, int64_t params, int world_size) {
-  EstimateSetup e;
-  const auto& z = c.zero_optimization;
-  e.dtype = c.fp16.enabled ? "fp16" : c.bf16.enabled ? "bf16" : "fp32";
-  e.optimizer = c.optimizer.type;
-  if (e.optimizer.empty()) {   // the engine needs one; Adam is the usual choice
-    e.optimizer = "Adam";
-    e.optimizer_assumed = true;
-  }
-  zero::EstimateInput& in = e.base;
-  in.params = params;
-  in.world_size = world_size;
-  in.dtype_bytes = e.dtype == "fp32" ? 4 : 2;
-  in.mixed_precision = e.dtype != "fp32";
-  in.state_bytes_per_element =
-      zero::optimizer_state_bytes(e.optimizer, c.optimizer.params.amsgrad, c.optimizer.params.momentum);
-  in.reduce_bucket_size = z.reduce_bucket_size;
-  in.overlap_comm = z.overlap_comm;
-  in.stage3_max_live_parameters = z.stage3_max_live_parameters;
-  in.sub_group_size = z.sub_group_size;
-  in.offload_optimizer_buffer_count = z.offload_optimizer.buffer_count;
-  in.offload_param_buffer_count = z.offload_param.buffer_count;
-  in.offload_param_buffer_size = z.offload_param.buffer_size;
-  try {  // the batch may not resolve for this world size; offload's figures then assume no accumulation
-    zero::Config resolved = c;
-    resolved.resolve(world_size);
-  } catch (const zero::Error&) {
-  }
-  return e;
-}
-
-// The input for one stage: the config's offload choices where that stage allows them.
-zero::EstimateInput stage_input(const zero::Config& c, zero::EstimateInput in, int stage) {
-  const auto& z = c.zero_optimization;
-  in.stage = stage;
-  in.offload_optimizer = zero::offload_optimizer_allowed(z.offload_optimizer.device, stage) ? z.offload_optimizer.device : "none";
-  in.offload_optimizer_ratio = in.offload_optimizer != "none" ? z.offload_optimizer.ratio : 1.0;
-  in.offload_param = zero::offload_param_allowed(z.offload_param.device, stage) ? z.offload_param.device : "none";
-  return in;
-}
-
-std::string with_commas(int64_t v) {
-  std::string digits = std::to_string(v), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return out;
-}
-
-std::string format(const char* fmt, double v) {
-  char text[64];
-  std::snprintf(text, sizeof(text), fmt, v);
-  return text;
-}
-
-// A count as a config would write it: 7e9, 1.5e9, 5e8, 1000; else 7,000,000,001.
-std::string count(int64_t v) {
-  if (v < 10000) return std::to_string(v);
-  int exponent = 0;
-  int64_t mantissa = v;
-  while (mantissa % 10 == 0) {
-    mantissa /= 10;
-    ++exponent;
-  }
-  if (mantissa >= 10000) return with_commas(v);
-  const int digits = static_cast<int>(std::to_string(mantissa).size());
-  std::string m = std::to_string(mantissa);
-  if (digits > 1) m = m.substr(0, 1) + "." + m.substr(1);
-  return m + "e" + std::to_string(exponent + digits - 1);
-}
-
-// Decimal units, one for the whole table: GB unless everything is smaller.
-struct Unit {
-  const char* name;
-  double bytes;
-};
-Unit unit_for(int64_t largest) {
-  if (largest >= 1000000000) return {"GB", 1e9};
-  if (largest >= 1000000) return {"MB", 1e6};
-  return {"kB", 1e3};
-}
-std::string in_unit(int64_t bytes, Unit u) { return format("%.2f", static_cast<double>(bytes) / u.bytes); }
-std::string human(int64_t bytes) {
-  Unit u = unit_for(bytes);
-  return in_unit(bytes, u) + " " + u.name;
-}
-
-std::string pad_left(const std::string& s, size_t width) { return s.size() >= width ? s : std::string(width - s.size(), ' ') + s; }
-
-nlohmann::ordered_json bytes_json(const zero::MemoryBytes& m) {
-  nlohmann::ordered_json j;
-  j["params"] = m.params;
-  j["gradients"] = m.gradients;
-  j["fp32_master"] = m.fp32_master;
-  j["optimizer_states"] = m.optimizer_states;
-  j["total"] = m.total();
-  return j;
-}
-
-// ---- activations (activations/estimate.h) -------------------------------------
-
-struct ActivationRows {
-  zero::ActivationShape shape;
-  int64_t none, every_unit, configured, configured_units;
-};
-
-ActivationRows activation_rows(const Options& o, const zero::Config& c, const EstimateSetup& setup) {
-  ActivationRows r;
-  r.shape = o.activations;
-  r.shape.bytes_per_element = setup.base.dtype_bytes;
-  const auto& a = c.activation_checkpointing;
-  r.configured_units = zero::checkpointed_units(r.shape.depth, a.checkpoint_every.value_or(0), a.number_checkpoints.value_or(0));
-  r.none = zero::activation_bytes(r.shape, 0);
-  r.every_unit = zero::activation_bytes(r.shape, r.shape.depth);
-  r.configured = zero::activation_bytes(r.shape, r.configured_units);
-  return r;
-}
-
-nlohmann::ordered_json activations_json(const Options& o, const zero::Config& c, const EstimateSetup& setup) {
-  const ActivationRows r = activation_rows(o, c, setup);
-  nlohmann::ordered_json j;
-  j["micro_batch"] = r.shape.micro_batch;
-  j["context"] = r.shape.context;
-  j["width"] = r.shape.width;
-  j["depth"] = r.shape.depth;
-  j["heads"] = r.shape.heads;
-  j["vocab"] = r.shape.vocab;
-  j["bytes_per_element"] = r.shape.bytes_per_element;
-  j["per_block"] = zero::block_activation_bytes(r.shape);
-  j["without_checkpointing"] = r.none;
-  j["checkpoint_every_unit"] = r.every_unit;
-  j["configured_checkpointed_units"] = r.configured_units;
-  j["configured"] = r.configured;
-  return j;
-}
-
-std::string activations_text(const Options& o, const zero::Config& c, const EstimateSetup& setup) {
-  const ActivationRows r = activation_rows(o, c, setup);
-  const zero::ActivationShape& s = r.shape;
-  std::ostringstream out;
-  out << "\nActivations per rank for one micro batch (" << s.micro_batch << " x context " << s.context << ", width "
-      << s.width << ", depth " << s.depth << ", " << s.heads << " heads, vocab " << s.vocab << ", "
-      << setup.dtype << "),\nthe same at every stage:\n";
-  out << "  without checkpointing        " << pad_left(human(r.none), 12) << "   (" << human(zero::block_activation_bytes(s))
-      << " per block)\n";
-  out << "  checkpointing every unit     " << pad_left(human(r.every_unit), 12)
-      << "   (each block's input, one block recomputed at a time)\n";
-  if (r.configured_units > 0 && r.configured_units < s.depth)
-    out << "  as configured (" << r.configured_units << " of " << s.depth << " units) " << pad_left(human(r.configured), 12)
-        << "\n";
-  out << "Per block: 34sbh + 5as^2b bytes at 2 bytes per element (Korthikanti et al. 2022), dropout masks\n"
-         "included; outside the blocks the head's input and the fp32 log-softmax of the logits. Measured\n"
-         "figures: engine.memory_report().activations_peak.\n";
-  return out.str();
-}
-
-int run_estimate(const Options& o) {
-  zero::Config config = zero::Config::from_file(o.file);
-  if (!o.json)
-    for (const auto& w : config.warnings()) std::cerr << "zero-config: warning: " << w << "\n";
-  const auto& z = config.zero_optimization;
-  const EstimateSetup setup = estimate_setup(config, o.params, o.world_size);
-  std::vector<zero::EstimateInput> inputs;
-  std::vector<zero::MemoryEstimate> rows;
-  for (int stage = 0; stage <= 3; ++stage) {
-    inputs.push_back(stage_input(config, setup.base, stage));
-    rows.push_back(zero::estimate_memory(inputs.back()));
-  }
-
-  if (o.json) {
-    nlohmann::ordered_json doc;
-    doc["file"] = o.file;
-    doc["params"] = o.params;
-    doc["world_size"] = o.world_size;
-    doc["config_stage"] = z.stage;
-    doc["dtype"] = setup.dtype;
-    doc["optimizer"] = setup.optimizer;
-    doc["optimizer_assumed"] = setup.optimizer_assumed;
-    doc["state_bytes_per_element"] = setup.base.state_bytes_per_element;
-    doc["warnings"] = config.warnings();
-    doc["stages"] = nlohmann::ordered_json::array();
-    for (int stage = 0; stage <= 3; ++stage) {
-      const zero::MemoryEstimate& m = rows[stage];
-      nlohmann::ordered_json r;
-      r["stage"] = stage;
-      r["selected"] = stage == z.stage;
-      r["offload_optimizer"] = inputs[stage].offload_optimizer;
-      r["offload_param"] = inputs[stage].offload_param;
-      r["padded_params"] = m.padded_params;
-      r["shard_params"] = m.shard_params;
-      r["device"] = bytes_json(m.device);
-      r["host"] = bytes_json(m.host);
-      r["nvme"] = bytes_json(m.nvme);
-      r["reduce_buffers"] = m.reduce_buffers;
-      r["reduce_buffer_count"] = m.reduce_buffer_count;
-      r["gathered_params_max"] = m.gathered_params_max;
-      doc["stages"].push_back(r);
-    }
-    if (o.shape) doc["activations"] = activations_json(o, config, setup);
-    std::cout << doc.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
-    return 0;
-  }
-
-  int64_t largest = 0;
-  for (const auto& m : rows) largest = std::max({largest, m.all().total(), m.device.total()});
-  const Unit u = unit_for(largest);
-  const int b = setup.base.dtype_bytes;
-  std::ostringstream out;
-  const std::string written = count(o.params), exact = with_commas(o.params);
-  out << "Model states per rank for " << written << " parameters" << (written != exact ? " (" + exact + ")" : "")
-      << ", world size " << o.world_size << ", from " << o.file << "\n";
-  out << setup.dtype << " training" << (setup.base.mixed_precision ? " with an fp32 master copy" : "") << ", "
-      << setup.optimizer << (setup.optimizer_assumed ? " (assumed: the config has no optimizer)" : "") << " with "
-      << setup.base.state_bytes_per_element << " bytes of state per parameter\n\n";
-  const std::vector<std::pair<std::string, size_t>> columns = {
-      {"stage", 7},       {"params", 10},     {"grads", 10},    {"fp32 master", 13},
-      {"optimizer", 11},  {"device total", 14}, {"host total", 12}, {"nvme total", 12}};
-  for (const auto& [name, width] : columns) out << pad_left(name, width);
-  out << "   (" << u.name << ")\n";
-  for (int stage = 0; stage <= 3; ++stage) {
-    const zero::MemoryEstimate& m = rows[stage];
-    const zero::MemoryBytes all = m.all();
-    std::vector<std::string> cells = {(stage == z.stage ? "* " : "") + std::to_string(stage),
-                                      in_unit(all.params, u),
-                                      in_unit(all.gradients, u),
-                                      in_unit(all.fp32_master, u),
-                                      in_unit(all.optimizer_states, u),
-                                      in_unit(m.device.total(), u),
-                                      in_unit(m.host.total(), u),
-                                      in_unit(m.nvme.total(), u)};
-    for (size_t i = 0; i < cells.size(); ++i) out << pad_left(cells[i], columns[i].second);
-    out << "\n";
-  }
-  const zero::MemoryEstimate& s3 = rows[3];
-  out << "\n* the config's stage. " << u.name << " = " << count(static_cast<int64_t>(u.bytes))
-      << " bytes. Each kind column counts that kind wherever it lives;\n"
-         "  the totals say where.\n";
-  out << "- Stage 3: plus the parameters of the units being gathered (stage3_prefetch_bucket_size /\n"
-         "  max_live_parameters): up to "
-      << human(s3.gathered_params_max) << " more on the device,\n  min(params, stage3_max_live_parameters "
-      << count(z.stage3_max_live_parameters) << ") x " << b << " bytes.\n";
-  const zero::MemoryEstimate& s2 = rows[2];
-  out << "- Stages 2-3: grads include " << (z.overlap_comm ? "two reduce buffers" : "one reduce buffer") << " of "
-      << human(s2.reduce_buffers / std::max(1, s2.reduce_buffer_count)) << " (reduce_bucket_size "
-      << count(z.reduce_bucket_size) << (z.overlap_comm ? ";\n  overlap_comm fills one while the other is reduced)"
-                                                        : "; overlap_comm off)")
-      << ".\n";
-  out << "- Padding: stages 1-3 pad to " << with_commas(rows[1].padded_params) << " parameters, "
-      << with_commas(rows[1].shard_params) << " per rank: a lower bound,\n"
-         "  as the engine pads every bucket to a multiple of the world size.\n";
-  const std::string& opt = z.offload_optimizer.device;
-  if (opt == "cpu")
-    out << "- offload_optimizer cpu (stages 1-3): fp32 master, optimizer states, a copy of the gradient shard\n"
-           "  in the training dtype and two staging buffers of a bucket's shard (the updated parameters on their\n"
-           "  way to the device), in host memory. At stages 2-3 the device keeps no gradients of the offloaded\n"
-           "  share (with gradient accumulation they add up on the host, through the device).\n";
-  if (opt != "none" && z.offload_optimizer.ratio < 1.0)
-    out << "- partial offload (ratio " << z.offload_optimizer.ratio << "): that share of the shard on the "
-        << (opt == "cpu" ? "host" : "NVMe") << ", the rest of the master\n"
-           "  weights and states on the device (the engine splits at bucket boundaries).\n";
-  if (opt == "nvme")
-    out << "- offload_optimizer nvme (stage 3 only): fp32 master and optimizer states on NVMe; the host keeps\n"
-           "  the gradient shard, two staging buffers, and up to 3 sub-groups of min(sub_group_size "
-        << count(z.sub_group_size) << ", shard)\n  elements of master weights and states in flight.\n";
-  const std::string& par = z.offload_param.device;
-  if (par == "cpu") out << "- offload_param cpu (stage 3 only): the parameter shard in host memory.\n";
-  if (par == "nvme")
-    out << "- offload_param nvme (stage 3 only): the parameter shard on NVMe; the host keeps "
-        << z.offload_param.buffer_count << " buffers\n  of buffer_size " << count(z.offload_param.buffer_size)
-        << " elements.\n";
-  out << "Not counted" << (o.shape ? "" : ": activations") << (o.shape ? ": " : ", ")
-      << "the module's buffers, communication and temporary buffers, allocator\n"
-         "fragmentation.\n";
-  if (o.shape) out << activations_text(o, config, setup);
-  std::cout << out.str();
-  return 0;
-}
-
 // ---- the resolved config ------------------------------------------------------
 
 int run(const Options& o) {
-  if (o.estimate) return run_estimate(o);
+  if (o.estimate) return zero_config_tool::run_estimate(o);
   zero::Config config = zero::Config::from_file(o.file);
   // Warnings first: they often explain an error resolve() is about to raise.
   if (!o.json)
