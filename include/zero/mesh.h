@@ -1,0 +1,58 @@
+#pragma once
+// The rank mesh of hybrid parallelism: tensor parallel (tp) x data parallel
+// (dp) x pipeline parallel (pp) over the world, in Megatron's order: tp
+// varies fastest (a tensor-parallel group is consecutive ranks, one node),
+// then dp, then pp:
+//
+//   world rank = tp_rank + tp * (dp_rank + dp * pp_rank)
+//
+//   auto mesh = zero::Mesh(world, /*tp=*/2, /*pp=*/2);     // collective, every rank
+//   mesh.tp_group()->all_reduce(partial_sum);              // the rank's TP group
+//
+// The groups are sub-groups of the world (ProcessGroup::new_group), gloo or
+// NCCL as the world's tensors go; ZeRO partitions over dp_group().
+#include <memory>
+#include <vector>
+
+#include "zero/comm.h"
+
+namespace zero {
+
+struct MeshShape {
+  int tp = 1, dp = 1, pp = 1;
+  int world() const { return tp * dp * pp; }
+};
+
+// The shape for `world` ranks at tp x pp; dp = world / (tp * pp). A world
+// that tp * pp does not divide throws ConfigError naming the (tp, pp) pairs
+// that would work.
+MeshShape mesh_shape(int world, int tp, int pp);
+
+class Mesh {
+ public:
+  struct Coordinates {
+    int tp = 0, dp = 0, pp = 0;
+  };
+
+  // Every rank of `world` constructs it with the same sizes.
+  Mesh(std::shared_ptr<comm::ProcessGroup> world, int tp, int pp);
+
+  const MeshShape& shape() const { return shape_; }
+  const Coordinates& coordinates() const { return at_; }
+  // The world rank at these coordinates (Megatron's order above).
+  int rank_at(const Coordinates& c) const { return c.tp + shape_.tp * (c.dp + shape_.dp * c.pp); }
+  Coordinates coordinates_of(int world_rank) const;
+
+  // This rank's groups; with a size of 1 a group holds this rank alone.
+  const std::shared_ptr<comm::ProcessGroup>& world() const { return world_; }
+  const std::shared_ptr<comm::ProcessGroup>& tp_group() const { return tp_; }
+  const std::shared_ptr<comm::ProcessGroup>& dp_group() const { return dp_; }
+  const std::shared_ptr<comm::ProcessGroup>& pp_group() const { return pp_; }
+
+ private:
+  std::shared_ptr<comm::ProcessGroup> world_, tp_, dp_, pp_;
+  MeshShape shape_;
+  Coordinates at_;
+};
+
+}  // namespace zero
