@@ -30,10 +30,17 @@ int64_t activation_bytes(const ActivationShape& s, int64_t checkpointed) {
   return kept_activation_bytes(s, checkpointed) + (any ? block_activation_bytes(s) : 0);
 }
 
+bool checkpointed_unit(int64_t i, int64_t units, int64_t checkpoint_every, int64_t number_checkpoints) {
+  if (checkpoint_every > 0) return i % checkpoint_every == 0;
+  if (number_checkpoints <= 0) return false;
+  const int64_t k = std::min(number_checkpoints, units);
+  return (i + 1) * k / units > i * k / units;
+}
+
 int64_t checkpointed_units(int64_t depth, int64_t checkpoint_every, int64_t number_checkpoints) {
-  if (checkpoint_every > 0) return (depth + checkpoint_every - 1) / checkpoint_every;
-  if (number_checkpoints > 0) return std::min(depth, number_checkpoints);
-  return 0;
+  int64_t n = 0;
+  for (int64_t i = 0; i < depth; ++i) n += checkpointed_unit(i, depth, checkpoint_every, number_checkpoints) ? 1 : 0;
+  return n;
 }
 
 int64_t gpt_params(const ActivationShape& s) {

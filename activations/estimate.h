@@ -32,7 +32,11 @@ int64_t kept_activation_bytes(const ActivationShape& s, int64_t checkpointed);
 // The peak during backward: the above and, with any checkpointed, one
 // block's activations recomputed.
 int64_t activation_bytes(const ActivationShape& s, int64_t checkpointed);
-// How many of `depth` units the config's checkpoint_every / number_checkpoints choose.
+// Whether unit `i` of `units` recomputes under the config's checkpoint_every
+// (every k-th from the first) or, without it, number_checkpoints (that many,
+// evenly spaced); 0 means unset. The engine chooses its units with this.
+bool checkpointed_unit(int64_t i, int64_t units, int64_t checkpoint_every, int64_t number_checkpoints);
+// How many of `depth` units that chooses.
 int64_t checkpointed_units(int64_t depth, int64_t checkpoint_every, int64_t number_checkpoints);
 // The trainable parameters of the example GPT (examples/gpt) of that shape,
 // tied embeddings: 12Lh² + 13Lh + (V + s)h + 2h.

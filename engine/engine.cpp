@@ -8,9 +8,10 @@
 #include <cstdio>
 #include <sstream>
 
+#include "activations/activation_memory.h"
+#include "activations/estimate.h"
 #include "core/env.h"
 #include "core/fault.h"
-#include "activations/activation_memory.h"
 #include "core/heap.h"
 #include "engine/engine_impl.h"
 #include "engine/engine_setup.h"
@@ -160,10 +161,7 @@ void Engine::Impl::setup_activation_checkpointing() {
     log::info("activations", "activation_checkpointing.partition_activations: there is no tensor-parallel group to "
                              "split the saved inputs over, so they stay whole on each rank");
   }
-  std::vector<UnitBase*> all;
-  for (const auto& m : module->modules(/*include_self=*/true)) {
-    if (auto* unit = dynamic_cast<UnitBase*>(m.get())) all.push_back(unit);
-  }
+  const std::vector<UnitBase*> all = engine::units_of(*module);
   const int64_t n = static_cast<int64_t>(all.size());
   const bool chosen = a.checkpoint_every || a.number_checkpoints;
   if (chosen && n == 0) {
@@ -172,14 +170,10 @@ void Engine::Impl::setup_activation_checkpointing() {
   }
   int64_t on = 0;
   for (int64_t i = 0; i < n; ++i) {
-    bool pick = false;
-    if (a.checkpoint_every) {
-      pick = i % *a.checkpoint_every == 0;
-    } else if (a.number_checkpoints) {  // that many, evenly spaced
-      const int64_t k = std::min(*a.number_checkpoints, n);
-      pick = (i + 1) * k / n > i * k / n;
+    if (chosen) {
+      all[i]->set_config_checkpointing(
+          checkpointed_unit(i, n, a.checkpoint_every.value_or(0), a.number_checkpoints.value_or(0)));
     }
-    if (chosen) all[i]->set_config_checkpointing(pick);
     on += all[i]->checkpoints_activations() ? 1 : 0;
   }
   if (on > 0) {
@@ -210,7 +204,8 @@ void Engine::backward(const at::Tensor& loss) {
   s.loss_sum = s.loss_sum.defined() ? s.loss_sum + detached : detached;
   ++s.loss_count;
 
-  s.sharded->begin_backward(is_gradient_accumulation_boundary());
+  const bool boundary = is_gradient_accumulation_boundary();
+  s.sharded->begin_backward(boundary);
   try {
     (loss * (scale / static_cast<double>(s.gas))).backward();
   } catch (const c10::Error& e) {
@@ -224,7 +219,7 @@ void Engine::backward(const at::Tensor& loss) {
   s.sharded->end_backward();
   s.t_backward += std::chrono::duration<double>(reduce_start - start).count();
   s.t_reduce += seconds_since(reduce_start);
-  s.forward_starts();  // the next micro-step's, unless step() comes first
+  if (!boundary) s.forward_starts();  // the next micro-step's; at the boundary step() reads it after its update
   s.last_step_end = Clock::now();
 }
 

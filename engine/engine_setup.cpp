@@ -25,11 +25,9 @@ std::unordered_map<TensorKey, int> assign_units(torch::nn::Module& module, std::
   // tensor also registered outside its unit is used there too.
   std::unordered_map<TensorKey, int> registrations;
   for (const auto& p : module.named_parameters()) ++registrations[key_of(p.value())];
+  units = units_of(module);
   std::vector<std::unordered_map<TensorKey, int>> held;
-  for (const auto& m : module.modules(/*include_self=*/true)) {
-    auto* unit = dynamic_cast<UnitBase*>(m.get());
-    if (!unit) continue;
-    units.push_back(unit);
+  for (auto* unit : units) {
     held.emplace_back();
     for (const auto& p : unit->named_parameters()) ++held.back()[key_of(p.value())];
   }
@@ -85,6 +83,14 @@ void group_params(ModelParams& out, const std::vector<ParamGroup>& param_groups,
 }
 
 }  // namespace
+
+std::vector<UnitBase*> units_of(torch::nn::Module& module) {
+  std::vector<UnitBase*> units;
+  for (const auto& m : module.modules(/*include_self=*/true)) {
+    if (auto* unit = dynamic_cast<UnitBase*>(m.get())) units.push_back(unit);
+  }
+  return units;
+}
 
 ModelParams model_params(torch::nn::Module& module, std::vector<ParamGroup> param_groups, const Config& config,
                          at::ScalarType dtype) {

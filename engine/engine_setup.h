@@ -24,6 +24,9 @@ struct ModelParams {
   std::vector<UnitBase*> units;                         // stage 3: the model's zero::Units
   int64_t frozen_bytes = 0;                             // parameters that do not train, in the training dtype
 };
+// The model's zero::Units, in module order (outer before inner).
+std::vector<UnitBase*> units_of(torch::nn::Module& module);
+
 // The model's parameters in the user's groups (empty: one group of every
 // trainable parameter); checks that each trainable one is in exactly one.
 ModelParams model_params(torch::nn::Module& module, std::vector<ParamGroup> param_groups, const Config& config,
