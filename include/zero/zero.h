@@ -6,4 +6,6 @@
 #include "zero/engine.h"
 #include "zero/error.h"
 #include "zero/log.h"
+#include "zero/mesh.h"
+#include "zero/tensor_parallel.h"
 #include "zero/unit.h"

@@ -1,0 +1,241 @@
+// Tensor-parallel layers and mappings (include/zero/tensor_parallel.h).
+#include "zero/tensor_parallel.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/torch.h>
+
+#include <string>
+
+#include "zero/error.h"
+
+namespace zero::tp {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The group travels through autograd as a capsule (a non-tensor argument
+// of Function::apply, kept in the context for backward).
+struct GroupRef : torch::CustomClassHolder {
+  explicit GroupRef(Group g) : group(std::move(g)) {}
+  Group group;
+};
+c10::intrusive_ptr<GroupRef> ref(const Group& g) { return c10::make_intrusive<GroupRef>(g); }
+const Group& group_of(AutogradContext* ctx) {
+  return c10::static_intrusive_pointer_cast<GroupRef>(ctx->saved_data.at("zero.tp.group").toCapsule())->group;
+}
+void keep(AutogradContext* ctx, const c10::intrusive_ptr<GroupRef>& g) {
+  ctx->saved_data["zero.tp.group"] = c10::IValue::make_capsule(g);
+}
+
+at::Tensor all_reduced(const at::Tensor& x, const Group& group) {
+  at::Tensor out = x.contiguous().clone();
+  group->all_reduce(out, comm::ReduceOp::Sum);
+  return out;
+}
+
+// [..., d] on each rank -> [..., size * d], rank r's slice at r * d.
+at::Tensor gathered_last_dim(const at::Tensor& x, const Group& group) {
+  const int n = group->size();
+  at::Tensor in = x.contiguous();
+  std::vector<int64_t> shape{n};
+  shape.insert(shape.end(), in.sizes().begin(), in.sizes().end());
+  at::Tensor all = at::empty(shape, in.options());
+  group->all_gather(all.view({-1}), in.view({-1}));
+  std::vector<int64_t> out_shape(in.sizes().begin(), in.sizes().end());
+  out_shape.back() *= n;
+  return all.movedim(0, -2).reshape(out_shape);
+}
+
+at::Tensor own_slice_last_dim(const at::Tensor& x, const Group& group) {
+  const int64_t d = x.size(-1);
+  if (d % group->size() != 0) {
+    throw PartitionError("tensor parallel: a last dimension of " + std::to_string(d) +
+                         " does not split into " + std::to_string(group->size()) + " equal slices");
+  }
+  return x.chunk(group->size(), -1)[group->rank()].contiguous();
+}
+
+class CopyTo : public torch::autograd::Function<CopyTo> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<GroupRef> g) {
+    keep(ctx, g);
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {all_reduced(grads[0], group_of(ctx)), at::Tensor()};
+  }
+};
+
+class ReduceFrom : public torch::autograd::Function<ReduceFrom> {
+ public:
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x, c10::intrusive_ptr<GroupRef> g) {
+    return all_reduced(x, g->group);
+  }
+  static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], at::Tensor()}; }
+};
+
+class GatherFrom : public torch::autograd::Function<GatherFrom> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<GroupRef> g) {
+    keep(ctx, g);
+    return gathered_last_dim(x, g->group);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {own_slice_last_dim(grads[0], group_of(ctx)), at::Tensor()};
+  }
+};
+
+class ScatterTo : public torch::autograd::Function<ScatterTo> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<GroupRef> g) {
+    keep(ctx, g);
+    return own_slice_last_dim(x, g->group);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {gathered_last_dim(grads[0], group_of(ctx)), at::Tensor()};
+  }
+};
+
+// Megatron's vocab-parallel cross-entropy: softmax statistics are agreed
+// over the group, so no rank holds more than its slice of the logits.
+class VocabCrossEntropy : public torch::autograd::Function<VocabCrossEntropy> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets,
+                            c10::intrusive_ptr<GroupRef> g) {
+    const Group& group = g->group;
+    const int64_t rows = logits.size(-1), first = group->rank() * rows;
+    at::Tensor x = logits.to(at::kFloat);
+    at::Tensor max = std::get<0>(x.max(-1)).contiguous();
+    group->all_reduce(max, comm::ReduceOp::Max);
+    at::Tensor shifted = x - max.unsqueeze(-1);
+    at::Tensor outside = (targets < first).logical_or(targets >= first + rows);
+    at::Tensor local = (targets - first).masked_fill(outside, 0);
+    at::Tensor target_logit = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0).contiguous();
+    at::Tensor exp = shifted.exp();
+    at::Tensor sum_exp = exp.sum(-1).contiguous();
+    group->all_reduce(target_logit, comm::ReduceOp::Sum);
+    group->all_reduce(sum_exp, comm::ReduceOp::Sum);
+    exp.div_(sum_exp.unsqueeze(-1));  // this rank's slice of the softmax
+    ctx->save_for_backward({exp, local, outside});
+    ctx->saved_data["zero.tp.dtype"] = static_cast<int64_t>(logits.scalar_type());
+    return sum_exp.log() - target_logit;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    at::Tensor grad = saved[0].clone();  // d loss / d logit = softmax - one_hot(target)
+    at::Tensor hit = saved[2].logical_not().to(grad.scalar_type()).unsqueeze(-1);
+    grad.scatter_add_(-1, saved[1].unsqueeze(-1), -hit);
+    grad.mul_(grads[0].unsqueeze(-1));
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data.at("zero.tp.dtype").toInt());
+    return {grad.to(dtype), at::Tensor(), at::Tensor()};
+  }
+};
+
+void check_divides(int64_t size, const Group& group, const std::string& what) {
+  if (size % group->size() != 0) {
+    throw ConfigError(what + " of " + std::to_string(size) + " does not divide by the tensor-parallel size " +
+                      std::to_string(group->size()) + "; choose a tp_size that divides it");
+  }
+}
+
+}  // namespace
+
+at::Tensor copy_to_tensor_parallel(const at::Tensor& x, const Group& group) {
+  return group->size() == 1 ? x : CopyTo::apply(x, ref(group));
+}
+at::Tensor reduce_from_tensor_parallel(const at::Tensor& x, const Group& group) {
+  return group->size() == 1 ? x : ReduceFrom::apply(x, ref(group));
+}
+at::Tensor gather_from_tensor_parallel(const at::Tensor& x, const Group& group) {
+  return group->size() == 1 ? x : GatherFrom::apply(x, ref(group));
+}
+at::Tensor scatter_to_tensor_parallel(const at::Tensor& x, const Group& group) {
+  return group->size() == 1 ? x : ScatterTo::apply(x, ref(group));
+}
+
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, const Group& group) {
+  return VocabCrossEntropy::apply(logits, targets, ref(group));
+}
+
+std::map<std::string, Split> tensor_parallel_splits(const torch::nn::Module& model) {
+  std::map<std::string, Split> out;
+  auto add = [&out](const std::string& prefix, const torch::nn::Module& m) {
+    const auto* split_module = dynamic_cast<const SplitModule*>(&m);
+    if (!split_module) return;
+    for (const auto& p : m.named_parameters(/*recurse=*/false)) {
+      if (auto s = split_module->split(p.key())) out[prefix.empty() ? p.key() : prefix + "." + p.key()] = *s;
+    }
+  };
+  add("", model);  // the model itself need not live in a shared_ptr
+  for (const auto& m : model.named_modules("", /*include_self=*/false)) add(m.key(), *m.value());
+  return out;
+}
+
+// The full layer is drawn as torch::nn::Linear draws it (same generator
+// calls, same order), then this rank's slice kept.
+ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in, int64_t out, Group group, bool bias, bool gather_output)
+    : group_(std::move(group)), in_(in), out_(out), gather_output_(gather_output) {
+  check_divides(out, group_, "a column-parallel Linear's output size");
+  torch::NoGradGuard no_grad;
+  torch::nn::Linear full(torch::nn::LinearOptions(in, out).bias(bias));
+  const int n = group_->size(), r = group_->rank();
+  weight = register_parameter("weight", full->weight.chunk(n, 0)[r].clone());
+  if (bias) this->bias = register_parameter("bias", full->bias.chunk(n, 0)[r].clone());
+}
+
+at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
+  at::Tensor y = torch::nn::functional::linear(copy_to_tensor_parallel(x, group_), weight, bias);
+  return gather_output_ ? gather_from_tensor_parallel(y, group_) : y;
+}
+
+std::optional<Split> ColumnParallelLinearImpl::split(const std::string& name) const {
+  if (name == "weight") return Split{0, group_->rank(), group_->size(), {out_, in_}};
+  if (name == "bias") return Split{0, group_->rank(), group_->size(), {out_}};
+  return std::nullopt;
+}
+
+RowParallelLinearImpl::RowParallelLinearImpl(int64_t in, int64_t out, Group group, bool bias, bool input_is_parallel)
+    : group_(std::move(group)), in_(in), out_(out), input_is_parallel_(input_is_parallel) {
+  check_divides(in, group_, "a row-parallel Linear's input size");
+  torch::NoGradGuard no_grad;
+  torch::nn::Linear full(torch::nn::LinearOptions(in, out).bias(bias));
+  weight = register_parameter("weight", full->weight.chunk(group_->size(), 1)[group_->rank()].clone());
+  if (bias) this->bias = register_parameter("bias", full->bias.clone());
+}
+
+at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x) {
+  at::Tensor mine = input_is_parallel_ ? x : scatter_to_tensor_parallel(x, group_);
+  at::Tensor y = reduce_from_tensor_parallel(torch::nn::functional::linear(mine, weight), group_);
+  return bias.defined() ? y + bias : y;
+}
+
+std::optional<Split> RowParallelLinearImpl::split(const std::string& name) const {
+  if (name == "weight") return Split{1, group_->rank(), group_->size(), {out_, in_}};
+  return std::nullopt;
+}
+
+VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t vocab, int64_t dim, Group group)
+    : group_(std::move(group)), vocab_(vocab), dim_(dim) {
+  check_divides(vocab, group_, "a vocab-parallel Embedding's vocabulary");
+  torch::NoGradGuard no_grad;
+  torch::nn::Embedding full(vocab, dim);
+  weight = register_parameter("weight", full->weight.chunk(group_->size(), 0)[group_->rank()].clone());
+  first_ = group_->rank() * (vocab / group_->size());
+}
+
+at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& tokens) {
+  if (group_->size() == 1) return torch::embedding(weight, tokens);
+  const int64_t rows = weight.size(0);
+  at::Tensor outside = (tokens < first_).logical_or(tokens >= first_ + rows);
+  at::Tensor rows_here = torch::embedding(weight, (tokens - first_).masked_fill(outside, 0));
+  rows_here = rows_here.masked_fill(outside.unsqueeze(-1), 0);
+  return reduce_from_tensor_parallel(rows_here, group_);
+}
+
+std::optional<Split> VocabParallelEmbeddingImpl::split(const std::string& name) const {
+  if (name == "weight") return Split{0, group_->rank(), group_->size(), {vocab_, dim_}};
+  return std::nullopt;
+}
+
+}  // namespace zero::tp
