@@ -10,6 +10,7 @@
 #include "core/regular_file.h"
 #include "engine/config_detail.h"
 #include "zero/error.h"
+#include "zero/mesh.h"
 
 namespace zero {
 namespace {
@@ -127,8 +128,17 @@ void Config::resolve(int world_size) {
   checked.warnings_ = std::move(warnings_);
   checked.source_ = std::move(source_);
   *this = std::move(checked);
-  config_detail::resolve_batch(batch, world_size);
+  MeshShape mesh;
+  try {
+    mesh = mesh_shape(world_size, static_cast<int>(parallelism.tensor_parallel()),
+                      static_cast<int>(parallelism.pipeline_parallel()));
+  } catch (const ConfigError& e) {
+    throw ConfigError(std::string(e.what()) +
+                      " (sizes from tensor_parallel.autotp_size or tensor_parallel.tp.tp_size, and pipeline.stages)");
+  }
+  config_detail::resolve_batch(batch, mesh.dp);
   world_size_ = world_size;
+  data_parallel_size_ = mesh.dp;
 }
 
 std::string Config::to_json(int indent) const {

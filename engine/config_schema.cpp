@@ -154,24 +154,45 @@ void refuse_size(Fields& f, const char* key, int64_t size, const char* what) {
 
 void visit_tensor_parallel(Fields& f, ParallelismConfig& p) {
   f.integer("autotp_size", p.autotp_size, Opt().min(0));
-  refuse_size(f, "autotp_size", p.autotp_size, "tensor parallelism");
   f.object("tp", [&](Fields& g) {
     g.integer("tp_size", p.tp_size, Opt().min(1));
-    refuse_size(g, "tp_size", p.tp_size, "tensor parallelism");
     g.unimplemented("tp_grain_size");
   });
+  if (f.reading() && p.autotp_size > 1 && p.tp_size > 1 && p.autotp_size != p.tp_size) {
+    f.fail("autotp_size", "autotp_size " + std::to_string(p.autotp_size) + " and tp.tp_size " +
+                              std::to_string(p.tp_size) + " name two tensor-parallel sizes; give one");
+  }
   for (const char* key : {"dtype", "keep_module_on_host", "replace_with_kernel_inject", "kernel_inject",
                           "injection_policy_tuple"})
     f.unimplemented(key);
 }
 
+void refuse_pipeline(Fields& f, const char* key, int64_t size) {
+  if (f.reading() && size > 1)
+    f.fail(key, "pipeline parallelism of " + std::to_string(size) + " stages is not supported yet; set " +
+                    f.path(key) + " to 1");
+}
+
 void visit_pipeline(Fields& f, ParallelismConfig& p) {
   if (f.integer("stages", p.pipeline_stages, Opt().min(1).autos(Auto::Caller)) == Got::Auto)
     p.pipeline_stages = 1;   // without a pipeline module there is one stage
-  refuse_size(f, "stages", p.pipeline_stages, "pipeline parallelism");
+  refuse_pipeline(f, "stages", p.pipeline_stages);
   for (const char* key : {"partition", "seed_layers", "activation_checkpoint_interval", "pipe_partitioned",
                           "grad_partitioned"})
     f.unimplemented(key);
+}
+
+// "pipeline_parallel": {"pp_size": N}, the other spelling of pipeline.stages.
+void visit_pipeline_parallel(Fields& f, ParallelismConfig& p) {
+  int64_t pp = p.pipeline_stages;
+  f.integer("pp_size", pp, Opt().min(1));
+  if (f.reading()) {
+    if (p.pipeline_stages > 1 && pp != p.pipeline_stages)
+      f.fail("pp_size", "pp_size " + std::to_string(pp) + " and pipeline.stages " +
+                            std::to_string(p.pipeline_stages) + " name two pipeline sizes; give one");
+    p.pipeline_stages = pp;
+  }
+  refuse_pipeline(f, "pp_size", pp);
 }
 
 void visit_zero_engine(Fields& f, ZeroEngineConfig& z) {
@@ -220,6 +241,7 @@ void visit_config(Fields& f, Config& c) {
   f.object("checkpoint", [&](Fields& g) { visit_checkpoint(g, c.checkpoint); });
   f.object("tensor_parallel", [&](Fields& g) { visit_tensor_parallel(g, c.parallelism); });
   f.object("pipeline", [&](Fields& g) { visit_pipeline(g, c.parallelism); });
+  if (f.reading()) f.object("pipeline_parallel", [&](Fields& g) { visit_pipeline_parallel(g, c.parallelism); });
   f.object("zero", [&](Fields& g) { visit_zero_engine(g, c.zero); });
   for (const char* key : kUnimplementedTopLevel) f.unimplemented(key);
 }

@@ -85,20 +85,24 @@ void Engine::Impl::build_params(InitOptions& options) {
   engine::ModelParams model_params = engine::model_params(*module, std::move(options.param_groups), config, dtype);
   frozen_bytes = model_params.frozen_bytes;
   units = model_params.units;
+  engine::set_norm_weights(model_params, *module, mesh->shape(), config.zero_optimization.stage);
+  const auto& dp = mesh->dp_group();
   // Before the first collective that assumes it: every rank holds the same
-  // config and model, or every rank stops naming what differs.
+  // config and model, or every rank stops naming what differs (tp slices
+  // have equal shapes).
   const std::string differs = comm::disagreement(*pg, engine::rank_facts(config, *module, model_params));
   if (!differs.empty()) {
     throw EngineError("zero::initialize: " + differs +
                       "; every rank must start with the same config and the same model");
   }
-  // Every rank starts from rank 0's weights and buffers, as DeepSpeed does.
+  // Every rank starts from the weights and buffers of its data-parallel
+  // group's rank 0, as DeepSpeed does (tp ranks hold different slices).
   {
     torch::NoGradGuard no_grad;
-    for (auto& p : module->parameters()) pg->broadcast(p.data(), 0);
-    for (auto& b : module->buffers()) pg->broadcast(b, 0);
+    for (auto& p : module->parameters()) dp->broadcast(p.data(), 0);
+    for (auto& b : module->buffers()) dp->broadcast(b, 0);
   }
-  sharded = std::make_unique<partition::ShardedParams>(std::move(model_params.groups), pg,
+  sharded = std::make_unique<partition::ShardedParams>(std::move(model_params.groups), dp,
                                                        engine::partition_options(config, dtype, pg->rank()));
   if (!units.empty()) sharded->attach_units(units);
   if (dtype != at::kFloat) {  // frozen weights and buffers follow the training dtype
@@ -110,7 +114,7 @@ void Engine::Impl::build_params(InitOptions& options) {
       if (at::isFloatingType(b.scalar_type())) b.set_data(b.to(dtype));
     }
   }
-  auto parts = engine::master_optimizer(config, *sharded, model_params.weight_decays, pg);
+  auto parts = engine::master_optimizer(config, *sharded, model_params.weight_decays, dp, pg->rank());
   optimizer = std::move(parts.optimizer);
   nvme = std::move(parts.nvme);
 }
@@ -121,9 +125,19 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
   s.config = config;
   s.module = std::move(module);
   if (!s.module) throw EngineError("zero::initialize got no model");
-  s.pg = options.group ? options.group : join(config);
+  s.pg = options.mesh ? options.mesh->world() : options.group ? options.group : join(config);
   if (!s.config.resolved() || s.config.world_size() != s.pg->size()) s.config.resolve(s.pg->size());
   for (const auto& w : s.config.warnings()) log::warn_once("config:" + w, "config", w);
+  const auto& sizes = s.config.parallelism;
+  s.mesh = options.mesh ? options.mesh
+                        : std::make_shared<Mesh>(s.pg, static_cast<int>(sizes.tensor_parallel()),
+                                                 static_cast<int>(sizes.pipeline_parallel()));
+  if (s.mesh->shape().tp != sizes.tensor_parallel() || s.mesh->shape().pp != sizes.pipeline_parallel()) {
+    throw ConfigError("zero::initialize: the mesh the model was built on is tp " + std::to_string(s.mesh->shape().tp) +
+                      " x pp " + std::to_string(s.mesh->shape().pp) + " but the config asks for tp " +
+                      std::to_string(sizes.tensor_parallel()) + " x pp " + std::to_string(sizes.pipeline_parallel()) +
+                      "; set tensor_parallel.autotp_size and pipeline.stages to the mesh's sizes");
+  }
 
   const auto& z = s.config.zero_optimization;
   s.dtype = training_dtype(s.config);
@@ -136,8 +150,13 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
   if (s.config.fp16.enabled) s.scaler = std::make_unique<LossScaler>(s.config.fp16);
   s.steps.lr = s.schedule->lr_at(0);
 
+  const MeshShape& shape = s.mesh->shape();
+  const std::string layout = shape.tp * shape.pp > 1 ? " (tp " + std::to_string(shape.tp) + " x dp " +
+                                                            std::to_string(shape.dp) + " x pp " +
+                                                            std::to_string(shape.pp) + ")"
+                                                      : "";
   log::info("engine", "stage " + std::to_string(z.stage) + ", " + c10::toString(s.dtype) + ", " +
-                          std::to_string(s.pg->size()) + " rank(s), " + std::to_string(s.sharded->numel()) +
+                          std::to_string(s.pg->size()) + " rank(s)" + layout + ", " + std::to_string(s.sharded->numel()) +
                           " trainable parameters in " + std::to_string(s.sharded->num_buckets()) +
                           " bucket(s); this rank holds " + memory_report().describe());
   if (const std::string advice = heap::advice(); !advice.empty()) log::info("engine", advice);
@@ -241,7 +260,7 @@ void Engine::Impl::take_step() {
   // One sum of squares serves the overflow check and the global L2 norm
   // (Note [Gradient norm]); stage 0 holds the whole gradient on each rank.
   at::Tensor sq = torch::tensor({sharded->grad_squares()}, torch::kDouble);
-  if (sharded->owners() > 1) pg->all_reduce(sq, comm::ReduceOp::Sum);
+  if (engine::norm_needs_world(mesh->shape(), sharded->owners())) pg->all_reduce(sq, comm::ReduceOp::Sum);
   fault::reached("step.reduced", pg->rank());
   if (scaler && !std::isfinite(sq.item<double>())) {  // overflow on any rank makes every rank skip the step
     scaler->update(true);  // logs the new scale; throws at min_loss_scale
@@ -330,6 +349,7 @@ double Engine::last_grad_norm() const { return impl_->last_norm; }
 torch::nn::Module& Engine::module() { return *impl_->module; }
 std::shared_ptr<torch::nn::Module> Engine::module_ptr() { return impl_->module; }
 comm::ProcessGroup& Engine::group() { return *impl_->pg; }
+const Mesh& Engine::mesh() const { return *impl_->mesh; }
 const Config& Engine::config() const { return impl_->config; }
 
 MemoryReport Engine::Impl::memory() const {
@@ -390,12 +410,22 @@ engine::TrainingState Engine::Impl::training_state() {
   return {config, dtype, gas, *module, *pg, *sharded, *optimizer, nvme.get(), *schedule, scaler.get(), steps};
 }
 
+void Engine::Impl::refuse_split_checkpoint(const char* what) const {
+  if (mesh->shape().tp * mesh->shape().pp > 1) {
+    throw EngineError(std::string(what) + ": checkpoints of a tensor- or pipeline-parallel run are not supported yet "
+                      "(tp " + std::to_string(mesh->shape().tp) + " x pp " + std::to_string(mesh->shape().pp) +
+                      "); nothing was written or read");
+  }
+}
+
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag, const std::string& client_state) {
+  impl_->refuse_split_checkpoint("save_checkpoint");
   engine::TrainingState state = impl_->training_state();
   engine::save_checkpoint(state, dir, tag, client_state);
 }
 
 std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag, const LoadOptions& options) {
+  impl_->refuse_split_checkpoint("load_checkpoint");
   engine::TrainingState state = impl_->training_state();
   return engine::load_checkpoint(state, dir, tag, options);
 }

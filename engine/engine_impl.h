@@ -21,7 +21,8 @@ using Clock = std::chrono::steady_clock;
 struct Engine::Impl {
   Config config;
   std::shared_ptr<torch::nn::Module> module;
-  std::shared_ptr<comm::ProcessGroup> pg;
+  std::shared_ptr<comm::ProcessGroup> pg;  // the world
+  std::shared_ptr<Mesh> mesh;              // its tp x dp x pp layout; ZeRO works over mesh->dp_group()
   at::ScalarType dtype = at::kFloat;
   int64_t gas = 1;
   std::unique_ptr<partition::ShardedParams> sharded;
@@ -54,6 +55,7 @@ struct Engine::Impl {
   void build_params(InitOptions& options);
   void setup_activation_checkpointing();
   engine::TrainingState training_state();
+  void refuse_split_checkpoint(const char* what) const;  // until checkpoints record tp slices
   MemoryReport memory() const;
   void take_step();
   void log_progress();

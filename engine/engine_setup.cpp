@@ -10,6 +10,7 @@
 #include "engine/host_optimizer.h"
 #include "zero/error.h"
 #include "zero/log.h"
+#include "zero/tensor_parallel.h"
 
 namespace zero::engine {
 namespace {
@@ -123,6 +124,36 @@ ModelParams model_params(torch::nn::Module& module, std::vector<ParamGroup> para
     }
   }
   return out;
+}
+
+bool norm_needs_world(const MeshShape& mesh, int owners) { return mesh.tp * mesh.pp > 1 || owners > 1; }
+
+void set_norm_weights(ModelParams& params, torch::nn::Module& module, const MeshShape& mesh, int stage) {
+  if (mesh.tp * mesh.pp == 1) return;
+  std::set<TensorKey> split;
+  const auto splits = tp::tensor_parallel_splits(module);
+  for (const auto& p : module.named_parameters()) {
+    auto it = splits.find(p.key());
+    if (it == splits.end()) continue;
+    if (it->second.size != mesh.tp) {
+      throw EngineError("parameter " + p.key() + " is split over " + std::to_string(it->second.size) +
+                        " rank(s) but the tensor-parallel size is " + std::to_string(mesh.tp) +
+                        "; build the model's layers on the mesh's tp_group()");
+    }
+    split.insert(key_of(p.value()));
+  }
+  if (mesh.tp > 1 && split.empty()) {
+    log::warn("tensor_parallel", "the tensor-parallel size is " + std::to_string(mesh.tp) +
+                                     " but the model has no tensor-parallel layer: every rank of a tp group computes "
+                                     "the same thing (see include/zero/tensor_parallel.h)");
+  }
+  const double per_copy = stage == 0 ? 1.0 / mesh.dp : 1.0;
+  for (auto& group : params.groups) {
+    group.norm_weights.clear();
+    for (const auto& p : group.params) {
+      group.norm_weights.push_back(per_copy * (split.count(key_of(p)) ? 1.0 : 1.0 / mesh.tp));
+    }
+  }
 }
 
 partition::Options partition_options(const Config& config, at::ScalarType dtype, int rank) {
@@ -261,7 +292,8 @@ std::unique_ptr<offload::SwappedTensors> nvme_store(const Config& config, partit
 }  // namespace
 
 OptimizerParts master_optimizer(const Config& config, partition::ShardedParams& params,
-                                const std::vector<double>& weight_decays, std::shared_ptr<comm::ProcessGroup> pg) {
+                                const std::vector<double>& weight_decays, std::shared_ptr<comm::ProcessGroup> dp,
+                                int world_rank) {
   std::vector<OptimizerGroup> groups;
   const auto& by_group = params.masters().by_group();
   for (size_t g = 0; g < by_group.size(); ++g) groups.push_back({by_group[g], weight_decays[g]});
@@ -279,9 +311,9 @@ OptimizerParts master_optimizer(const Config& config, partition::ShardedParams& 
   host.sink = {[sink, bucket_of](size_t i) { return sink->update_target(bucket_of[i]); },
                [sink, bucket_of](size_t i) { sink->updated(bucket_of[i]); }};
   OptimizerParts parts;
-  parts.optimizer = make_optimizer(config.optimizer, groups, shard_layout(params, pg), host);
+  parts.optimizer = make_optimizer(config.optimizer, groups, shard_layout(params, dp), host);
   if (params.options().offload_master_to_disk) {
-    parts.nvme = nvme_store(config, params, *parts.optimizer, bucket_of, pg->rank());
+    parts.nvme = nvme_store(config, params, *parts.optimizer, bucket_of, world_rank);
   }
   return parts;
 }

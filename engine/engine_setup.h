@@ -32,6 +32,16 @@ std::vector<UnitBase*> units_of(torch::nn::Module& module);
 ModelParams model_params(torch::nn::Module& module, std::vector<ParamGroup> param_groups, const Config& config,
                          at::ScalarType dtype);
 
+// Note [Gradient norm] with tensor or pipeline parallelism: each trainable
+// parameter's weight in the world's sum of squares (1/tp for a parameter
+// every rank of a tp group holds whole, 1 for a split one; at stage 0,
+// where every data-parallel rank holds the whole gradient, also 1/dp).
+// Checks that split layers are split over the mesh's tp group. A no-op on
+// a mesh of data parallelism alone.
+void set_norm_weights(ModelParams& params, torch::nn::Module& module, const MeshShape& mesh, int stage);
+// Whether the step's sum of squares is all-reduced over the world.
+bool norm_needs_world(const MeshShape& mesh, int owners);
+
 // What every rank must share (comm::disagreement): the resolved config key
 // by key, every parameter's and buffer's shape, dtype and trainability, and
 // each trainable parameter's group.
@@ -45,7 +55,9 @@ struct OptimizerParts {
 };
 // The optimizer of `params`' master partition, on the host with offload
 // (and its NVMe store with ZeRO-Infinity).
+// `dp`: the group params is sharded over; world_rank names NVMe files.
 OptimizerParts master_optimizer(const Config& config, partition::ShardedParams& params,
-                                const std::vector<double>& weight_decays, std::shared_ptr<comm::ProcessGroup> pg);
+                                const std::vector<double>& weight_decays, std::shared_ptr<comm::ProcessGroup> dp,
+                                int world_rank);
 
 }  // namespace zero::engine

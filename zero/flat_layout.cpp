@@ -43,8 +43,12 @@ FlatLayout::FlatLayout(const std::vector<std::vector<ParamSpec>>& groups, int64_
     for (int k = static_cast<int>(groups[g].size()) - 1; k >= 0; --k) {
       const ParamSpec& p = groups[g][k];
       const int unit = split_units ? p.unit : -1;
-      if (filled > 0 && (filled + p.numel > bucket_numel || unit != current.unit)) close();
+      if (filled > 0 && (filled + p.numel > bucket_numel || unit != current.unit ||
+                         p.norm_weight != current.norm_weight)) {
+        close();
+      }
       current.unit = unit;
+      current.norm_weight = p.norm_weight;
       current.params.push_back(static_cast<int>(params_.size()));
       params_.push_back({p.name, p.numel, g, 0, 0});
       filled += p.numel;

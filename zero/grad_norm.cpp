@@ -11,19 +11,20 @@ void GradSquares::reset() {
   total_.reset();
 }
 
-void GradSquares::add(const at::Tensor& grad) {
+void GradSquares::add(const at::Tensor& grad, double weight) {
   if (!grad.defined()) return;
   total_.reset();
   if (auto host = offload::grad_array(grad)) {
-    host_sum_ += offload::sum_of_squares(*host, grad.numel());
+    host_sum_ += weight * offload::sum_of_squares(*host, grad.numel());
   } else {
-    add_device_sum(on_device(grad));
+    add_device_sum(on_device(grad), weight);
   }
 }
 
-void GradSquares::add_device_sum(const at::Tensor& sum) {
+void GradSquares::add_device_sum(const at::Tensor& sum, double weight) {
   total_.reset();
-  device_sum_ = device_sum_.defined() ? device_sum_ + sum.to(device_sum_.device()) : sum;
+  const at::Tensor weighted = weight == 1.0 ? sum : sum * weight;
+  device_sum_ = device_sum_.defined() ? device_sum_ + weighted.to(device_sum_.device()) : weighted;
 }
 
 double GradSquares::total() {

@@ -35,7 +35,8 @@ FlatLayout layout_of(const std::vector<ShardedParams::Group>& groups, const comm
   for (const auto& g : groups) {
     specs.emplace_back();
     for (size_t i = 0; i < g.params.size(); ++i) {
-      specs.back().push_back({g.names[i], g.params[i].numel(), g.units.empty() ? -1 : g.units[i]});
+      specs.back().push_back({g.names[i], g.params[i].numel(), g.units.empty() ? -1 : g.units[i],
+                              g.norm_weights.empty() ? 1.0 : g.norm_weights[i]});
     }
   }
   const bool sharded = options.stage > 0;
@@ -171,12 +172,13 @@ void ShardedParams::attach_master_grads() {
   squares_.reset();
   if (host_grads_) host_grads_->wait();  // copies started during backward land before the host reads them
   for (size_t k = 0; k < num_buckets(); ++k) {
+    const double weight = layout_.buckets()[k].norm_weight;
     if (host_grads_ && host_grads_->off_device(k)) {  // its host copy is complete
       masters_.tensors()[k].mutable_grad() = host_grads_->for_step(k);
       if (host_grads_->device_squares(k).defined()) {
-        squares_.add_device_sum(host_grads_->device_squares(k));
+        squares_.add_device_sum(host_grads_->device_squares(k), weight);
       } else {
-        squares_.add(masters_.tensors()[k].grad());
+        squares_.add(masters_.tensors()[k].grad(), weight);
       }
       continue;
     }
@@ -186,7 +188,7 @@ void ShardedParams::attach_master_grads() {
       // [Offload copies]); stages 2-3 copied it when the bucket was reduced.
       // A bucket updated on the accelerator (Note [Partial offload]) keeps it
       // there, in the training dtype too. Squared where it was reduced.
-      squares_.add(grad);
+      squares_.add(grad, weight);
       if (host_grads_->copied(k)) {
         if (!host_grads_->holds(k)) host_grads_->copy_from(k, grad, /*non_blocking=*/false);
         grad = host_grads_->copy(k);
@@ -195,7 +197,7 @@ void ShardedParams::attach_master_grads() {
       continue;
     }
     masters_.tensors()[k].mutable_grad() = grad.scalar_type() == at::kFloat ? grad : grad.to(at::kFloat);
-    squares_.add(masters_.tensors()[k].grad());
+    squares_.add(masters_.tensors()[k].grad(), weight);
   }
 }
 

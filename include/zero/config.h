@@ -246,13 +246,17 @@ struct CheckpointConfig {
   bool parallel_write_pipeline_stage = false;   // "parallel_write": {"pipeline_stage": ...}
 };
 
-// "tensor_parallel" ({"autotp_size": N} or {"tp": {"tp_size": N}}) and
-// "pipeline" ({"stages": N}): zero is data-parallel only, so any size above 1
-// is an error; these exist so that configs written for DeepSpeed load.
+// The rank mesh (include/zero/mesh.h): "tensor_parallel" ({"autotp_size":
+// N}, or {"tp": {"tp_size": N}} as DeepSpeed's inference config has it) and
+// the pipeline's size ("pipeline": {"stages": N}, or "pipeline_parallel":
+// {"pp_size": N}). The data-parallel size is world / (tp * pp). Pipeline
+// sizes above 1 are refused until pipeline parallelism lands.
 struct ParallelismConfig {
   int64_t autotp_size = 0;       // 0: off (DeepSpeed)
   int64_t tp_size = 1;
   int64_t pipeline_stages = 1;   // "auto" reads as 1
+  int64_t tensor_parallel() const { return autotp_size > 0 ? autotp_size : tp_size; }
+  int64_t pipeline_parallel() const { return pipeline_stages; }
 };
 
 // "zero": engine options DeepSpeed has no key for.
@@ -280,9 +284,13 @@ class Config {
   // Throws ConfigError naming the numbers when they do not fit. Resolving an
   // already resolved config checks the three batch values against the new
   // world size.
+  // `world_size` counts every rank; the batch triad counts the data-parallel
+  // ones, world / (tensor parallel x pipeline stages), and a world they do
+  // not divide is a ConfigError naming the layouts that fit.
   void resolve(int world_size);
   bool resolved() const { return world_size_ > 0; }
   int world_size() const { return world_size_; }
+  int data_parallel_size() const { return data_parallel_size_; }
 
   // The config as JSON with every default filled in (DeepSpeed's key names;
   // keys zero ignores are left out). Batch values not yet resolved are null.
@@ -320,6 +328,7 @@ class Config {
   std::vector<std::string> warnings_;
   std::string source_;
   int world_size_ = 0;
+  int data_parallel_size_ = 0;
 };
 
 }  // namespace zero

@@ -19,6 +19,7 @@
 
 #include "zero/comm.h"
 #include "zero/config.h"
+#include "zero/mesh.h"
 
 namespace zero {
 
@@ -35,6 +36,10 @@ struct InitOptions {
   std::vector<ParamGroup> param_groups;
   // Empty: zero::comm::init_process_group() from the launch environment.
   std::shared_ptr<comm::ProcessGroup> group;
+  // The rank mesh the model's tensor-parallel layers were built on
+  // (include/zero/tensor_parallel.h); its sizes must be the config's.
+  // Empty: the engine builds it over `group` from the config's sizes.
+  std::shared_ptr<Mesh> mesh;
 };
 
 // Bytes this rank holds, by kind.
@@ -134,7 +139,8 @@ class Engine {
   // whole) until the returned object goes away. A collective.
   GatheredParameters gather_parameters(torch::nn::Module& module);
   // Full copies of the model's parameters and buffers, by name, on every
-  // rank, in the training dtype. A collective.
+  // rank, in the training dtype (with tensor parallelism, this rank's
+  // slices of the split ones). A collective.
   std::vector<std::pair<std::string, at::Tensor>> gathered_state_dict();
 
   // Sharded checkpoints (ckpt/checkpoint.h, Note [Checkpoint layout]). A
@@ -149,7 +155,11 @@ class Engine {
 
   torch::nn::Module& module();
   std::shared_ptr<torch::nn::Module> module_ptr();
+  // The world: every rank of the job.
   comm::ProcessGroup& group();
+  // This rank's place in the tp x dp x pp mesh and its groups; ZeRO
+  // partitions over mesh().dp_group().
+  const Mesh& mesh() const;
   const Config& config() const;
 
  private:

@@ -164,3 +164,26 @@ TEST(Batch, ToJsonShowsUnresolvedValuesAsNull) {
 }
 
 }  // namespace
+
+namespace {
+
+// With tensor parallelism the triad counts data-parallel ranks only:
+// train_batch_size = micro * gas * world / tp (Megatron and DeepSpeed).
+TEST(BatchTriad, TensorParallelRanksShareOneBatch) {
+  for (int tp : {1, 2, 4}) {
+    Config c = parse(R"({"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2,
+                         "tensor_parallel": {"autotp_size": )" + std::to_string(tp) + "}}");
+    c.resolve(8);
+    EXPECT_EQ(c.world_size(), 8);
+    EXPECT_EQ(c.data_parallel_size(), 8 / tp);
+    EXPECT_EQ(*c.batch.train_batch_size, 3 * 2 * (8 / tp));
+  }
+  Config spelled = parse(R"({"train_batch_size": 12, "tensor_parallel": {"tp": {"tp_size": 2}}})");
+  spelled.resolve(4);
+  EXPECT_EQ(*spelled.batch.train_micro_batch_size_per_gpu * *spelled.batch.gradient_accumulation_steps, 6);
+  const std::string e = config_error([] { parse(R"({"train_batch_size": 12, "tensor_parallel": {"autotp_size": 4}})").resolve(6); });
+  EXPECT_NE(e.find("a world of 6 rank(s) does not divide into tensor parallel 4 x pipeline 1"), std::string::npos) << e;
+  EXPECT_NE(e.find("2x3"), std::string::npos) << e;
+}
+
+}  // namespace

@@ -224,8 +224,9 @@ TEST(ConfigAuto, PipelineStagesAutoIsOne) {
   Config c = parse(R"({"pipeline": {"stages": "auto"}, "tensor_parallel": {"autotp_size": 1, "tp": {"tp_size": 1}}})");
   EXPECT_EQ(c.parallelism.pipeline_stages, 1);
   EXPECT_TRUE(c.warnings().empty());
-  expect_error(R"({"pipeline": {"stages": 2}})", {"pipeline parallelism of size 2 is not supported yet", "pipeline.stages"});
-  expect_error(R"({"tensor_parallel": {"autotp_size": 8}})", {"tensor parallelism of size 8 is not supported yet"});
+  expect_error(R"({"pipeline": {"stages": 2}})", {"pipeline parallelism of 2 stages is not supported yet", "pipeline.stages"});
+  expect_error(R"({"pipeline_parallel": {"pp_size": 2}})", {"pipeline parallelism of 2 stages", "pipeline_parallel.pp_size"});
+  expect_error(R"({"tensor_parallel": {"autotp_size": 4, "tp": {"tp_size": 2}}})", {"name two tensor-parallel sizes"});
 }
 
 // ---- JSON syntax ------------------------------------------------------------

@@ -5,8 +5,8 @@
 // Note [Flat layout]: parameters of one group are laid out in reverse
 // registration order (the order backward produces their gradients) and cut
 // into buckets of at most reduce_bucket_size elements (a larger parameter
-// gets a bucket of its own); a bucket never mixes parameter groups or stage-3
-// units. Each bucket is padded to a multiple of the number of owners (the
+// gets a bucket of its own); a bucket never mixes parameter groups, stage-3
+// units or norm weights (a tensor-parallel replica counts 1/tp). Each bucket is padded to a multiple of the number of owners (the
 // world size at stages 1-3, 1 at stage 0) and rank r owns the r-th
 // contiguous shard of every bucket, ignoring parameter boundaries
 // (Megatron's distributed optimizer). A rank's partition is its shards of all
@@ -23,6 +23,9 @@ struct ParamSpec {
   std::string name;
   int64_t numel = 0;
   int unit = -1;  // stage 3: its unit, -1 for none (the root)
+  // What its gradient's squares count for in the global norm (Note
+  // [Gradient norm]): 1/copies held outside the data-parallel group.
+  double norm_weight = 1.0;
 };
 
 struct LayoutParam {
@@ -36,6 +39,7 @@ struct LayoutParam {
 struct LayoutBucket {
   int group = 0;
   int unit = -1;            // stage 3: the unit it belongs to (-1: root)
+  double norm_weight = 1.0; // of its parameters (ParamSpec::norm_weight)
   int64_t offset = 0;       // in the flat index space
   int64_t numel = 0;        // padded to a multiple of the owners
   int64_t shard_numel = 0;  // numel / owners

@@ -7,7 +7,10 @@
 // already took on the accelerator as it is (HostGrads::land). The squares
 // are summed in fp64 from the elements widened to fp64, so the total is not
 // finite exactly when an element is not: the overflow check needs no pass
-// of its own.
+// of its own. Each bucket's sum is multiplied by its norm weight (Note
+// [Flat layout]): with tensor parallelism a parameter replicated over the tp
+// ranks of a group counts 1/tp on each, so the sum over the world counts it
+// once, and a split one counts 1 (its slices are distinct).
 #include <torch/torch.h>
 
 #include <optional>
@@ -18,9 +21,9 @@ class GradSquares {
  public:
   // Before a step's gradients are added.
   void reset();
-  void add(const at::Tensor& grad);
+  void add(const at::Tensor& grad, double weight = 1.0);
   // A 0-d fp64 sum taken earlier on an accelerator (on_device()).
-  void add_device_sum(const at::Tensor& sum);
+  void add_device_sum(const at::Tensor& sum, double weight = 1.0);
   // This rank's sum; the first call of a step reads the accelerator's.
   double total();
 

@@ -65,6 +65,7 @@ class ShardedParams {
     std::vector<std::string> names;
     std::vector<at::Tensor> params;
     std::vector<int> units;  // per parameter: its stage-3 unit, -1 for none
+    std::vector<double> norm_weights;  // per parameter (ParamSpec::norm_weight); empty: all 1
   };
   ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::ProcessGroup> pg, Options options);
   ~ShardedParams();
