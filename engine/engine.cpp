@@ -21,6 +21,7 @@
 #include "zero/error.h"
 #include "zero/log.h"
 #include "zero/internal/partition.h"
+#include "zero/tensor_parallel.h"
 
 namespace zero {
 namespace {
@@ -137,6 +138,12 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
                       " x pp " + std::to_string(s.mesh->shape().pp) + " but the config asks for tp " +
                       std::to_string(sizes.tensor_parallel()) + " x pp " + std::to_string(sizes.pipeline_parallel()) +
                       "; set tensor_parallel.autotp_size and pipeline.stages to the mesh's sizes");
+  }
+  if (s.mesh->shape().tp > 1 && tp::tensor_parallel_splits(*s.module).empty()) {
+    // DeepSpeed's AutoTP: the config's size alone splits the model.
+    const int split = tp::auto_tensor_parallel(*s.module, s.mesh->tp_group());
+    log::info("tensor_parallel", "AutoTP split " + std::to_string(split) + " Linear module(s) over tp groups of " +
+                                     std::to_string(s.mesh->shape().tp) + " rank(s)");
   }
 
   const auto& z = s.config.zero_optimization;

@@ -142,11 +142,6 @@ void set_norm_weights(ModelParams& params, torch::nn::Module& module, const Mesh
     }
     split.insert(key_of(p.value()));
   }
-  if (mesh.tp > 1 && split.empty()) {
-    log::warn("tensor_parallel", "the tensor-parallel size is " + std::to_string(mesh.tp) +
-                                     " but the model has no tensor-parallel layer: every rank of a tp group computes "
-                                     "the same thing (see include/zero/tensor_parallel.h)");
-  }
   const double per_copy = stage == 0 ? 1.0 / mesh.dp : 1.0;
   for (auto& group : params.groups) {
     group.norm_weights.clear();

@@ -4,9 +4,12 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/torch.h>
 
+#include <fnmatch.h>
+
 #include <string>
 
 #include "zero/error.h"
+#include "zero/log.h"
 
 namespace zero::tp {
 namespace {
@@ -158,6 +161,14 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tens
   return VocabCrossEntropy::apply(logits, targets, ref(group));
 }
 
+at::Tensor slice_of(const at::Tensor& full, const Split& split) {
+  std::vector<at::Tensor> mine;
+  for (const at::Tensor& block : full.chunk(split.parts, split.dim)) {
+    mine.push_back(block.chunk(split.size, split.dim)[split.rank]);
+  }
+  return mine.size() == 1 ? mine[0] : torch::cat(mine, split.dim);
+}
+
 std::map<std::string, Split> tensor_parallel_splits(const torch::nn::Module& model) {
   std::map<std::string, Split> out;
   auto add = [&out](const std::string& prefix, const torch::nn::Module& m) {
@@ -236,6 +247,76 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& tokens) {
 std::optional<Split> VocabParallelEmbeddingImpl::split(const std::string& name) const {
   if (name == "weight") return Split{0, group_->rank(), group_->size(), {vocab_, dim_}};
   return std::nullopt;
+}
+
+void LinearImpl::split_over(const Group& group, Kind kind, int parts) {
+  if (split_forward_) throw ConfigError("tensor parallel: this Linear is split already");
+  const int n = group->size(), r = group->rank();
+  const std::vector<int64_t> full(weight.sizes().begin(), weight.sizes().end());
+  const int dim = kind == Kind::Column ? 0 : 1;
+  const int64_t along = full[dim];
+  if (along % (static_cast<int64_t>(parts) * n) != 0) {
+    throw ConfigError(std::string(kind == Kind::Column ? "a column-parallel Linear's output size" :
+                                                         "a row-parallel Linear's input size") +
+                      " of " + std::to_string(along) + (parts > 1 ? " in " + std::to_string(parts) + " parts" : "") +
+                      " does not divide by the tensor-parallel size " + std::to_string(n) +
+                      "; choose a tp_size that divides it");
+  }
+  torch::NoGradGuard no_grad;
+  group_ = group;
+  weight_split_ = Split{dim, r, n, full, kind == Kind::Column ? parts : 1};
+  weight.set_data(slice_of(weight, *weight_split_).clone());  // the same parameter, now its slice
+  if (kind == Kind::Column && bias.defined()) {
+    bias_split_ = Split{0, r, n, {bias.size(0)}, parts};
+    bias.set_data(slice_of(bias, *bias_split_).clone());
+  }
+  if (kind == Kind::Column) {
+    split_forward_ = [this](const at::Tensor& x) {
+      return torch::nn::functional::linear(copy_to_tensor_parallel(x, group_), weight, bias);
+    };
+  } else {
+    split_forward_ = [this](const at::Tensor& x) {
+      at::Tensor y = reduce_from_tensor_parallel(torch::nn::functional::linear(x, weight), group_);
+      return bias.defined() ? y + bias : y;
+    };
+  }
+}
+
+std::vector<AutoTpRule> gpt_rules() {
+  using Kind = LinearImpl::Kind;
+  return {{"*.attn.qkv", Kind::Column, 3}, {"*.attn.proj", Kind::Row, 1}, {"*.mlp.fc", Kind::Column, 1},
+          {"*.mlp.proj", Kind::Row, 1}};
+}
+
+int auto_tensor_parallel(torch::nn::Module& model, const Group& group, const std::vector<AutoTpRule>& rules) {
+  int split = 0;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    const std::string& name = item.key();
+    const AutoTpRule* rule = nullptr;
+    for (const auto& candidate : rules) {
+      if (fnmatch(candidate.pattern.c_str(), name.c_str(), 0) == 0) {
+        rule = &candidate;
+        break;
+      }
+    }
+    if (!rule) continue;
+    if (auto* linear = dynamic_cast<LinearImpl*>(item.value().get())) {
+      linear->split_over(group, rule->kind, rule->parts);
+      ++split;
+    } else if (dynamic_cast<torch::nn::LinearImpl*>(item.value().get())) {
+      throw ConfigError("AutoTP: " + name + " matches the rule \"" + rule->pattern +
+                        "\" but is a torch::nn::Linear, which LibTorch calls directly so it cannot be split in "
+                        "place; declare it as zero::tp::Linear (a drop-in, include/zero/tensor_parallel.h)");
+    }
+  }
+  if (split == 0) {
+    std::string patterns;
+    for (const auto& r : rules) patterns += (patterns.empty() ? "" : ", ") + r.pattern;
+    throw ConfigError("AutoTP: no zero::tp::Linear of the model matches the rules (" + patterns +
+                      "); declare the Linear modules to split as zero::tp::Linear, or build the model from "
+                      "tensor-parallel layers on the mesh's tp_group()");
+  }
+  return split;
 }
 
 }  // namespace zero::tp

@@ -17,9 +17,9 @@ torch::nn::LayerNorm layer_norm(int64_t width) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({width}));
 }
 
-void init_linear(torch::nn::Linear& linear, double std) {
-  torch::nn::init::normal_(linear->weight, 0.0, std);
-  if (linear->bias.defined()) torch::nn::init::zeros_(linear->bias);
+void init_linear(torch::nn::LinearImpl& linear, double std) {
+  torch::nn::init::normal_(linear.weight, 0.0, std);
+  if (linear.bias.defined()) torch::nn::init::zeros_(linear.bias);
 }
 
 void init_layer_norm(torch::nn::LayerNorm& ln) {
@@ -44,8 +44,8 @@ void GPTOptions::validate() const {
 // ---- attention ----------------------------------------------------------
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTOptions& o) : heads_(o.heads) {
-  qkv = register_module("qkv", torch::nn::Linear(o.width, 3 * o.width));
-  proj = register_module("proj", torch::nn::Linear(o.width, o.width));
+  qkv = register_module("qkv", zero::tp::Linear(o.width, 3 * o.width));
+  proj = register_module("proj", zero::tp::Linear(o.width, o.width));
   attn_drop = register_module("attn_drop", torch::nn::Dropout(o.dropout));
   resid_drop = register_module("resid_drop", torch::nn::Dropout(o.dropout));
 }
@@ -53,8 +53,17 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTOptions& o) : heads_(o
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
   const int64_t D = C / heads_;
-  // [B,T,3C] -> three [B,H,T,D]
-  auto qkv_out = qkv(x).view({B, T, 3, heads_, D}).permute({2, 0, 3, 1, 4});
+  // [B,T,3C] -> three [B,H,T,D]. With tensor parallelism (AutoTP) qkv
+  // yields this rank's heads only, so H is read from its width.
+  at::Tensor fused = qkv(x);
+  if (fused.size(2) % (3 * D) != 0) {
+    throw std::invalid_argument("GPT attention: this rank's share of the qkv projection (" +
+                                std::to_string(fused.size(2) / 3) + " of " + std::to_string(C) +
+                                " per q, k, v) is not whole heads of " + std::to_string(D) +
+                                "; the tensor-parallel size must divide heads (" + std::to_string(heads_) + ")");
+  }
+  const int64_t H = fused.size(2) / (3 * D);
+  auto qkv_out = fused.view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4});
   at::Tensor q = qkv_out[0], k = qkv_out[1], v = qkv_out[2];
   // Scale q before the product so that half-precision scores stay small.
   at::Tensor scores = (q * (1.0 / std::sqrt(static_cast<double>(D)))).matmul(k.transpose(-2, -1));  // [B,H,T,T]
@@ -64,15 +73,15 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   at::Tensor probs = torch::softmax(scores, -1, torch::kFloat).to(v.scalar_type());
   probs = attn_drop(probs);
   at::Tensor y = probs.matmul(v);                          // [B,H,T,D]
-  y = y.transpose(1, 2).contiguous().view({B, T, C});      // [B,T,C]
+  y = y.transpose(1, 2).contiguous().view({B, T, H * D});  // [B,T,C] (C / tp with AutoTP)
   return resid_drop(proj(y));
 }
 
 // ---- MLP ----------------------------------------------------------------
 
 MLPImpl::MLPImpl(const GPTOptions& o) {
-  fc = register_module("fc", torch::nn::Linear(o.width, o.mlp_ratio * o.width));
-  proj = register_module("proj", torch::nn::Linear(o.mlp_ratio * o.width, o.width));
+  fc = register_module("fc", zero::tp::Linear(o.width, o.mlp_ratio * o.width));
+  proj = register_module("proj", zero::tp::Linear(o.mlp_ratio * o.width, o.width));
   drop = register_module("drop", torch::nn::Dropout(o.dropout));
 }
 
@@ -94,11 +103,11 @@ at::Tensor BlockImpl::forward(const at::Tensor& x) {
 
 void BlockImpl::init_weights(double std, double residual_std) {
   init_layer_norm(ln1);
-  init_linear(attn->qkv, std);
-  init_linear(attn->proj, residual_std);
+  init_linear(*attn->qkv, std);
+  init_linear(*attn->proj, residual_std);
   init_layer_norm(ln2);
-  init_linear(mlp->fc, std);
-  init_linear(mlp->proj, residual_std);
+  init_linear(*mlp->fc, std);
+  init_linear(*mlp->proj, residual_std);
 }
 
 // ---- GPT ----------------------------------------------------------------
@@ -134,7 +143,7 @@ void GPTImpl::init_weights() {
   torch::nn::init::normal_(wpe->weight, 0.0, std);
   for (size_t i = 0; i < blocks->size(); ++i) block(i)->inner()->init_weights(std, residual_std);
   init_layer_norm(ln_f);
-  if (lm_head) init_linear(lm_head, std);
+  if (lm_head) init_linear(*lm_head, std);
 }
 
 at::Tensor GPTImpl::forward(const at::Tensor& tokens) {

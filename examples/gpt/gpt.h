@@ -28,6 +28,7 @@
 
 #include <cstdint>
 
+#include "zero/tensor_parallel.h"
 #include "zero/unit.h"
 
 namespace zero_examples {
@@ -54,8 +55,10 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   explicit CausalSelfAttentionImpl(const GPTOptions& options);
   at::Tensor forward(const at::Tensor& x);  // [B,T,C] -> [B,T,C]
 
-  torch::nn::Linear qkv{nullptr};   // C -> 3C
-  torch::nn::Linear proj{nullptr};  // C -> C, a residual projection
+  // zero::tp::Linear: a torch::nn::Linear that AutoTP can split in place
+  // (include/zero/tensor_parallel.h); plain unless the engine runs tp > 1.
+  zero::tp::Linear qkv{nullptr};   // C -> 3C
+  zero::tp::Linear proj{nullptr};  // C -> C, a residual projection
   torch::nn::Dropout attn_drop{nullptr};
   torch::nn::Dropout resid_drop{nullptr};
 
@@ -70,8 +73,8 @@ class MLPImpl : public torch::nn::Module {
   explicit MLPImpl(const GPTOptions& options);
   at::Tensor forward(const at::Tensor& x);
 
-  torch::nn::Linear fc{nullptr};    // C -> rC
-  torch::nn::Linear proj{nullptr};  // rC -> C, a residual projection
+  zero::tp::Linear fc{nullptr};    // C -> rC
+  zero::tp::Linear proj{nullptr};  // rC -> C, a residual projection
   torch::nn::Dropout drop{nullptr};
 };
 TORCH_MODULE(MLP);

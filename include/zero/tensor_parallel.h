@@ -18,8 +18,10 @@
 // uses it to count a replicated parameter's gradient once in the global
 // norm, and checkpoints use it to record each parameter's full shape.
 #include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -46,12 +48,18 @@ at::Tensor gather_from_tensor_parallel(const at::Tensor& x, const Group& group);
 at::Tensor scatter_to_tensor_parallel(const at::Tensor& x, const Group& group);
 
 // How a parameter is split: slice `rank` of `size` equal slices along
-// `dim` of a tensor of `full_shape`.
+// `dim` of a tensor of `full_shape`. With parts > 1 (a fused qkv
+// projection: 3) the dimension holds `parts` equal blocks, each split
+// alike, and the rank holds its slice of every block, in block order.
 struct Split {
   int dim = 0;
   int rank = 0, size = 1;
   std::vector<int64_t> full_shape;
+  int parts = 1;
 };
+
+// This rank's slice of `full` as `split` describes it.
+at::Tensor slice_of(const at::Tensor& full, const Split& split);
 
 // A module holding split parameters. Its parameters not named by split()
 // are replicated over the group.
@@ -125,6 +133,59 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module, public SplitModule 
   int64_t vocab_, dim_, first_;
 };
 TORCH_MODULE(VocabParallelEmbedding);
+
+// A drop-in for torch::nn::Linear (same options, initialisation and
+// forward) that auto_tensor_parallel can split in place. LibTorch calls a
+// torch::nn::Linear member directly, so no library can re-route one a
+// model already holds; declaring the member as zero::tp::Linear is the one
+// change AutoTP asks of a model. Until it is split it is a plain Linear.
+class LinearImpl : public torch::nn::LinearImpl, public SplitModule {
+ public:
+  using torch::nn::LinearImpl::LinearImpl;
+  at::Tensor forward(const at::Tensor& x) { return split_forward_ ? split_forward_(x) : torch::nn::LinearImpl::forward(x); }
+  std::optional<Split> split(const std::string& name) const override {
+    if (name == "weight") return weight_split_;
+    if (name == "bias") return bias_split_;
+    return std::nullopt;
+  }
+  const Group& group() const override { return group_; }
+
+  enum class Kind { Column, Row };
+  // Keeps this rank's slice of the weight (and of the bias, when column)
+  // in the same parameters and routes forward through the group
+  // (auto_tensor_parallel calls it). `parts`: blocks of a fused output.
+  void split_over(const Group& group, Kind kind, int parts = 1);
+
+ private:
+  Group group_;
+  std::optional<Split> weight_split_, bias_split_;
+  std::function<at::Tensor(const at::Tensor&)> split_forward_;
+};
+TORCH_MODULE(Linear);
+
+// AutoTP: which Linear modules split how, by module name (a glob as
+// fnmatch reads it, matched against names such as "blocks.3.attn.qkv").
+struct AutoTpRule {
+  std::string pattern;
+  LinearImpl::Kind kind = LinearImpl::Kind::Column;
+  int parts = 1;  // 3 for a fused q, k, v projection
+};
+// The GPT rules: *.attn.qkv column (fused, 3 parts), *.attn.proj row,
+// *.mlp.fc column, *.mlp.proj row (Megatron's split of a transformer block:
+// one all-reduce forward and one backward per attention and per MLP).
+std::vector<AutoTpRule> gpt_rules();
+
+// Splits every zero::tp::Linear of `model` that a rule names over `group`
+// (first matching rule wins), keeping this rank's slices: a model built
+// with a seed then holds exactly the slices of the model at tp 1. Returns
+// how many modules were split; none is a ConfigError, and so is a rule
+// matching a plain torch::nn::Linear. The engine calls it with gpt_rules()
+// when tensor_parallel.autotp_size > 1 and the model has no split layer.
+// Attention over the split qkv sees heads / tp heads on each rank, so the
+// model must take the number of heads from its input's width (as the
+// example GPT does), and heads must divide by tp.
+int auto_tensor_parallel(torch::nn::Module& model, const Group& group,
+                         const std::vector<AutoTpRule>& rules = gpt_rules());
 
 // Cross-entropy of logits split by vocabulary (the output of a
 // column-parallel LM head, [..., vocab / tp], this rank's slice being
