@@ -17,7 +17,9 @@
 //        "fp32" (master weights) and each optimizer state ("exp_avg",
 //        "exp_avg_sq", "sum", "momentum_buffer", ...). Fragments of one kind
 //        and parameter, over all files, cover it exactly once (model space,
-//        independent of world size and stage).
+//        independent of world size and stage). A tensor-parallel slice is
+//        written in its full parameter's coordinates (the manifest lists
+//        full shapes), so any tp x dp layout reads any other's.
 //   "module/<name>"  a whole tensor in its own shape: frozen parameters and
 //        buffers (written by rank 0 only).
 //   "rng/<name>"     a rank's random generator state (U8): "rng/cpu", and
@@ -159,6 +161,10 @@ struct Manifest {
   std::string tag;                 // read_manifest: the folder it was found in
   std::string tag_in_file;         // read_manifest: the file's own "tag" when it names another folder, else empty
   int world_size = 1;
+  // The rank mesh that wrote it ("mesh": {"tp", "pp"}; absent: 1 and 1).
+  // Parameters are listed in their full shapes and fragments are in full
+  // coordinates whatever the mesh, so any layout loads them.
+  int tensor_parallel = 1, pipeline_parallel = 1;
   int stage = 0;
   std::string dtype;               // training dtype: "F32", "F16", "BF16"
   std::string optimizer;           // optimizer.type

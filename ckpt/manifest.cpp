@@ -129,6 +129,7 @@ nlohmann::json Manifest::to_json() const {
   j["version"] = version;
   j["tag"] = tag;
   j["world_size"] = world_size;
+  j["mesh"] = {{"tp", tensor_parallel}, {"pp", pipeline_parallel}};
   j["stage"] = stage;
   j["dtype"] = dtype;
   j["optimizer"] = optimizer;
@@ -157,6 +158,15 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& where) 
   int64_t ws = get_int(j, "world_size", where);
   if (ws < 1 || ws > (1 << 24)) fail(where + ": world_size " + std::to_string(ws) + " is not a number of ranks");
   m.world_size = static_cast<int>(ws);
+  if (j.contains("mesh")) {
+    const json& mesh = require(j, "mesh", where);
+    const int64_t tp = get_int(mesh, "tp", where + ": mesh"), pp = get_int(mesh, "pp", where + ": mesh");
+    if (tp < 1 || pp < 1 || ws % (tp * pp) != 0)
+      fail(where + ": mesh tp " + std::to_string(tp) + " x pp " + std::to_string(pp) + " does not divide world_size " +
+           std::to_string(ws));
+    m.tensor_parallel = static_cast<int>(tp);
+    m.pipeline_parallel = static_cast<int>(pp);
+  }
   int64_t stage = get_int(j, "stage", where);
   if (stage < 0 || stage > 3) fail(where + ": stage " + std::to_string(stage) + " is not a ZeRO stage (0-3)");
   m.stage = static_cast<int>(stage);

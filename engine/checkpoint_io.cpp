@@ -46,17 +46,30 @@ std::string fragment_name(const std::string& kind, const std::string& param, int
   return kind + "/" + param + "/" + std::to_string(offset);
 }
 
-ModelTensors describe(torch::nn::Module& module) {
+ModelTensors describe(torch::nn::Module& module, const std::map<std::string, tp::Split>& splits) {
   ModelTensors out;
   std::set<const void*> seen;
   for (const auto& item : module.named_parameters()) {
     const at::Tensor& p = item.value();
     if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
-    out.params.push_back({item.key(), p.sizes().vec(), p.requires_grad()});
+    auto split = splits.find(item.key());
+    if (split != splits.end() && !p.requires_grad()) {
+      throw CheckpointError("checkpoint: " + item.key() + " is frozen and split by tensor parallelism, which "
+                            "checkpoints do not store; train it, or keep frozen layers whole");
+    }
+    out.params.push_back({item.key(), split != splits.end() ? split->second.full_shape : p.sizes().vec(),
+                          p.requires_grad()});
     if (!p.requires_grad()) out.frozen.emplace_back(item.key(), p);
   }
   for (const auto& item : module.named_buffers()) out.buffers.emplace_back(item.key(), item.value());
   return out;
+}
+
+std::vector<tp::FullRange> full_pieces(const std::map<std::string, tp::Split>& splits, const std::string& name,
+                                       int64_t param_offset, int64_t length) {
+  auto it = splits.find(name);
+  if (it == splits.end()) return {{param_offset, param_offset, length}};
+  return tp::full_ranges(it->second, param_offset, length);
 }
 
 std::vector<std::pair<std::string, at::Generator>> generators(torch::nn::Module& module) {

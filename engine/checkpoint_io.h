@@ -14,6 +14,7 @@
 #include "engine/loss_scaler.h"
 #include "engine/optimizer.h"
 #include "offload/swapped_tensors.h"
+#include "zero/tensor_parallel.h"
 
 namespace zero::engine {
 
@@ -45,11 +46,18 @@ struct EngineRecord {
 
 // The model's named tensors as a checkpoint describes them: every parameter
 // once (a tied one under its first name), and the buffers.
+// Parameters split by tensor parallelism are listed in their full shapes;
+// a frozen one is refused (it would be saved as one rank's slice).
 struct ModelTensors {
   std::vector<ckpt::ParamInfo> params;
   std::vector<std::pair<std::string, at::Tensor>> frozen, buffers;
 };
-ModelTensors describe(torch::nn::Module& module);
+ModelTensors describe(torch::nn::Module& module, const std::map<std::string, tp::Split>& splits);
+
+// The pieces of fragment `f` (of parameter `name`) in the full parameter's
+// coordinates: one piece, f itself, unless the parameter is split.
+std::vector<tp::FullRange> full_pieces(const std::map<std::string, tp::Split>& splits, const std::string& name,
+                                       int64_t param_offset, int64_t length);
 
 // The random generators a rank saves, as "rng/<device type>": the CPU's,
 // and its accelerator's when the module trains on one (dropout there).

@@ -83,10 +83,12 @@ Plan plan_for(TrainingState& s, const ckpt::Manifest& m, const EngineRecord& e, 
     }
   }
   if (plan.mid_accumulation && (m.world_size != s.pg.size() || m.stage != s.config.zero_optimization.stage ||
-                                e.gradient_accumulation_steps != s.gas)) {
+                                e.gradient_accumulation_steps != s.gas || m.tensor_parallel != s.mesh.shape().tp ||
+                                m.pipeline_parallel != s.mesh.shape().pp)) {
     throw CheckpointError("load_checkpoint: " + where + " was saved in the middle of a gradient accumulation (micro step " +
                           std::to_string(e.micro_steps) + "), whose partial gradients resume only at "
-                          "world size " + std::to_string(m.world_size) + ", stage " + std::to_string(m.stage) +
+                          "world size " + std::to_string(m.world_size) + " (tp " + std::to_string(m.tensor_parallel) +
+                          " x pp " + std::to_string(m.pipeline_parallel) + "), stage " + std::to_string(m.stage) +
                           " and the same gradient_accumulation_steps; save at an accumulation boundary to change them");
   }
   return plan;
@@ -173,13 +175,15 @@ void read_bucket(TrainingState& s, Source& source, size_t k, const std::vector<s
     for (const auto& f : fragments) {
       if (f.bucket != static_cast<int64_t>(k)) continue;
       const std::string& name = s.params.param_name(f.param);
-      float* dst = cpu.data_ptr<float>() + f.start;
-      if (kind == "fp32") {
-        source.read_param(name, f.param_offset, f.length, dst);
-      } else if (source.trainable_then(name)) {
-        source.reader->read_f32(kind, name, f.param_offset, f.length, dst);
-      } else {
-        std::fill(dst, dst + f.length, 0.0f);  // frozen then: no state yet
+      for (const auto& piece : full_pieces(s.splits, name, f.param_offset, f.length)) {
+        float* dst = cpu.data_ptr<float>() + f.start + (piece.offset - f.param_offset);
+        if (kind == "fp32") {
+          source.read_param(name, piece.full_offset, piece.length, dst);
+        } else if (source.trainable_then(name)) {
+          source.reader->read_f32(kind, name, piece.full_offset, piece.length, dst);
+        } else {
+          std::fill(dst, dst + piece.length, 0.0f);  // frozen then: no state yet
+        }
       }
     }
     if (!direct) {
@@ -267,7 +271,7 @@ std::string load_checkpoint(TrainingState& s, const std::string& dir, const std:
                           "\"; the folder it is in is the checkpoint, so its files are read from " + where);
   }
   const EngineRecord record = EngineRecord::from_json(m.engine, where + "/manifest.json");
-  const ModelTensors model = describe(s.module);
+  const ModelTensors model = describe(s.module, s.splits);
   check_matches_model(m, model, where);
   const Plan plan = plan_for(s, m, record, options, where);
 

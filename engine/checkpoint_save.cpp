@@ -95,9 +95,14 @@ class RankFile {
         if (source.scalar_type() != at::kFloat) throw CheckpointError("internal: fp32 master weights and optimizer states expected");
         for (const auto& f : fragments) {
           if (f.bucket != static_cast<int64_t>(k)) continue;
-          tensors_.push_back({fragment_name(kind, s.params.param_name(f.param), f.param_offset), ckpt::DType::F32,
-                              {f.length}, nullptr, static_cast<size_t>(f.length) * sizeof(float)});
-          sources_.push_back({source, f.start, k});
+          const std::string& name = s.params.param_name(f.param);
+          // In the full parameter's coordinates (a tensor-parallel slice
+          // may be several pieces of it).
+          for (const auto& piece : full_pieces(s.splits, name, f.param_offset, f.length)) {
+            tensors_.push_back({fragment_name(kind, name, piece.full_offset), ckpt::DType::F32, {piece.length},
+                                nullptr, static_cast<size_t>(piece.length) * sizeof(float)});
+            sources_.push_back({source, f.start + piece.offset - f.param_offset, k});
+          }
         }
       }
     }
@@ -149,8 +154,8 @@ std::pair<ckpt::FileInfo, std::string> write_rank_file(TrainingState& s, const f
                                                        const std::vector<std::string>& kinds, const ModelTensors& model) {
   const int rank = s.pg.rank();
   RankFile file(s);
-  // At stage 0 every rank holds everything: rank 0 writes it.
-  if (s.params.owners() > 1 || rank == 0) file.add_fragments(s, kinds);
+  // At stage 0 every data-parallel rank holds everything: the first writes it.
+  if (s.params.owners() > 1 || s.mesh.coordinates().dp == 0) file.add_fragments(s, kinds);
   if (rank == 0) {
     for (const auto& [name, t] : model.frozen) file.add_whole("module/" + name, t);
     for (const auto& [name, t] : model.buffers) file.add_whole("module/" + name, t);
@@ -204,6 +209,8 @@ ckpt::Manifest manifest(TrainingState& s, const std::string& tag, const std::vec
   ckpt::Manifest m;
   m.tag = tag;
   m.world_size = s.pg.size();
+  m.tensor_parallel = s.mesh.shape().tp;
+  m.pipeline_parallel = s.mesh.shape().pp;
   m.stage = s.config.zero_optimization.stage;
   m.dtype = ckpt::dtype_name(to_ckpt(s.dtype));
   m.optimizer = s.config.optimizer.type;
@@ -253,7 +260,7 @@ void save_checkpoint(TrainingState& s, const std::string& dir, const std::string
   agree(pg, error, "save_checkpoint: preparing " + staging.string());
 
   const std::vector<std::string> kinds = saved_kinds(s);
-  const ModelTensors model = describe(s.module);
+  const ModelTensors model = describe(s.module, s.splits);
   auto [info, write_error] = write_rank_file(s, staging, kinds, model);
   fault::reached("save.written", rank);
   auto files = share_file_entries(pg, info, write_error);  // rank 0 learns every file's size and checksum

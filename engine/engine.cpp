@@ -145,6 +145,7 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
     log::info("tensor_parallel", "AutoTP split " + std::to_string(split) + " Linear module(s) over tp groups of " +
                                      std::to_string(s.mesh->shape().tp) + " rank(s)");
   }
+  s.splits = tp::tensor_parallel_splits(*s.module);
 
   const auto& z = s.config.zero_optimization;
   s.dtype = training_dtype(s.config);
@@ -414,25 +415,16 @@ StepTimes Engine::take_step_times() {
 }
 
 engine::TrainingState Engine::Impl::training_state() {
-  return {config, dtype, gas, *module, *pg, *sharded, *optimizer, nvme.get(), *schedule, scaler.get(), steps};
-}
-
-void Engine::Impl::refuse_split_checkpoint(const char* what) const {
-  if (mesh->shape().tp * mesh->shape().pp > 1) {
-    throw EngineError(std::string(what) + ": checkpoints of a tensor- or pipeline-parallel run are not supported yet "
-                      "(tp " + std::to_string(mesh->shape().tp) + " x pp " + std::to_string(mesh->shape().pp) +
-                      "); nothing was written or read");
-  }
+  return {config, dtype,      gas,        *module,           *pg,       *mesh, splits,
+          *sharded, *optimizer, nvme.get(), *schedule, scaler.get(), steps};
 }
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag, const std::string& client_state) {
-  impl_->refuse_split_checkpoint("save_checkpoint");
   engine::TrainingState state = impl_->training_state();
   engine::save_checkpoint(state, dir, tag, client_state);
 }
 
 std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag, const LoadOptions& options) {
-  impl_->refuse_split_checkpoint("load_checkpoint");
   engine::TrainingState state = impl_->training_state();
   return engine::load_checkpoint(state, dir, tag, options);
 }

@@ -13,6 +13,7 @@
 #include "offload/swapped_tensors.h"
 #include "zero/engine.h"
 #include "zero/internal/partition.h"
+#include "zero/tensor_parallel.h"
 
 namespace zero {
 
@@ -23,6 +24,7 @@ struct Engine::Impl {
   std::shared_ptr<torch::nn::Module> module;
   std::shared_ptr<comm::ProcessGroup> pg;  // the world
   std::shared_ptr<Mesh> mesh;              // its tp x dp x pp layout; ZeRO works over mesh->dp_group()
+  std::map<std::string, tp::Split> splits; // the model's tensor-parallel parameters (after AutoTP)
   at::ScalarType dtype = at::kFloat;
   int64_t gas = 1;
   std::unique_ptr<partition::ShardedParams> sharded;
@@ -55,7 +57,6 @@ struct Engine::Impl {
   void build_params(InitOptions& options);
   void setup_activation_checkpointing();
   engine::TrainingState training_state();
-  void refuse_split_checkpoint(const char* what) const;  // until checkpoints record tp slices
   MemoryReport memory() const;
   void take_step();
   void log_progress();

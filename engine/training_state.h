@@ -14,6 +14,8 @@
 #include "zero/config.h"
 #include "zero/engine.h"
 #include "zero/internal/partition.h"
+#include "zero/mesh.h"
+#include "zero/tensor_parallel.h"
 
 namespace zero::engine {
 
@@ -32,7 +34,11 @@ struct TrainingState {
   at::ScalarType dtype;  // of the parameters
   int64_t gas;           // gradient_accumulation_steps
   torch::nn::Module& module;
-  comm::ProcessGroup& pg;
+  comm::ProcessGroup& pg;  // the world
+  const Mesh& mesh;        // params is sharded over mesh.dp_group()
+  // Tensor-parallel parameters, by name: checkpoints store their full
+  // shapes and write their slices in full coordinates.
+  const std::map<std::string, tp::Split>& splits;
   partition::ShardedParams& params;
   MasterOptimizer& optimizer;
   offload::SwappedTensors* nvme;  // offload_optimizer "nvme": the master weights and states, on disk between steps

@@ -169,6 +169,27 @@ at::Tensor slice_of(const at::Tensor& full, const Split& split) {
   return mine.size() == 1 ? mine[0] : torch::cat(mine, split.dim);
 }
 
+// The slice is `outer` x (parts x rows) x `inner` of a full tensor that
+// is `outer` x (parts x size x rows) x `inner` along the split dimension:
+// each run of rows x inner elements of the slice is contiguous in both.
+std::vector<FullRange> full_ranges(const Split& split, int64_t offset, int64_t length) {
+  int64_t inner = 1;
+  for (size_t d = split.dim + 1; d < split.full_shape.size(); ++d) inner *= split.full_shape[d];
+  const int64_t along = split.full_shape[split.dim];
+  const int64_t rows = along / (static_cast<int64_t>(split.parts) * split.size);
+  const int64_t run = rows * inner;  // contiguous in both
+  std::vector<FullRange> out;
+  for (int64_t at = offset; at < offset + length;) {
+    const int64_t k = at / run, within = at % run;  // run k of the slice
+    const int64_t outer = k / split.parts, part = k % split.parts;
+    const int64_t full_row = part * split.size * rows + static_cast<int64_t>(split.rank) * rows;
+    const int64_t n = std::min(run - within, offset + length - at);
+    out.push_back({(outer * along + full_row) * inner + within, at, n});
+    at += n;
+  }
+  return out;
+}
+
 std::map<std::string, Split> tensor_parallel_splits(const torch::nn::Module& model) {
   std::map<std::string, Split> out;
   auto add = [&out](const std::string& prefix, const torch::nn::Module& m) {

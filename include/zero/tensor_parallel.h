@@ -61,6 +61,17 @@ struct Split {
 // This rank's slice of `full` as `split` describes it.
 at::Tensor slice_of(const at::Tensor& full, const Split& split);
 
+// Where elements of this rank's slice lie in the full tensor, both
+// flattened: elements [offset, offset + length) of the slice are the runs
+// [full_offset, full_offset + length) of the full tensor, one run per
+// contiguous stretch (one for a slice of rows, one per row for a slice of
+// columns). Checkpoints store the full tensor's coordinates, so a slice is
+// just fragments of it.
+struct FullRange {
+  int64_t full_offset = 0, offset = 0, length = 0;  // offset: in the slice
+};
+std::vector<FullRange> full_ranges(const Split& split, int64_t offset, int64_t length);
+
 // A module holding split parameters. Its parameters not named by split()
 // are replicated over the group.
 class SplitModule {

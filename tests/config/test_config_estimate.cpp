@@ -5,6 +5,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <regex>
 
 #include "config_test_util.h"
@@ -390,6 +392,35 @@ TEST(ConfigEstimateTool, JsonMatchesTheLibrary) {
     EXPECT_EQ(row["device"]["optimizer_states"], stage == 0 ? 8 * 1500000000LL : 0) << stage;   // offloaded at 1-3
     EXPECT_EQ(row["nvme"]["total"], 0);
   }
+}
+
+// With tensor parallelism each rank's share is params / tp, sharded over
+// world / tp data-parallel ranks: the library's figures for that input.
+TEST(ConfigEstimateTool, TensorParallelSizeDividesTheModelAndTheDataRanks) {
+  const std::string dir = ::testing::TempDir() + "/zero_estimate_tp_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string file = dir + "/tp2.json";
+  std::ofstream(file) << R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+                             "zero_optimization": {"stage": 1}, "tensor_parallel": {"autotp_size": 2}})";
+  ToolRun r = tool("'" + file + "' --estimate --params 7e9 --world-size 8 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["tensor_parallel"], 2);
+  EXPECT_EQ(j["data_parallel"], 4);
+  for (int stage = 0; stage <= 3; ++stage) {
+    EstimateInput in;
+    in.params = 3500000000;
+    in.world_size = 4;
+    in.stage = stage;
+    in.dtype_bytes = 2;
+    in.mixed_precision = true;
+    in.state_bytes_per_element = 8;
+    EXPECT_EQ(j["stages"][stage]["device"]["total"], zero::estimate_memory(in).device.total()) << stage;
+  }
+  ToolRun odd = tool("'" + file + "' --estimate --params 7e9 --world-size 7");
+  EXPECT_EQ(odd.status, 1);
+  EXPECT_NE(odd.err.find("does not divide into tensor parallel 2"), std::string::npos) << odd.err;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ConfigEstimateTool, NvmeOffloadAppliesAtStage3Only) {

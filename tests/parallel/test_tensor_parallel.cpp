@@ -129,6 +129,38 @@ TEST(TensorParallel, SplitsDescribeFullShapes) {
   EXPECT_EQ(net.named_parameters()["proj.weight"].size(1) * g_world->size(), 8);
 }
 
+// full_ranges against slice_of: every element of a slice, found through
+// its ranges, is the full tensor's element there (rows, columns, a fused
+// 3-part dimension, a 3-D tensor), for fragments cut at odd places.
+TEST(TensorParallel, FullRangesLocateEverySliceElement) {
+  struct Case {
+    std::vector<int64_t> shape;
+    int dim, parts;
+  };
+  const int n = 2;
+  for (const Case& c : {Case{{8, 6}, 0, 1}, Case{{6, 8}, 1, 1}, Case{{12, 4}, 0, 3}, Case{{2, 4, 6}, 1, 1},
+                        Case{{12}, 0, 3}}) {
+    const at::Tensor full = torch::arange(c.shape[0] * (c.shape.size() > 1 ? c.shape[1] : 1) *
+                                          (c.shape.size() > 2 ? c.shape[2] : 1), torch::kFloat).view(c.shape);
+    for (int r = 0; r < n; ++r) {
+      const tp::Split split{c.dim, r, n, c.shape, c.parts};
+      const at::Tensor mine = tp::slice_of(full, split).contiguous().view({-1});
+      const at::Tensor flat = full.view({-1});
+      for (int64_t offset : {int64_t{0}, int64_t{1}, int64_t{5}}) {
+        const int64_t length = mine.numel() - offset - (offset > 0 ? 1 : 0);
+        int64_t covered = 0;
+        for (const auto& range : tp::full_ranges(split, offset, length)) {
+          EXPECT_EQ(range.offset, offset + covered);
+          EXPECT_TRUE(torch::equal(mine.slice(0, range.offset, range.offset + range.length),
+                                   flat.slice(0, range.full_offset, range.full_offset + range.length)));
+          covered += range.length;
+        }
+        EXPECT_EQ(covered, length);
+      }
+    }
+  }
+}
+
 TEST(TensorParallel, ASizeThatDoesNotDivideIsAClearError) {
   if (g_world->size() == 1) GTEST_SKIP() << "every size divides by 1";
   try {

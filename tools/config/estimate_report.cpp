@@ -14,12 +14,14 @@
 #include "zero/config.h"
 #include "zero/error.h"
 #include "zero/internal/estimate.h"
+#include "zero/mesh.h"
 
 namespace zero_config_tool {
 namespace {
 
 struct EstimateSetup {
   zero::EstimateInput base;   // stage and offload are set per row
+  zero::MeshShape mesh;       // the config's tp x pp over the world; ZeRO shards over dp
   std::string dtype;          // "fp32", "fp16", "bf16"
   std::string optimizer;      // as the config spells it, or "Adam" assumed
   bool optimizer_assumed = false;
@@ -35,8 +37,14 @@ EstimateSetup estimate_setup(const zero::Config& c, int64_t params, int world_si
     e.optimizer_assumed = true;
   }
   zero::EstimateInput& in = e.base;
-  in.params = params;
-  in.world_size = world_size;
+  // With tensor or pipeline parallelism each rank holds 1/(tp x pp) of the
+  // model (replicated norms and biases left out) and ZeRO shards that
+  // over the data-parallel ranks.
+  e.mesh = zero::mesh_shape(world_size, static_cast<int>(c.parallelism.tensor_parallel()),
+                            static_cast<int>(c.parallelism.pipeline_parallel()));
+  const int64_t model_parallel = static_cast<int64_t>(e.mesh.tp) * e.mesh.pp;
+  in.params = (params + model_parallel - 1) / model_parallel;
+  in.world_size = e.mesh.dp;
   in.dtype_bytes = e.dtype == "fp32" ? 4 : 2;
   in.mixed_precision = e.dtype != "fp32";
   in.state_bytes_per_element =
@@ -202,6 +210,9 @@ int run_estimate(const Options& o) {
     doc["file"] = o.file;
     doc["params"] = o.params;
     doc["world_size"] = o.world_size;
+    doc["tensor_parallel"] = setup.mesh.tp;
+    doc["pipeline_parallel"] = setup.mesh.pp;
+    doc["data_parallel"] = setup.mesh.dp;
     doc["config_stage"] = z.stage;
     doc["dtype"] = setup.dtype;
     doc["optimizer"] = setup.optimizer;
@@ -239,6 +250,11 @@ int run_estimate(const Options& o) {
   const std::string written = count(o.params), exact = with_commas(o.params);
   out << "Model states per rank for " << written << " parameters" << (written != exact ? " (" + exact + ")" : "")
       << ", world size " << o.world_size << ", from " << o.file << "\n";
+  if (setup.mesh.tp * setup.mesh.pp > 1) {
+    out << "tensor parallel " << setup.mesh.tp << " x pipeline " << setup.mesh.pp << ": each rank holds "
+        << count(setup.base.params) << " of them (1/" << setup.mesh.tp * setup.mesh.pp
+        << ", replicated norms and biases left out), sharded over " << setup.mesh.dp << " data-parallel rank(s)\n";
+  }
   out << setup.dtype << " training" << (setup.base.mixed_precision ? " with an fp32 master copy" : "") << ", "
       << setup.optimizer << (setup.optimizer_assumed ? " (assumed: the config has no optimizer)" : "") << " with "
       << setup.base.state_bytes_per_element << " bytes of state per parameter\n\n";
