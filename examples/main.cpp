@@ -32,7 +32,8 @@ double validation_loss(GPT& model, zero::Engine& engine, const Batcher& val, int
   at::Tensor total = torch::zeros({1}, torch::kDouble);
   const int64_t batches = 8;
   for (int64_t b = 0; b < batches; ++b) {
-    Batch batch = val.next_batch(micro, context, engine.group().rank(), engine.group().size(), b, 0);
+    // Ranks of one tensor-parallel group read the same rows.
+    Batch batch = val.next_batch(micro, context, engine.mesh().coordinates().dp, engine.mesh().shape().dp, b, 0);
     total += model->loss(batch.inputs, batch.targets).item<double>() / batches;
   }
   engine.group().all_reduce(total, zero::comm::ReduceOp::Avg);
@@ -113,6 +114,9 @@ int main(int argc, char** argv) {
     const int64_t micro = *resolved.batch.train_micro_batch_size_per_gpu;
     const int64_t gas = *resolved.batch.gradient_accumulation_steps;
     const int rank = engine.group().rank(), world = engine.group().size();
+    // The data splits over data-parallel ranks (with tensor parallelism a
+    // tp group reads the same rows).
+    const int data_rank = engine.mesh().coordinates().dp, data_ranks = engine.mesh().shape().dp;
     Batcher train(corpus.train_tokens(), BatcherOptions{0, gas});
     Batcher val(corpus.validation_tokens(), BatcherOptions{1, 1});
     if (rank == 0) {
@@ -126,7 +130,7 @@ int main(int argc, char** argv) {
     const double initial = validation_loss(model, engine, val, micro, options.context);
     for (int64_t step = 0; step < steps; ++step) {
       for (int64_t m = 0; m < gas; ++m) {
-        Batch batch = train.next_batch(micro, options.context, rank, world, step, static_cast<int>(m));
+        Batch batch = train.next_batch(micro, options.context, data_rank, data_ranks, step, static_cast<int>(m));
         engine.backward(model->loss(batch.inputs, batch.targets));
         engine.step();
       }
