@@ -86,7 +86,7 @@ void Engine::Impl::build_params(InitOptions& options) {
   engine::ModelParams model_params = engine::model_params(*module, std::move(options.param_groups), config, dtype);
   frozen_bytes = model_params.frozen_bytes;
   units = model_params.units;
-  engine::set_norm_weights(model_params, *module, mesh->shape(), config.zero_optimization.stage);
+  engine::set_norm_weights(model_params, *module, splits, mesh->shape(), config.zero_optimization.stage);
   const auto& dp = mesh->dp_group();
   // Before the first collective that assumes it: every rank holds the same
   // config and model, or every rank stops naming what differs (tp slices

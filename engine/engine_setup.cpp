@@ -128,10 +128,10 @@ ModelParams model_params(torch::nn::Module& module, std::vector<ParamGroup> para
 
 bool norm_needs_world(const MeshShape& mesh, int owners) { return mesh.tp * mesh.pp > 1 || owners > 1; }
 
-void set_norm_weights(ModelParams& params, torch::nn::Module& module, const MeshShape& mesh, int stage) {
+void set_norm_weights(ModelParams& params, torch::nn::Module& module, const std::map<std::string, tp::Split>& splits,
+                      const MeshShape& mesh, int stage) {
   if (mesh.tp * mesh.pp == 1) return;
   std::set<TensorKey> split;
-  const auto splits = tp::tensor_parallel_splits(module);
   for (const auto& p : module.named_parameters()) {
     auto it = splits.find(p.key());
     if (it == splits.end()) continue;

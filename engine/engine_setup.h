@@ -14,6 +14,7 @@
 #include "zero/config.h"
 #include "zero/engine.h"
 #include "zero/internal/partition.h"
+#include "zero/tensor_parallel.h"
 #include "zero/unit.h"
 
 namespace zero::engine {
@@ -36,9 +37,11 @@ ModelParams model_params(torch::nn::Module& module, std::vector<ParamGroup> para
 // parameter's weight in the world's sum of squares (1/tp for a parameter
 // every rank of a tp group holds whole, 1 for a split one; at stage 0,
 // where every data-parallel rank holds the whole gradient, also 1/dp).
-// Checks that split layers are split over the mesh's tp group. A no-op on
-// a mesh of data parallelism alone.
-void set_norm_weights(ModelParams& params, torch::nn::Module& module, const MeshShape& mesh, int stage);
+// `splits`: tp::tensor_parallel_splits of the model. Checks that split
+// layers are split over the mesh's tp group. A no-op on a mesh of data
+// parallelism alone.
+void set_norm_weights(ModelParams& params, torch::nn::Module& module, const std::map<std::string, tp::Split>& splits,
+                      const MeshShape& mesh, int stage);
 // Whether the step's sum of squares is all-reduced over the world.
 bool norm_needs_world(const MeshShape& mesh, int owners);
 

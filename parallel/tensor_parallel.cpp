@@ -135,6 +135,17 @@ class VocabCrossEntropy : public torch::autograd::Function<VocabCrossEntropy> {
   }
 };
 
+// The two halves of Megatron's MLP, shared by the layers and by AutoTP's
+// split Linear: x replicated in, this rank's output slice out; and this
+// rank's input slice in, the summed output (plus the replicated bias) out.
+at::Tensor column_parallel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const Group& group) {
+  return torch::nn::functional::linear(copy_to_tensor_parallel(x, group), weight, bias);
+}
+at::Tensor row_parallel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const Group& group) {
+  at::Tensor y = reduce_from_tensor_parallel(torch::nn::functional::linear(x, weight), group);
+  return bias.defined() ? y + bias : y;
+}
+
 void check_divides(int64_t size, const Group& group, const std::string& what) {
   if (size % group->size() != 0) {
     throw ConfigError(what + " of " + std::to_string(size) + " does not divide by the tensor-parallel size " +
@@ -217,7 +228,7 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in, int64_t out, Grou
 }
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
-  at::Tensor y = torch::nn::functional::linear(copy_to_tensor_parallel(x, group_), weight, bias);
+  at::Tensor y = column_parallel(x, weight, bias, group_);
   return gather_output_ ? gather_from_tensor_parallel(y, group_) : y;
 }
 
@@ -237,9 +248,7 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t in, int64_t out, Group grou
 }
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x) {
-  at::Tensor mine = input_is_parallel_ ? x : scatter_to_tensor_parallel(x, group_);
-  at::Tensor y = reduce_from_tensor_parallel(torch::nn::functional::linear(mine, weight), group_);
-  return bias.defined() ? y + bias : y;
+  return row_parallel(input_is_parallel_ ? x : scatter_to_tensor_parallel(x, group_), weight, bias, group_);
 }
 
 std::optional<Split> RowParallelLinearImpl::split(const std::string& name) const {
@@ -292,14 +301,9 @@ void LinearImpl::split_over(const Group& group, Kind kind, int parts) {
     bias.set_data(slice_of(bias, *bias_split_).clone());
   }
   if (kind == Kind::Column) {
-    split_forward_ = [this](const at::Tensor& x) {
-      return torch::nn::functional::linear(copy_to_tensor_parallel(x, group_), weight, bias);
-    };
+    split_forward_ = [this](const at::Tensor& x) { return column_parallel(x, weight, bias, group_); };
   } else {
-    split_forward_ = [this](const at::Tensor& x) {
-      at::Tensor y = reduce_from_tensor_parallel(torch::nn::functional::linear(x, weight), group_);
-      return bias.defined() ? y + bias : y;
-    };
+    split_forward_ = [this](const at::Tensor& x) { return row_parallel(x, weight, bias, group_); };
   }
 }
 
