@@ -244,6 +244,10 @@ class FragmentReader {
   void finish_verification();
   // Whole "module/<name>" or "rng/<name>" tensor from the file of `rank`.
   bool has(int rank, const std::string& tensor_name);
+  // The rank whose file holds the whole tensor (rank 0's first: it writes
+  // them unless pipeline stages share the writing); throws CheckpointError
+  // naming the tensor when no file does.
+  int file_holding(const std::string& tensor_name);
   // Name, dtype, shape and size of a whole tensor, without reading it (data null).
   TensorData describe_whole(int rank, const std::string& tensor_name);
   TensorData read_whole(int rank, const std::string& tensor_name, std::vector<uint8_t>& storage);

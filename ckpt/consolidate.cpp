@@ -9,16 +9,6 @@ namespace zero::ckpt {
 
 namespace {
 
-// The rank whose file holds the whole tensor `name` (rank 0 writes them; the
-// others are searched too, for checkpoints written otherwise).
-int find_whole(FragmentReader& reader, const std::string& dir, const Manifest& m, const std::string& name) {
-  if (reader.has(0, name)) return 0;
-  for (const FileInfo& f : m.files)
-    if (f.rank != 0 && reader.has(f.rank, name)) return f.rank;
-  throw CheckpointError("checkpoint " + tag_dir(dir, m.tag) + ": no tensor \"" + name +
-                        "\" in any rank file; the checkpoint is incomplete");
-}
-
 // The output must not be one of the inputs: the writer replaces `out`
 // atomically, so --out naming a rank file or the manifest would destroy the
 // checkpoint it is reading. Links count (the same file under another name),
@@ -57,7 +47,7 @@ int64_t consolidate(const std::string& dir, const std::string& tag, const std::s
   std::vector<TensorData> tensors;
   std::vector<Source> sources;
   auto add_whole = [&](const std::string& name) {
-    const int rank = find_whole(reader, dir, m, "module/" + name);
+    const int rank = reader.file_holding("module/" + name);
     TensorData t = reader.describe_whole(rank, "module/" + name);
     t.name = name;
     const bool to_f32 = dtype_is_floating(t.dtype) && t.dtype != DType::F32;

@@ -388,6 +388,14 @@ bool FragmentReader::has(int rank, const std::string& tensor_name) {
   return I.open(it->second).entries().count(tensor_name) > 0;
 }
 
+int FragmentReader::file_holding(const std::string& tensor_name) {
+  if (has(0, tensor_name)) return 0;
+  for (const auto& [rank, slot] : impl_->slot_of_rank) {
+    if (rank != 0 && has(rank, tensor_name)) return rank;
+  }
+  throw CheckpointError("checkpoint: no tensor \"" + tensor_name + "\" in any rank file; the checkpoint is incomplete");
+}
+
 TensorData FragmentReader::describe_whole(int rank, const std::string& tensor_name) {
   Impl& I = *impl_;
   const size_t slot = I.slot_holding(rank, tensor_name);

@@ -31,7 +31,9 @@ std::string listing(const std::vector<std::string>& v) {
 }
 
 // The model must match the checkpoint by names and shapes.
-void check_matches_model(const ckpt::Manifest& m, const ModelTensors& model, const std::string& where) {
+// `whole`: the model is all of it (a pipeline stage holds a part, so what
+// the checkpoint has beyond it is the other stages').
+void check_matches_model(const ckpt::Manifest& m, const ModelTensors& model, const std::string& where, bool whole) {
   std::unordered_map<std::string, const ckpt::ParamInfo*> saved;
   for (const auto& p : m.params) saved[p.name] = &p;
   std::vector<std::string> missing, unexpected, reshaped;
@@ -46,7 +48,7 @@ void check_matches_model(const ckpt::Manifest& m, const ModelTensors& model, con
     }
   }
   for (const auto& p : m.params) {
-    if (!current.count(p.name)) unexpected.push_back(p.name);
+    if (whole && !current.count(p.name)) unexpected.push_back(p.name);
   }
   std::set<std::string> saved_buffers(m.buffers.begin(), m.buffers.end());
   for (const auto& [name, t] : model.buffers) {
@@ -131,7 +133,7 @@ class Source {
       reader->read_f32("fp32", name, offset, length, dst);
       return;
     }
-    const at::Tensor whole = view_of(reader->read_whole(0, "module/" + name, storage_)).to(at::kFloat);
+    const at::Tensor whole = view_of(reader->read_whole(reader->file_holding("module/" + name), "module/" + name, storage_)).to(at::kFloat);
     check_numel(whole, numel_.at(name), "module/" + name);
     std::memcpy(dst, whole.data_ptr<float>() + offset, length * sizeof(float));
   }
@@ -225,7 +227,7 @@ void read_module(Source& source, const ModelTensors& model) {
     t.copy_(values.view(t.sizes()));
   }
   for (const auto& [name, t] : model.buffers) {
-    const at::Tensor whole = source.read_whole(0, "module/" + name);
+    const at::Tensor whole = source.read_whole(source.reader->file_holding("module/" + name), "module/" + name);
     Source::check_numel(whole, t.numel(), "module/" + name);
     t.copy_(whole.view(t.sizes()));
   }
@@ -272,7 +274,17 @@ std::string load_checkpoint(TrainingState& s, const std::string& dir, const std:
   }
   const EngineRecord record = EngineRecord::from_json(m.engine, where + "/manifest.json");
   const ModelTensors model = describe(s.module, s.splits);
-  check_matches_model(m, model, where);
+  {
+    // Pipeline stages check different layers: they agree before any collective.
+    std::string mismatch;
+    try {
+      check_matches_model(m, model, where, /*whole=*/s.mesh.shape().pp == 1);
+    } catch (const CheckpointError& e) {
+      mismatch = e.what();
+    }
+    if (s.mesh.shape().pp > 1) mismatch = comm::agreed_error(s.pg, mismatch, "load_checkpoint: " + where);
+    if (!mismatch.empty()) throw CheckpointError(mismatch);
+  }
   const Plan plan = plan_for(s, m, record, options, where);
 
   Attempts attempts;

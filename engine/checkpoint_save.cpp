@@ -6,7 +6,9 @@
 
 #include <torch/torch.h>
 
+#include <cstring>
 #include <filesystem>
+#include <set>
 #include <mutex>
 
 #include <nlohmann/json.hpp>
@@ -96,6 +98,7 @@ class RankFile {
         for (const auto& f : fragments) {
           if (f.bucket != static_cast<int64_t>(k)) continue;
           const std::string& name = s.params.param_name(f.param);
+          if (s.written_elsewhere.count(name)) continue;
           // In the full parameter's coordinates (a tensor-parallel slice
           // may be several pieces of it).
           for (const auto& piece : full_pieces(s.splits, name, f.param_offset, f.length)) {
@@ -156,9 +159,15 @@ std::pair<ckpt::FileInfo, std::string> write_rank_file(TrainingState& s, const f
   RankFile file(s);
   // At stage 0 every data-parallel rank holds everything: the first writes it.
   if (s.params.owners() > 1 || s.mesh.coordinates().dp == 0) file.add_fragments(s, kinds);
-  if (rank == 0) {
-    for (const auto& [name, t] : model.frozen) file.add_whole("module/" + name, t);
-    for (const auto& [name, t] : model.buffers) file.add_whole("module/" + name, t);
+  // Frozen parameters and buffers: the first rank of each pipeline stage
+  // writes its stage's (rank 0 alone without a pipeline).
+  if (s.mesh.coordinates().tp == 0 && s.mesh.coordinates().dp == 0) {
+    for (const auto& [name, t] : model.frozen) {
+      if (!s.written_elsewhere.count(name)) file.add_whole("module/" + name, t);
+    }
+    for (const auto& [name, t] : model.buffers) {
+      if (!s.written_elsewhere.count(name)) file.add_whole("module/" + name, t);
+    }
   }
   if (s.counters.micro_steps % s.gas != 0) file.add_whole("accum/grads", s.params.accumulated_grads());
   for (auto& [name, gen] : generators(s.module)) {
@@ -204,8 +213,49 @@ json engine_record(TrainingState& s) {
   return e.to_json();
 }
 
+// Pipeline stages each hold their own layers: the manifest lists the whole
+// model, the stages' parameters and buffers in stage order (each name once:
+// tensor-parallel ranks list the same full shapes, tied modules recur).
+void list_whole_model(TrainingState& s, std::vector<ckpt::ParamInfo>& params, std::vector<std::string>& buffers) {
+  if (s.mesh.shape().pp == 1) return;
+  json mine = json::object();
+  mine["params"] = json::array();
+  for (const auto& p : params) mine["params"].push_back({p.name, p.shape, p.trainable});
+  mine["buffers"] = buffers;
+  const std::string text = mine.dump();
+  at::Tensor length = torch::tensor({static_cast<int64_t>(text.size())}, at::kLong);
+  at::Tensor lengths = torch::empty({s.pg.size()}, at::kLong);
+  s.pg.all_gather(lengths, length);
+  const int64_t longest = lengths.max().item<int64_t>();
+  at::Tensor bytes = torch::zeros({longest}, at::kByte);
+  std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  at::Tensor all = torch::empty({s.pg.size() * longest}, at::kByte);
+  s.pg.all_gather(all, bytes);
+  params.clear();
+  buffers.clear();
+  std::set<std::string> seen;
+  for (int stage = 0; stage < s.mesh.shape().pp; ++stage) {
+    const int r = s.mesh.rank_at({0, 0, stage});
+    const char* begin = reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + r * longest;
+    const json theirs = json::parse(std::string(begin, lengths[r].item<int64_t>()));
+    for (const auto& p : theirs["params"]) {
+      if (seen.insert(p[0].get<std::string>()).second) {
+        params.push_back({p[0].get<std::string>(), p[1].get<std::vector<int64_t>>(), p[2].get<bool>()});
+      }
+    }
+    for (const auto& b : theirs["buffers"]) {
+      if (seen.insert("buffer " + b.get<std::string>()).second) buffers.push_back(b.get<std::string>());
+    }
+  }
+}
+
+struct Listing {
+  std::vector<ckpt::ParamInfo> params;
+  std::vector<std::string> buffers;
+};
+
 ckpt::Manifest manifest(TrainingState& s, const std::string& tag, const std::vector<std::string>& kinds,
-                        const ModelTensors& model, std::vector<ckpt::FileInfo> files, json client) {
+                        const Listing& listed, std::vector<ckpt::FileInfo> files, json client) {
   ckpt::Manifest m;
   m.tag = tag;
   m.world_size = s.pg.size();
@@ -215,8 +265,8 @@ ckpt::Manifest manifest(TrainingState& s, const std::string& tag, const std::vec
   m.dtype = ckpt::dtype_name(to_ckpt(s.dtype));
   m.optimizer = s.config.optimizer.type;
   m.states = kinds;
-  m.params = model.params;
-  for (const auto& [name, t] : model.buffers) m.buffers.push_back(name);
+  m.params = listed.params;
+  m.buffers = listed.buffers;
   m.files = std::move(files);
   m.engine = engine_record(s);
   m.client_state = std::move(client);
@@ -263,6 +313,9 @@ void save_checkpoint(TrainingState& s, const std::string& dir, const std::string
   const ModelTensors model = describe(s.module, s.splits);
   auto [info, write_error] = write_rank_file(s, staging, kinds, model);
   fault::reached("save.written", rank);
+  Listing listed{model.params, {}};
+  for (const auto& [name, t] : model.buffers) listed.buffers.push_back(name);
+  list_whole_model(s, listed.params, listed.buffers);  // a collective with pipeline stages
   auto files = share_file_entries(pg, info, write_error);  // rank 0 learns every file's size and checksum
   if (files.empty()) {
     if (rank == 0) discard_staging(staging, saving_root);
@@ -271,7 +324,7 @@ void save_checkpoint(TrainingState& s, const std::string& dir, const std::string
   }
   if (rank == 0) {
     try {
-      ckpt::write_manifest(saving_root.string(), manifest(s, tag, kinds, model, std::move(files), std::move(client)));
+      ckpt::write_manifest(saving_root.string(), manifest(s, tag, kinds, listed, std::move(files), std::move(client)));
       fault::reached("save.finishing", rank);
       move_into_place(staging, root / tag, saving_root / (tag + ".replaced"));
       ckpt::write_latest(dir, tag);

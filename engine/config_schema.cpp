@@ -146,12 +146,6 @@ void visit_checkpoint(Fields& f, CheckpointConfig& c) {
   });
 }
 
-void refuse_size(Fields& f, const char* key, int64_t size, const char* what) {
-  if (f.reading() && size > 1)
-    f.fail(key, std::string(what) + " of size " + std::to_string(size) + " is not supported yet; set " +
-                    f.path(key) + " to 1");
-}
-
 void visit_tensor_parallel(Fields& f, ParallelismConfig& p) {
   f.integer("autotp_size", p.autotp_size, Opt().min(0));
   f.object("tp", [&](Fields& g) {
@@ -167,16 +161,11 @@ void visit_tensor_parallel(Fields& f, ParallelismConfig& p) {
     f.unimplemented(key);
 }
 
-void refuse_pipeline(Fields& f, const char* key, int64_t size) {
-  if (f.reading() && size > 1)
-    f.fail(key, "pipeline parallelism of " + std::to_string(size) + " stages is not supported yet; set " +
-                    f.path(key) + " to 1");
-}
-
 void visit_pipeline(Fields& f, ParallelismConfig& p) {
   if (f.integer("stages", p.pipeline_stages, Opt().min(1).autos(Auto::Caller)) == Got::Auto)
     p.pipeline_stages = 1;   // without a pipeline module there is one stage
-  refuse_pipeline(f, "stages", p.pipeline_stages);
+  // The partition is the module's (zero::pipe::PipelineOptions::partition),
+  // as it is built before the engine.
   for (const char* key : {"partition", "seed_layers", "activation_checkpoint_interval", "pipe_partitioned",
                           "grad_partitioned"})
     f.unimplemented(key);
@@ -192,7 +181,6 @@ void visit_pipeline_parallel(Fields& f, ParallelismConfig& p) {
                             std::to_string(p.pipeline_stages) + " name two pipeline sizes; give one");
     p.pipeline_stages = pp;
   }
-  refuse_pipeline(f, "pp_size", pp);
 }
 
 void visit_zero_engine(Fields& f, ZeroEngineConfig& z) {
@@ -266,6 +254,16 @@ void check_offload(const ZeroOptimizationConfig& z) {
     throw ConfigError("zero_optimization.offload_param.nvme_path is required when device is \"nvme\"");
 }
 
+// As DeepSpeed: stages 2 and 3 partition gradients that a pipeline's
+// micro-batches accumulate stage by stage; PP composes with stages 0-1.
+void check_pipeline(const Config& c) {
+  const int64_t pp = c.parallelism.pipeline_parallel();
+  if (pp > 1 && c.zero_optimization.stage > 1)
+    throw ConfigError("pipeline parallelism (pipeline.stages " + std::to_string(pp) +
+                      ") works with zero_optimization.stage 0 or 1, not " + std::to_string(c.zero_optimization.stage) +
+                      "; use stage 1, or pipeline.stages 1 with stage " + std::to_string(c.zero_optimization.stage));
+}
+
 void check_precision(const Config& c) {
   if (c.fp16.enabled && c.bf16.enabled)
     throw ConfigError("fp16.enabled and bf16.enabled are both true; enable one of them");
@@ -280,6 +278,7 @@ void check_precision(const Config& c) {
 
 void check_config(const Config& c) {
   check_offload(c.zero_optimization);
+  check_pipeline(c);
   check_precision(c);
 }
 

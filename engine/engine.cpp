@@ -86,12 +86,30 @@ void Engine::Impl::build_params(InitOptions& options) {
   engine::ModelParams model_params = engine::model_params(*module, std::move(options.param_groups), config, dtype);
   frozen_bytes = model_params.frozen_bytes;
   units = model_params.units;
-  engine::set_norm_weights(model_params, *module, splits, mesh->shape(), config.zero_optimization.stage);
+  // A pipeline's tied parameters count once over the stages holding them,
+  // each in a group (so a bucket) of its own (find_tied_buckets).
+  std::map<std::string, int> copies;
+  if (pipeline) {
+    for (const auto& tie : pipeline->shared_ties()) {
+      for (const auto& name : tie.names) copies[name] = tie.group->size();
+    }
+    engine::isolate_params(model_params, copies);
+  }
+  engine::set_norm_weights(model_params, *module, splits, mesh->shape(), config.zero_optimization.stage, copies);
   const auto& dp = mesh->dp_group();
   // Before the first collective that assumes it: every rank holds the same
   // config and model, or every rank stops naming what differs (tp slices
-  // have equal shapes).
-  const std::string differs = comm::disagreement(*pg, engine::rank_facts(config, *module, model_params));
+  // have equal shapes; pipeline stages hold different layers, so the model
+  // is compared over the data-parallel group there).
+  std::string differs;
+  if (mesh->shape().pp > 1) {
+    differs = comm::disagreement(*pg, engine::config_facts(config));
+    if (differs.empty()) differs = comm::disagreement(*dp, engine::model_facts(*module, model_params));
+  } else {
+    comm::Facts facts = engine::config_facts(config);
+    for (auto& f : engine::model_facts(*module, model_params)) facts.push_back(std::move(f));
+    differs = comm::disagreement(*pg, facts);
+  }
   if (!differs.empty()) {
     throw EngineError("zero::initialize: " + differs +
                       "; every rank must start with the same config and the same model");
@@ -118,6 +136,7 @@ void Engine::Impl::build_params(InitOptions& options) {
   auto parts = engine::master_optimizer(config, *sharded, model_params.weight_decays, dp, pg->rank());
   optimizer = std::move(parts.optimizer);
   nvme = std::move(parts.nvme);
+  find_tied_buckets();
 }
 
 Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, InitOptions options)
@@ -146,6 +165,7 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
                                      std::to_string(s.mesh->shape().tp) + " rank(s)");
   }
   s.splits = tp::tensor_parallel_splits(*s.module);
+  s.setup_pipeline();
 
   const auto& z = s.config.zero_optimization;
   s.dtype = training_dtype(s.config);
@@ -220,6 +240,7 @@ bool Engine::is_gradient_accumulation_boundary() const { return (impl_->steps.mi
 
 void Engine::backward(const at::Tensor& loss) {
   Impl& s = *impl_;
+  if (s.links) throw EngineError("engine.backward: a pipeline of stages trains with engine.train_batch(next_batch)");
   if (!loss.requires_grad()) throw EngineError("engine.backward: the loss does not require grad (was it computed under no_grad or eval?)");
   const auto start = Clock::now();
   s.t_forward += std::chrono::duration<double>(start - s.last_step_end).count();
@@ -252,6 +273,7 @@ void Engine::backward(const at::Tensor& loss) {
 
 void Engine::step() {
   Impl& s = *impl_;
+  if (s.links) throw EngineError("engine.step: a pipeline of stages trains with engine.train_batch(next_batch)");
   ++s.steps.micro_steps;
   if (s.steps.micro_steps % s.gas != 0) return;
   const auto start = Clock::now();
@@ -263,6 +285,7 @@ void Engine::step() {
 }
 
 void Engine::Impl::take_step() {
+  reduce_tied_grads();
   sharded->attach_master_grads();
   const double scale = scaler ? scaler->scale() : 1.0;
   // One sum of squares serves the overflow check and the global L2 norm
@@ -327,6 +350,7 @@ void Engine::Impl::log_progress() {
     const double per = 1000.0 / window_steps;
     line << " | ms/step forward " << t_forward * per << " backward " << t_backward * per << " reduce "
          << t_reduce * per << " step " << (t_step - t_gather) * per << " gather " << t_gather * per;
+    if (links) line << " (pipeline wait " << t_pipeline_wait * per << ")";
     if (auto* host = optimizer->host()) {
       const auto timing = host->take_timing();
       line << " (host step " << timing.compute_s * per << ", nvme wait " << timing.nvme_wait_s * per << ")";
@@ -344,7 +368,7 @@ void Engine::Impl::log_progress() {
   loss_count = 0;
   window_steps = 0;
   window_start = Clock::now();
-  t_forward = t_backward = t_reduce = t_step = t_gather = 0;
+  t_forward = t_backward = t_reduce = t_step = t_gather = t_pipeline_wait = 0;
 }
 
 void Engine::train(bool on) { impl_->module->train(on); }
@@ -404,19 +428,33 @@ StepTimes Engine::take_step_times() {
   t.steps = s.window_steps;
   t.forward = s.t_forward, t.backward = s.t_backward, t.reduce = s.t_reduce;
   t.step = s.t_step - s.t_gather, t.gather = s.t_gather;
+  t.pipeline_wait = s.t_pipeline_wait;
   if (auto* host = s.optimizer->host()) {
     const auto timing = host->take_timing();
     t.host_step = timing.compute_s, t.nvme_wait = timing.nvme_wait_s;
   }
   s.window_steps = 0;
   s.window_start = Clock::now();
-  s.t_forward = s.t_backward = s.t_reduce = s.t_step = s.t_gather = 0;
+  s.t_forward = s.t_backward = s.t_reduce = s.t_step = s.t_gather = s.t_pipeline_wait = 0;
   return t;
 }
 
 engine::TrainingState Engine::Impl::training_state() {
-  return {config, dtype,      gas,        *module,           *pg,       *mesh, splits,
-          *sharded, *optimizer, nvme.get(), *schedule, scaler.get(), steps};
+  engine::TrainingState state{config,   dtype,      gas,        *module,   *pg,          *mesh, splits,
+                              *sharded, *optimizer, nvme.get(), *schedule, scaler.get(), steps};
+  if (pipeline) {
+    for (const auto& tie : pipeline->shared_ties()) {
+      if (tie.group->rank() == 0) continue;  // the first stage holding it writes it
+      const std::string prefix = "tied_" + tie.key + ".";
+      for (const auto& p : module->named_parameters()) {
+        if (p.key().rfind(prefix, 0) == 0) state.written_elsewhere.insert(p.key());
+      }
+      for (const auto& b : module->named_buffers()) {
+        if (b.key().rfind(prefix, 0) == 0) state.written_elsewhere.insert(b.key());
+      }
+    }
+  }
+  return state;
 }
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag, const std::string& client_state) {

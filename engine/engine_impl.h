@@ -12,7 +12,9 @@
 #include "engine/training_state.h"
 #include "offload/swapped_tensors.h"
 #include "zero/engine.h"
+#include "parallel/pipe_links.h"
 #include "zero/internal/partition.h"
+#include "zero/pipeline.h"
 #include "zero/tensor_parallel.h"
 
 namespace zero {
@@ -25,6 +27,12 @@ struct Engine::Impl {
   std::shared_ptr<comm::ProcessGroup> pg;  // the world
   std::shared_ptr<Mesh> mesh;              // its tp x dp x pp layout; ZeRO works over mesh->dp_group()
   std::map<std::string, tp::Split> splits; // the model's tensor-parallel parameters (after AutoTP)
+  // Pipeline parallelism: the module as a pipeline (null for other models),
+  // the links to the neighbouring stages, and the buckets of tied
+  // parameters whose reduced gradients are summed over their tie's group.
+  pipe::PipelineModule* pipeline = nullptr;
+  std::unique_ptr<pipe::PipeLinks> links;
+  std::vector<std::pair<size_t, std::shared_ptr<comm::ProcessGroup>>> tied_buckets;
   at::ScalarType dtype = at::kFloat;
   int64_t gas = 1;
   std::unique_ptr<partition::ShardedParams> sharded;
@@ -45,6 +53,7 @@ struct Engine::Impl {
   Clock::time_point window_start = Clock::now(), last_step_end = Clock::now();
   int64_t window_steps = 0;
   double t_forward = 0, t_backward = 0, t_reduce = 0, t_step = 0, t_gather = 0;
+  double t_pipeline_wait = 0;  // of t_forward and t_backward: receiving from the neighbouring stages
 
   // Activation memory, measured (activations/activation_memory.h): the bytes
   // allocated on the model's device when forward started, and the most any
@@ -60,6 +69,11 @@ struct Engine::Impl {
   MemoryReport memory() const;
   void take_step();
   void log_progress();
+  // Pipeline parallelism (pipeline_engine.cpp).
+  void setup_pipeline();
+  void find_tied_buckets();
+  void reduce_tied_grads();
+  double pipeline_batch(const std::function<Engine::Batch()>& next_batch, bool train);
 };
 
 

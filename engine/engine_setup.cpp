@@ -128,8 +128,33 @@ ModelParams model_params(torch::nn::Module& module, std::vector<ParamGroup> para
 
 bool norm_needs_world(const MeshShape& mesh, int owners) { return mesh.tp * mesh.pp > 1 || owners > 1; }
 
+void isolate_params(ModelParams& params, const std::map<std::string, int>& names) {
+  std::vector<partition::ShardedParams::Group> alone_groups;
+  std::vector<double> alone_decays;
+  for (size_t g = 0; g < params.groups.size(); ++g) {
+    auto& group = params.groups[g];
+    for (size_t i = 0; i < group.params.size();) {
+      if (!names.count(group.names[i])) {
+        ++i;
+        continue;
+      }
+      partition::ShardedParams::Group alone;
+      alone.names = {group.names[i]};
+      alone.params = {group.params[i]};
+      if (!group.units.empty()) alone.units = {group.units[i]};
+      group.names.erase(group.names.begin() + i);
+      group.params.erase(group.params.begin() + i);
+      if (!group.units.empty()) group.units.erase(group.units.begin() + i);
+      alone_groups.push_back(std::move(alone));
+      alone_decays.push_back(params.weight_decays[g]);
+    }
+  }
+  for (auto& g : alone_groups) params.groups.push_back(std::move(g));
+  for (double d : alone_decays) params.weight_decays.push_back(d);
+}
+
 void set_norm_weights(ModelParams& params, torch::nn::Module& module, const std::map<std::string, tp::Split>& splits,
-                      const MeshShape& mesh, int stage) {
+                      const MeshShape& mesh, int stage, const std::map<std::string, int>& copies) {
   if (mesh.tp * mesh.pp == 1) return;
   std::set<TensorKey> split;
   for (const auto& p : module.named_parameters()) {
@@ -145,8 +170,10 @@ void set_norm_weights(ModelParams& params, torch::nn::Module& module, const std:
   const double per_copy = stage == 0 ? 1.0 / mesh.dp : 1.0;
   for (auto& group : params.groups) {
     group.norm_weights.clear();
-    for (const auto& p : group.params) {
-      group.norm_weights.push_back(per_copy * (split.count(key_of(p)) ? 1.0 : 1.0 / mesh.tp));
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      const auto held = copies.find(group.names[i]);  // a pipeline's tied parameter: on several stages
+      const double stages = held == copies.end() ? 1.0 : held->second;
+      group.norm_weights.push_back(per_copy / stages * (split.count(key_of(group.params[i])) ? 1.0 : 1.0 / mesh.tp));
     }
   }
 }
@@ -197,9 +224,14 @@ std::string tensor_fact(const at::Tensor& t) {
 
 }  // namespace
 
-comm::Facts rank_facts(const Config& config, torch::nn::Module& module, const ModelParams& params) {
+comm::Facts config_facts(const Config& config) {
   comm::Facts facts;
   flatten(nlohmann::json::parse(config.to_json()), "config", facts);  // our own output: shallow
+  return facts;
+}
+
+comm::Facts model_facts(torch::nn::Module& module, const ModelParams& params) {
+  comm::Facts facts;
   for (const auto& p : module.named_parameters()) facts.emplace_back("parameter " + p.key(), tensor_fact(p.value()));
   for (const auto& b : module.named_buffers()) facts.emplace_back("buffer " + b.key(), tensor_fact(b.value()));
   for (size_t g = 0; g < params.groups.size(); ++g) {

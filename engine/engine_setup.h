@@ -40,15 +40,22 @@ ModelParams model_params(torch::nn::Module& module, std::vector<ParamGroup> para
 // `splits`: tp::tensor_parallel_splits of the model. Checks that split
 // layers are split over the mesh's tp group. A no-op on a mesh of data
 // parallelism alone.
+// `copies`: a pipeline's tied parameters, by name, with the number of
+// stages holding each (their gradients are summed over those stages, so
+// each copy counts 1/copies).
 void set_norm_weights(ModelParams& params, torch::nn::Module& module, const std::map<std::string, tp::Split>& splits,
-                      const MeshShape& mesh, int stage);
+                      const MeshShape& mesh, int stage, const std::map<std::string, int>& copies = {});
+// Moves the parameters named in `names` each into a group of its own (with
+// its group's weight decay), so each gets a gradient bucket of its own.
+void isolate_params(ModelParams& params, const std::map<std::string, int>& names);
 // Whether the step's sum of squares is all-reduced over the world.
 bool norm_needs_world(const MeshShape& mesh, int owners);
 
 // What every rank must share (comm::disagreement): the resolved config key
-// by key, every parameter's and buffer's shape, dtype and trainability, and
-// each trainable parameter's group.
-comm::Facts rank_facts(const Config& config, torch::nn::Module& module, const ModelParams& params);
+// by key; and every rank of a pipeline stage, every parameter's and
+// buffer's shape, dtype and trainability, and each trainable parameter's group.
+comm::Facts config_facts(const Config& config);
+comm::Facts model_facts(torch::nn::Module& module, const ModelParams& params);
 
 partition::Options partition_options(const Config& config, at::ScalarType dtype, int rank);
 

@@ -4,6 +4,7 @@
 // of itself: the parts, by reference, and the counters it keeps.
 #include <torch/torch.h>
 
+#include <set>
 #include <string>
 
 #include "engine/loss_scaler.h"
@@ -45,6 +46,9 @@ struct TrainingState {
   const LrSchedule& schedule;
   LossScaler* scaler;  // fp16 only
   StepCounters& counters;
+  // A pipeline's tied modules: the parameters and buffers another stage
+  // writes (the first stage holding each), so each is saved once.
+  std::set<std::string> written_elsewhere = {};
 };
 
 // Engine::save_checkpoint and Engine::load_checkpoint (include/zero/engine.h).

@@ -82,6 +82,10 @@ struct StepTimes {
   double gather = 0;     // publishing the updated parameters (copies, all-gathers)
   double host_step = 0;  // offload: of `step`, the host optimizer's kernels
   double nvme_wait = 0;  // offload to NVMe: of `step`, waiting for reads and writes
+  // Pipeline parallelism: of forward and backward, waiting for the
+  // neighbouring stages' activations and gradients (the bubble, and any
+  // imbalance between the stages).
+  double pipeline_wait = 0;
 };
 
 // Keeps a module's parameters gathered while it lives (stage 3; a no-op
@@ -122,6 +126,23 @@ class Engine {
   void step();
   // True when the next step() call will update the parameters.
   bool is_gradient_accumulation_boundary() const;
+
+  // Pipeline parallelism (a zero::pipe::PipelineModule, include/zero/pipeline.h):
+  // one optimizer step over gradient_accumulation_steps micro-batches run
+  // through the stages with the 1F1B schedule (at most `stages` micro-batches
+  // of activations alive on a stage). next_batch() gives a micro-batch's
+  // (inputs, labels); it is called once per micro-batch, in order, on the
+  // first stage (which uses the inputs) and the last (the labels) only.
+  // Returns the mean loss over the micro-batches and data-parallel ranks, on
+  // every rank. A collective; backward() and step() are for other models.
+  using Batch = std::pair<at::Tensor, at::Tensor>;
+  double train_batch(const std::function<Batch()>& next_batch);
+  // The same forward without gradients (the module in eval mode meanwhile).
+  double eval_batch(const std::function<Batch()>& next_batch);
+  // Bytes of activations and gradients this rank has sent to its
+  // neighbouring stages (each message with an 80-byte header); 0 without
+  // pipeline stages.
+  int64_t pipeline_bytes_sent() const;
 
   void train(bool on = true);
   void eval() { train(false); }

@@ -224,8 +224,12 @@ TEST(ConfigAuto, PipelineStagesAutoIsOne) {
   Config c = parse(R"({"pipeline": {"stages": "auto"}, "tensor_parallel": {"autotp_size": 1, "tp": {"tp_size": 1}}})");
   EXPECT_EQ(c.parallelism.pipeline_stages, 1);
   EXPECT_TRUE(c.warnings().empty());
-  expect_error(R"({"pipeline": {"stages": 2}})", {"pipeline parallelism of 2 stages is not supported yet", "pipeline.stages"});
-  expect_error(R"({"pipeline_parallel": {"pp_size": 2}})", {"pipeline parallelism of 2 stages", "pipeline_parallel.pp_size"});
+  EXPECT_EQ(parse(R"({"pipeline": {"stages": 2}})").parallelism.pipeline_parallel(), 2);
+  EXPECT_EQ(parse(R"({"pipeline_parallel": {"pp_size": 2}})").parallelism.pipeline_parallel(), 2);
+  expect_error(R"({"pipeline": {"stages": 2}, "zero_optimization": {"stage": 2}})",
+               {"pipeline.stages 2", "zero_optimization.stage 0 or 1, not 2"});
+  expect_error(R"({"pipeline_parallel": {"pp_size": 2}, "zero_optimization": {"stage": 3}})",
+               {"pipeline.stages 2", "not 3"});
   expect_error(R"({"tensor_parallel": {"autotp_size": 4, "tp": {"tp_size": 2}}})", {"name two tensor-parallel sizes"});
 }
 

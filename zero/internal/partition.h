@@ -94,6 +94,10 @@ class ShardedParams {
   // offload_param: bytes of parameter shards in host memory, and on NVMe.
   int64_t offloaded_param_bytes(bool nvme) const { return storage_.offloaded_bytes(nvme); }
   void zero_grads() { reducer_->zero(); }
+  // Bucket k's gradient as reduced over the data-parallel group (this rank's
+  // shard; the whole bucket at stage 0), before attach_master_grads; undefined
+  // where offload already moved it to the host.
+  at::Tensor reduced_grad(size_t k) const { return reducer_->shard_grad(k); }
 
   // Stage 3 (Note [Stage 3 storage] in param_storage.h).
   // Gathers the released buckets holding any of `tensors`; returns them.
