@@ -272,3 +272,47 @@ TEST(TensorParallelTraining, AMeshThatDisagreesWithTheConfigIsAClearError) {
 }
 
 }  // namespace
+
+// fp16: an overflow in one tensor-parallel rank's gradients skips the step
+// on every rank (the sum of squares is agreed over the world before the
+// check), and the loss scale halves everywhere. Elementwise ops only: the
+// CPU lacks fp16 matmul kernels.
+struct ScaledImpl : torch::nn::Module, zero::tp::SplitModule {
+  explicit ScaledImpl(zero::tp::Group g) : group_(std::move(g)) {
+    w = register_parameter("w", torch::ones({4}));  // this rank's half of a weight of 8
+  }
+  std::optional<zero::tp::Split> split(const std::string& name) const override {
+    if (name != "w") return std::nullopt;
+    return zero::tp::Split{0, group_->rank(), group_->size(), {4 * group_->size()}, 1};
+  }
+  const zero::tp::Group& group() const override { return group_; }
+  at::Tensor w;
+  zero::tp::Group group_;
+};
+TORCH_MODULE(Scaled);
+
+TEST(TensorParallelTraining, Fp16OverflowOnOneTensorParallelRankSkipsEverywhere) {
+  if (g_world->size() % 2 != 0) GTEST_SKIP() << "tp 2 needs an even world";
+  auto mesh = std::make_shared<zero::Mesh>(g_world, 2, 1);
+  Scaled model(mesh->tp_group());
+  zero::InitOptions init;
+  init.mesh = mesh;
+  auto engine = zero::initialize(
+      zero::Config::from_json(R"({"train_micro_batch_size_per_gpu": 1, "steps_per_print": 1000,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "tensor_parallel": {"autotp_size": 2},
+        "fp16": {"enabled": true, "initial_scale_power": 4, "hysteresis": 1}, "zero_optimization": {"stage": 1}})"),
+      model, init);
+  const bool overflows_here = mesh->coordinates().tp == 1 && mesh->coordinates().dp == 0;
+  // 60000 * scale 16 is past fp16's 65504 on one rank only.
+  at::Tensor x = torch::full({4}, overflows_here ? 60000.0 : 1.0, torch::kHalf);
+  engine.backward((model->w * x).sum());
+  engine.step();
+  EXPECT_EQ(engine.skipped_steps(), 1) << "rank " << g_world->rank();
+  EXPECT_EQ(engine.loss_scale(), 8.0);
+  EXPECT_TRUE(torch::equal(model->w.to(at::kFloat), torch::ones({4}))) << "a skipped step moved the weights";
+  // A finite step then updates every rank: w -= lr * x.
+  engine.backward((model->w * torch::ones({4}, torch::kHalf)).sum());
+  engine.step();
+  EXPECT_EQ(engine.skipped_steps(), 1);
+  EXPECT_TRUE(torch::allclose(model->w.to(at::kFloat), torch::full({4}, 0.9), 1e-3, 1e-3)) << model->w;
+}
