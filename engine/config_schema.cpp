@@ -14,7 +14,7 @@ const char* const kHiddenSizeNote =
 // Top-level keys DeepSpeed knows and zero ignores (deepspeed/runtime/constants.py,
 // config.py and the docs' config-json page).
 const char* const kUnimplementedTopLevel[] = {
-    "amp", "sparse_attention", "flops_profiler", "tensorboard", "wandb", "comet", "csv_monitor",
+    "amp", "sparse_attention", "flops_profiler", "tensorboard", "wandb", "comet",
     "comms_logger", "compression_training", "data_efficiency", "curriculum_learning", "elasticity",
     "autotuning", "eigenvalue", "progressive_layer_drop", "quantize_training",
     "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "memory_breakdown",
@@ -146,6 +146,14 @@ void visit_checkpoint(Fields& f, CheckpointConfig& c) {
   });
 }
 
+void visit_monitor(Fields& f, MonitorConfig& m) {
+  f.flag("enabled", m.enabled);
+  f.text("output_path", m.output_path);
+  f.text("job_name", m.job_name);
+  if (f.reading() && (m.job_name.empty() || m.job_name.find('/') != std::string::npos || m.job_name == ".."))
+    f.fail("job_name", "job_name \"" + m.job_name + "\" must name one folder (no '/'); put the path in output_path");
+}
+
 void visit_tensor_parallel(Fields& f, ParallelismConfig& p) {
   f.integer("autotp_size", p.autotp_size, Opt().min(0));
   f.object("tp", [&](Fields& g) {
@@ -227,6 +235,7 @@ void visit_config(Fields& f, Config& c) {
   f.object("activation_checkpointing",
            [&](Fields& g) { visit_activation_checkpointing(g, c.activation_checkpointing); });
   f.object("checkpoint", [&](Fields& g) { visit_checkpoint(g, c.checkpoint); });
+  f.object("csv_monitor", [&](Fields& g) { visit_monitor(g, c.csv_monitor); });
   f.object("tensor_parallel", [&](Fields& g) { visit_tensor_parallel(g, c.parallelism); });
   f.object("pipeline", [&](Fields& g) { visit_pipeline(g, c.parallelism); });
   if (f.reading()) f.object("pipeline_parallel", [&](Fields& g) { visit_pipeline_parallel(g, c.parallelism); });

@@ -172,6 +172,7 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
   s.gas = *s.config.batch.gradient_accumulation_steps;
   s.build_params(options);
   s.setup_activation_checkpointing();
+  s.setup_monitors();
 
   const auto& opt = s.config.optimizer;
   s.schedule = std::make_unique<LrSchedule>(LrSchedule::from_config(s.config.scheduler, opt));
@@ -251,6 +252,10 @@ void Engine::backward(const at::Tensor& loss) {
   at::Tensor detached = loss.detach().to(at::kFloat).reshape({});
   s.loss_sum = s.loss_sum.defined() ? s.loss_sum + detached : detached;
   ++s.loss_count;
+  if (s.config.csv_monitor.enabled) {
+    s.step_loss_sum = s.step_loss_sum.defined() ? s.step_loss_sum + detached : detached;
+    ++s.step_loss_count;
+  }
 
   const bool boundary = is_gradient_accumulation_boundary();
   s.sharded->begin_backward(boundary);
@@ -279,9 +284,73 @@ void Engine::step() {
   const auto start = Clock::now();
   s.take_step();
   s.t_step += seconds_since(start);
+  s.record_step();
   s.log_progress();
   s.forward_starts();
   s.last_step_end = Clock::now();
+}
+
+void Engine::Impl::setup_monitors() {
+  const MonitorConfig& csv = config.csv_monitor;
+  if (!csv.enabled) return;
+  const std::string dir = csv.output_path.empty() ? csv.job_name : csv.output_path + "/" + csv.job_name;
+  std::string error;
+  if (pg->rank() == 0) {
+    try {
+      std::vector<std::unique_ptr<monitor::Sink>> sinks;
+      sinks.push_back(monitor::csv_sink(dir));
+      monitors = std::make_unique<monitor::Monitors>(std::move(sinks));
+      log::info("monitor", "csv_monitor writes each step's scalars to " + dir + "/");
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  error = comm::agreed_error(*pg, error, "csv_monitor");  // every rank stops, not rank 0 alone
+  if (!error.empty()) throw EngineError(error);
+}
+
+// The step's scalars under DeepSpeed's tags (and ours), the number of
+// samples trained as the x axis. The loss is the step's mean over its
+// micro-batches and the data-parallel ranks (one all-reduce per step).
+void Engine::Impl::record_step(std::optional<double> agreed_loss) {
+  if (!config.csv_monitor.enabled) return;
+  double loss = 0;
+  if (agreed_loss) {
+    loss = *agreed_loss;
+  } else {
+    at::Tensor mean = (step_loss_sum.defined() ? step_loss_sum / static_cast<double>(std::max<int64_t>(step_loss_count, 1))
+                                               : torch::zeros({}))
+                          .reshape({1})
+                          .to(at::kCPU)
+                          .to(at::kDouble);
+    pg->all_reduce(mean, comm::ReduceOp::Avg);
+    loss = mean.item<double>();
+  }
+  step_loss_sum = at::Tensor();
+  step_loss_count = 0;
+  const double step_s = seconds_since(recorded_at);
+  recorded_at = Clock::now();
+  if (!monitors) return;
+  const int64_t samples = steps.global_steps * *config.batch.train_batch_size;
+  std::vector<monitor::Event> events{{"Train/Samples/train_loss", loss, samples},
+                                     {"Train/Samples/lr", steps.lr, samples}};
+  if (scaler) events.push_back({"Train/Samples/loss_scale", scaler->scale(), samples});
+  events.push_back({"Train/Samples/grad_norm", last_norm, samples});
+  events.push_back({"Train/Samples/skipped_steps", static_cast<double>(steps.skipped_steps), samples});
+  events.push_back({"Train/Samples/samples_per_sec", *config.batch.train_batch_size / step_s, samples});
+  if (config.wall_clock_breakdown) {  // DeepSpeed's timer tags, this step's
+    events.push_back({"Train/Samples/elapsed_time_ms_forward", (t_forward - recorded_forward) * 1e3, samples});
+    events.push_back({"Train/Samples/elapsed_time_ms_backward", (t_backward - recorded_backward) * 1e3, samples});
+    events.push_back({"Train/Samples/elapsed_time_ms_step", (t_step - recorded_step) * 1e3, samples});
+    recorded_forward = t_forward, recorded_backward = t_backward, recorded_step = t_step;
+  }
+  const MemoryReport m = memory();
+  events.push_back({"Train/Memory/params_MB", m.params / 1e6, samples});
+  events.push_back({"Train/Memory/gradients_MB", m.gradients / 1e6, samples});
+  events.push_back({"Train/Memory/fp32_master_MB", m.fp32_master / 1e6, samples});
+  events.push_back({"Train/Memory/optimizer_states_MB", m.optimizer_states / 1e6, samples});
+  if (m.activations_peak > 0) events.push_back({"Train/Memory/activations_peak_MB", m.activations_peak / 1e6, samples});
+  monitors->write(std::move(events));
 }
 
 void Engine::Impl::take_step() {
@@ -369,6 +438,7 @@ void Engine::Impl::log_progress() {
   window_steps = 0;
   window_start = Clock::now();
   t_forward = t_backward = t_reduce = t_step = t_gather = t_pipeline_wait = 0;
+  after_progress_log();
 }
 
 void Engine::train(bool on) { impl_->module->train(on); }
@@ -436,6 +506,7 @@ StepTimes Engine::take_step_times() {
   s.window_steps = 0;
   s.window_start = Clock::now();
   s.t_forward = s.t_backward = s.t_reduce = s.t_step = s.t_gather = s.t_pipeline_wait = 0;
+  s.after_progress_log();
   return t;
 }
 
@@ -458,6 +529,7 @@ engine::TrainingState Engine::Impl::training_state() {
 }
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag, const std::string& client_state) {
+  if (impl_->monitors) impl_->monitors->flush();  // the curves reach at least the checkpoint
   engine::TrainingState state = impl_->training_state();
   engine::save_checkpoint(state, dir, tag, client_state);
 }

@@ -4,12 +4,14 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "engine/loss_scaler.h"
 #include "engine/lr_schedule.h"
 #include "engine/optimizer.h"
 #include "engine/training_state.h"
+#include "monitor/monitor.h"
 #include "offload/swapped_tensors.h"
 #include "zero/engine.h"
 #include "parallel/pipe_links.h"
@@ -46,6 +48,17 @@ struct Engine::Impl {
 
   engine::StepCounters steps;
   double last_norm = 0.0;
+
+  // csv_monitor (rank 0 writes; every rank takes part in the step's loss):
+  // the loss of the step so far, and the step times at the last record.
+  std::unique_ptr<monitor::Monitors> monitors;
+  at::Tensor step_loss_sum;
+  int64_t step_loss_count = 0;
+  double recorded_forward = 0, recorded_backward = 0, recorded_step = 0;
+  Clock::time_point recorded_at = Clock::now();
+  void setup_monitors();
+  void record_step(std::optional<double> agreed_loss = std::nullopt);
+  void after_progress_log() { recorded_forward = t_forward, recorded_backward = t_backward, recorded_step = t_step; }
 
   // Progress log (steps_per_print) and wall_clock_breakdown.
   at::Tensor loss_sum;

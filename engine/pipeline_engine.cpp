@@ -185,6 +185,7 @@ double Engine::train_batch(const std::function<Batch()>& next_batch) {
   const auto start = Clock::now();
   s.take_step();
   s.t_step += std::chrono::duration<double>(Clock::now() - start).count();
+  s.record_step(loss);
   s.log_progress();
   s.forward_starts();
   s.last_step_end = Clock::now();

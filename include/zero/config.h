@@ -246,6 +246,15 @@ struct CheckpointConfig {
   bool parallel_write_pipeline_stage = false;   // "parallel_write": {"pipeline_stage": ...}
 };
 
+// DeepSpeed's "csv_monitor": rank 0 writes each optimizer step's scalars
+// (train loss, lr, loss scale, grad norm, ...) under
+// <output_path>/<job_name>/ (monitor/monitor.h).
+struct MonitorConfig {
+  bool enabled = false;
+  std::string output_path;                    // "": the working directory
+  std::string job_name = "DeepSpeedJobName";  // DeepSpeed's default
+};
+
 // The rank mesh (include/zero/mesh.h): "tensor_parallel" ({"autotp_size":
 // N}, or {"tp": {"tp_size": N}} as DeepSpeed's inference config has it) and
 // the pipeline's size ("pipeline": {"stages": N}, or "pipeline_parallel":
@@ -320,6 +329,7 @@ class Config {
   AioConfig aio;
   ActivationCheckpointingConfig activation_checkpointing;
   CheckpointConfig checkpoint;
+  MonitorConfig csv_monitor;
   ParallelismConfig parallelism;
   ZeroEngineConfig zero;
 
