@@ -290,69 +290,6 @@ void Engine::step() {
   s.last_step_end = Clock::now();
 }
 
-void Engine::Impl::setup_monitors() {
-  const MonitorConfig& csv = config.csv_monitor;
-  if (!csv.enabled) return;
-  const std::string dir = csv.output_path.empty() ? csv.job_name : csv.output_path + "/" + csv.job_name;
-  std::string error;
-  if (pg->rank() == 0) {
-    try {
-      std::vector<std::unique_ptr<monitor::Sink>> sinks;
-      sinks.push_back(monitor::csv_sink(dir));
-      monitors = std::make_unique<monitor::Monitors>(std::move(sinks));
-      log::info("monitor", "csv_monitor writes each step's scalars to " + dir + "/");
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }
-  error = comm::agreed_error(*pg, error, "csv_monitor");  // every rank stops, not rank 0 alone
-  if (!error.empty()) throw EngineError(error);
-}
-
-// The step's scalars under DeepSpeed's tags (and ours), the number of
-// samples trained as the x axis. The loss is the step's mean over its
-// micro-batches and the data-parallel ranks (one all-reduce per step).
-void Engine::Impl::record_step(std::optional<double> agreed_loss) {
-  if (!config.csv_monitor.enabled) return;
-  double loss = 0;
-  if (agreed_loss) {
-    loss = *agreed_loss;
-  } else {
-    at::Tensor mean = (step_loss_sum.defined() ? step_loss_sum / static_cast<double>(std::max<int64_t>(step_loss_count, 1))
-                                               : torch::zeros({}))
-                          .reshape({1})
-                          .to(at::kCPU)
-                          .to(at::kDouble);
-    pg->all_reduce(mean, comm::ReduceOp::Avg);
-    loss = mean.item<double>();
-  }
-  step_loss_sum = at::Tensor();
-  step_loss_count = 0;
-  const double step_s = seconds_since(recorded_at);
-  recorded_at = Clock::now();
-  if (!monitors) return;
-  const int64_t samples = steps.global_steps * *config.batch.train_batch_size;
-  std::vector<monitor::Event> events{{"Train/Samples/train_loss", loss, samples},
-                                     {"Train/Samples/lr", steps.lr, samples}};
-  if (scaler) events.push_back({"Train/Samples/loss_scale", scaler->scale(), samples});
-  events.push_back({"Train/Samples/grad_norm", last_norm, samples});
-  events.push_back({"Train/Samples/skipped_steps", static_cast<double>(steps.skipped_steps), samples});
-  events.push_back({"Train/Samples/samples_per_sec", *config.batch.train_batch_size / step_s, samples});
-  if (config.wall_clock_breakdown) {  // DeepSpeed's timer tags, this step's
-    events.push_back({"Train/Samples/elapsed_time_ms_forward", (t_forward - recorded_forward) * 1e3, samples});
-    events.push_back({"Train/Samples/elapsed_time_ms_backward", (t_backward - recorded_backward) * 1e3, samples});
-    events.push_back({"Train/Samples/elapsed_time_ms_step", (t_step - recorded_step) * 1e3, samples});
-    recorded_forward = t_forward, recorded_backward = t_backward, recorded_step = t_step;
-  }
-  const MemoryReport m = memory();
-  events.push_back({"Train/Memory/params_MB", m.params / 1e6, samples});
-  events.push_back({"Train/Memory/gradients_MB", m.gradients / 1e6, samples});
-  events.push_back({"Train/Memory/fp32_master_MB", m.fp32_master / 1e6, samples});
-  events.push_back({"Train/Memory/optimizer_states_MB", m.optimizer_states / 1e6, samples});
-  if (m.activations_peak > 0) events.push_back({"Train/Memory/activations_peak_MB", m.activations_peak / 1e6, samples});
-  monitors->write(std::move(events));
-}
-
 void Engine::Impl::take_step() {
   reduce_tied_grads();
   sharded->attach_master_grads();
