@@ -5,7 +5,9 @@
 set -euo pipefail
 zero_run="$1" nproc="$2"
 shift 2
-port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+# A port nothing listens on (bash's /dev/tcp connects only to a listener).
+port=$((20000 + RANDOM % 30000))
+while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((20000 + RANDOM % 30000)); done
 "$zero_run" --nproc "$nproc" --nnodes 2 --node-rank 1 --master-port "$port" "$@" &
 second=$!
 status=0
