@@ -66,17 +66,6 @@ Outcome train(zero::Engine& engine, int gas, int dp_size, int64_t first, int64_t
   return out;
 }
 
-std::shared_ptr<zero::comm::ProcessGroup> alone() {
-  static std::shared_ptr<zero::comm::ProcessGroup> mine = [] {
-    std::shared_ptr<zero::comm::ProcessGroup> kept;
-    for (int r = 0; r < g_world->size(); ++r) {
-      if (auto g = g_world->new_group({r})) kept = g;
-    }
-    return kept;
-  }();
-  return mine;
-}
-
 Outcome reference(int stage, int gas, int dp_size) {
   auto mesh = std::make_shared<zero::Mesh>(alone(), 1, 1);
   auto model = pipe_net(mesh);

@@ -116,18 +116,6 @@ LossFn loss_of(zero_examples::GPT model) {
   return [model](const at::Tensor& x, const at::Tensor& y) mutable { return model->loss(x, y); };
 }
 
-// Each rank's own group of one, for the reference runs.
-std::shared_ptr<zero::comm::ProcessGroup> alone() {
-  static std::shared_ptr<zero::comm::ProcessGroup> mine = [] {
-    std::shared_ptr<zero::comm::ProcessGroup> kept;
-    for (int r = 0; r < g_world->size(); ++r) {
-      if (auto g = g_world->new_group({r})) kept = g;
-    }
-    return kept;
-  }();
-  return mine;
-}
-
 void expect_parity(const Outcome& ref, const Outcome& tp, const torch::nn::Module& tp_model_layout,
                    const std::string& what) {
   ASSERT_EQ(ref.losses.size(), tp.losses.size());
