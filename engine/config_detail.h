@@ -82,6 +82,9 @@ class Fields {
   // A key DeepSpeed knows that zero does not implement: one warning when it
   // is set to anything but false/0/null or an object with "enabled": false.
   virtual void unimplemented(const char* key) = 0;
+  // A key read and left alone without a word (the settings of a section
+  // whose own warning says it does nothing).
+  virtual void ignored(const char* key) = 0;
   // A key that is an error with a reason (e.g. max_grad_norm).
   virtual void forbidden(const char* key, const std::string& why) = 0;
   // Names the object in unknown-key messages, e.g. "optimizer SGD".

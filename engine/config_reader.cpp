@@ -199,6 +199,8 @@ class Reader final : public Fields {
     if (j != nullptr && is_set(*j)) warn(unimplemented_warning(path(key)));
   }
 
+  void ignored(const char* key) override { lookup(key); }
+
   void forbidden(const char* key, const std::string& why) override {
     if (obj_.contains(key)) throw ConfigError(attach(path(key), why));
   }
@@ -311,6 +313,7 @@ class Writer final : public Fields {
     out[key] = std::move(child.out);
   }
   void unimplemented(const char*) override {}
+  void ignored(const char*) override {}
   void forbidden(const char*, const std::string&) override {}
   void owner(const std::string&) override {}
   void warn(const std::string&) override {}

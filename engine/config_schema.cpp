@@ -14,7 +14,7 @@ const char* const kHiddenSizeNote =
 // Top-level keys DeepSpeed knows and zero ignores (deepspeed/runtime/constants.py,
 // config.py and the docs' config-json page).
 const char* const kUnimplementedTopLevel[] = {
-    "amp", "sparse_attention", "flops_profiler", "tensorboard", "wandb", "comet",
+    "amp", "sparse_attention", "flops_profiler",
     "comms_logger", "compression_training", "data_efficiency", "curriculum_learning", "elasticity",
     "autotuning", "eigenvalue", "progressive_layer_drop", "quantize_training",
     "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "memory_breakdown",
@@ -154,6 +154,20 @@ void visit_monitor(Fields& f, MonitorConfig& m) {
     f.fail("job_name", "job_name \"" + m.job_name + "\" must name one folder (no '/'); put the path in output_path");
 }
 
+// wandb and comet are Python clients: their sections are read (so that a
+// typo is still an unknown key) and enabling one is a warning naming what
+// zero writes instead.
+void visit_unavailable_monitor(Fields& f, const std::string& name, const std::vector<const char*>& other_keys) {
+  bool enabled = false;
+  f.flag("enabled", enabled);
+  for (const char* key : other_keys) f.ignored(key);
+  if (enabled) {
+    f.warn(f.path("enabled") + ": " + name + " is not available in zero (it has no C++ client); the same scalars " +
+           "go to \"csv_monitor\": {\"enabled\": true} or \"tensorboard\": {\"enabled\": true} (each with " +
+           "\"output_path\" and \"job_name\")");
+  }
+}
+
 void visit_tensor_parallel(Fields& f, ParallelismConfig& p) {
   f.integer("autotp_size", p.autotp_size, Opt().min(0));
   f.object("tp", [&](Fields& g) {
@@ -236,6 +250,14 @@ void visit_config(Fields& f, Config& c) {
            [&](Fields& g) { visit_activation_checkpointing(g, c.activation_checkpointing); });
   f.object("checkpoint", [&](Fields& g) { visit_checkpoint(g, c.checkpoint); });
   f.object("csv_monitor", [&](Fields& g) { visit_monitor(g, c.csv_monitor); });
+  f.object("tensorboard", [&](Fields& g) { visit_monitor(g, c.tensorboard); });
+  if (f.reading()) {
+    f.object("wandb", [&](Fields& g) { visit_unavailable_monitor(g, "wandb", {"group", "team", "project"}); });
+    f.object("comet", [&](Fields& g) {
+      visit_unavailable_monitor(g, "comet", {"samples_log_interval", "project", "workspace", "api_key", "experiment_name",
+                                            "experiment_key", "online", "mode"});
+    });
+  }
   f.object("tensor_parallel", [&](Fields& g) { visit_tensor_parallel(g, c.parallelism); });
   f.object("pipeline", [&](Fields& g) { visit_pipeline(g, c.parallelism); });
   if (f.reading()) f.object("pipeline_parallel", [&](Fields& g) { visit_pipeline_parallel(g, c.parallelism); });

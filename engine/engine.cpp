@@ -252,7 +252,7 @@ void Engine::backward(const at::Tensor& loss) {
   at::Tensor detached = loss.detach().to(at::kFloat).reshape({});
   s.loss_sum = s.loss_sum.defined() ? s.loss_sum + detached : detached;
   ++s.loss_count;
-  if (s.config.csv_monitor.enabled) {
+  if (s.monitoring()) {
     s.step_loss_sum = s.step_loss_sum.defined() ? s.step_loss_sum + detached : detached;
     ++s.step_loss_count;
   }

@@ -49,9 +49,11 @@ struct Engine::Impl {
   engine::StepCounters steps;
   double last_norm = 0.0;
 
-  // csv_monitor (rank 0 writes; every rank takes part in the step's loss):
-  // the loss of the step so far, and the step times at the last record.
+  // csv_monitor and tensorboard (rank 0 writes; every rank takes part in
+  // the step's loss): the loss of the step so far, and the step times at
+  // the last record.
   std::unique_ptr<monitor::Monitors> monitors;
+  bool monitoring() const { return config.csv_monitor.enabled || config.tensorboard.enabled; }
   at::Tensor step_loss_sum;
   int64_t step_loss_count = 0;
   double recorded_forward = 0, recorded_backward = 0, recorded_step = 0;

@@ -1,5 +1,5 @@
-// The engine's monitors (monitor/monitor.h): DeepSpeed's csv_monitor, fed
-// with each optimizer step's scalars.
+// The engine's monitors (monitor/monitor.h): DeepSpeed's csv_monitor and
+// tensorboard, fed with each optimizer step's scalars.
 #include <torch/torch.h>
 
 #include "engine/engine_impl.h"
@@ -8,22 +8,36 @@
 
 namespace zero {
 
+namespace {
+
+// <output_path>/<job_name>, or <job_name> in the working directory. (DeepSpeed's
+// tensorboard falls back to ~/tensorboard/; zero keeps both monitors alike.)
+std::string monitor_dir(const MonitorConfig& m) {
+  return m.output_path.empty() ? m.job_name : m.output_path + "/" + m.job_name;
+}
+
+}  // namespace
+
 void Engine::Impl::setup_monitors() {
-  const MonitorConfig& csv = config.csv_monitor;
-  if (!csv.enabled) return;
-  const std::string dir = csv.output_path.empty() ? csv.job_name : csv.output_path + "/" + csv.job_name;
+  if (!monitoring()) return;
   std::string error;
   if (pg->rank() == 0) {
     try {
       std::vector<std::unique_ptr<monitor::Sink>> sinks;
-      sinks.push_back(monitor::csv_sink(dir));
+      if (config.csv_monitor.enabled) {
+        sinks.push_back(monitor::csv_sink(monitor_dir(config.csv_monitor)));
+        log::info("monitor", "csv_monitor writes each step's scalars to " + monitor_dir(config.csv_monitor) + "/");
+      }
+      if (config.tensorboard.enabled) {
+        sinks.push_back(monitor::tensorboard_sink(monitor_dir(config.tensorboard)));
+        log::info("monitor", "tensorboard writes each step's scalars to " + monitor_dir(config.tensorboard) + "/");
+      }
       monitors = std::make_unique<monitor::Monitors>(std::move(sinks));
-      log::info("monitor", "csv_monitor writes each step's scalars to " + dir + "/");
     } catch (const std::exception& e) {
       error = e.what();
     }
   }
-  error = comm::agreed_error(*pg, error, "csv_monitor");  // every rank stops, not rank 0 alone
+  error = comm::agreed_error(*pg, error, "monitors");  // every rank stops, not rank 0 alone
   if (!error.empty()) throw EngineError(error);
 }
 
@@ -31,7 +45,7 @@ void Engine::Impl::setup_monitors() {
 // samples trained as the x axis. The loss is the step's mean over its
 // micro-batches and the data-parallel ranks (one all-reduce per step).
 void Engine::Impl::record_step(std::optional<double> agreed_loss) {
-  if (!config.csv_monitor.enabled) return;
+  if (!monitoring()) return;
   double loss = 0;
   if (agreed_loss) {
     loss = *agreed_loss;

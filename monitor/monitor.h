@@ -1,9 +1,11 @@
 #pragma once
 // Monitors: the scalars of each optimizer step, written by rank 0 where
-// DeepSpeed's monitors write them ("csv_monitor": one CSV file per scalar
-// under <output_path>/<job_name>/, named after its tag with '/' as '_',
-// rows "step,value" under a "step,<last part of the tag>" header; the step
-// is the number of samples trained so far).
+// DeepSpeed's monitors write them, the step being the number of samples
+// trained so far: "csv_monitor" (one CSV file per scalar under
+// <output_path>/<job_name>/, named after its tag with '/' as '_', rows
+// "step,value" under a "step,<last part of the tag>" header) and
+// "tensorboard" (an event file under <output_path>/<job_name>/ with one
+// Event per step, its scalars as Summary values under the same tags).
 //
 // Writes are queued and done by a thread of their own, off the training
 // loop; files are flushed on flush() (the engine calls it at each
@@ -37,6 +39,10 @@ class Sink {
 // DeepSpeed's csv_monitor into `dir` (created). Throws zero::EngineError
 // naming the folder when it cannot be created.
 std::unique_ptr<Sink> csv_sink(const std::string& dir);
+// TensorBoard's event file in `dir` (created); same errors. In a build
+// without protobuf it throws an EngineError saying what to install.
+std::unique_ptr<Sink> tensorboard_sink(const std::string& dir);
+bool tensorboard_available();
 
 class Monitors {
  public:

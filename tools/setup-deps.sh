@@ -10,6 +10,8 @@ packages=(
   libgloo-dev             # collectives on host tensors
   libtbb-dev liburing-dev nlohmann-json3-dev
   libxxhash-dev           # checkpoint checksums
+  libprotobuf-dev protobuf-compiler  # TensorBoard's event messages (monitor/)
+  python3-protobuf        # the tests' independent reader of those event files
   libtcmalloc-minimal4    # the allocator zero-run preloads (tools/launcher/allocator.h)
   fio                     # reference for the NVMe swapper benchmark
   libgtest-dev libbenchmark-dev

@@ -246,9 +246,10 @@ struct CheckpointConfig {
   bool parallel_write_pipeline_stage = false;   // "parallel_write": {"pipeline_stage": ...}
 };
 
-// DeepSpeed's "csv_monitor": rank 0 writes each optimizer step's scalars
-// (train loss, lr, loss scale, grad norm, ...) under
-// <output_path>/<job_name>/ (monitor/monitor.h).
+// DeepSpeed's "csv_monitor" and "tensorboard": rank 0 writes each
+// optimizer step's scalars (train loss, lr, loss scale, grad norm, ...)
+// under <output_path>/<job_name>/ (monitor/monitor.h). "wandb" and "comet"
+// have no C++ client: enabling them is a warning that names these two.
 struct MonitorConfig {
   bool enabled = false;
   std::string output_path;                    // "": the working directory
@@ -330,6 +331,7 @@ class Config {
   ActivationCheckpointingConfig activation_checkpointing;
   CheckpointConfig checkpoint;
   MonitorConfig csv_monitor;
+  MonitorConfig tensorboard;
   ParallelismConfig parallelism;
   ZeroEngineConfig zero;
 

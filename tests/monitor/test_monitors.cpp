@@ -1,10 +1,13 @@
-// csv_monitor on 2 gloo ranks: rank 0 writes one CSV per scalar under
-// <output_path>/<job_name>/ as DeepSpeed does ("step,<name>" header, the
-// sample count as the step). Each step's train_loss equals the mean the
-// test computes itself over micro-batches and ranks, and the progress
-// line's loss, lr and grad_norm; the files are flushed by a checkpoint
-// (what a crash after it would leave); a folder that cannot be made is a
-// clear error on every rank.
+// csv_monitor and tensorboard on 2 gloo ranks: rank 0 writes one CSV per
+// scalar under <output_path>/<job_name>/ as DeepSpeed does ("step,<name>"
+// header, the sample count as the step) and an event file beside them.
+// Each step's train_loss equals the mean the test computes itself over
+// micro-batches and ranks, and the progress line's loss, lr and grad_norm;
+// the files are flushed by a checkpoint (what a crash after it would
+// leave); a folder that cannot be made is a clear error on every rank.
+// With ZERO_MONITOR_KEEP=DIR the first run's files stay in DIR for the
+// independent event reader (read_events.py, run by CTest after this test),
+// which checks every event against these CSV files.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -14,6 +17,7 @@
 #include <sstream>
 
 #include "world_main.h"
+#include "monitor/monitor.h"  // tensorboard_available
 #include "zero/zero.h"
 
 namespace {
@@ -29,11 +33,12 @@ std::string shared_dir(const std::string& name) {
 }
 
 std::string config_of(const std::string& output_path) {
+  const std::string monitor = R"({"enabled": true, "output_path": ")" + output_path + R"(", "job_name": "run"})";
   return R"({"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2, "steps_per_print": 1,
     "gradient_clipping": 1.0, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
     "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 4}},
-    "zero_optimization": {"stage": 1},
-    "csv_monitor": {"enabled": true, "output_path": ")" + output_path + R"(", "job_name": "run"}})";
+    "zero_optimization": {"stage": 1}, "csv_monitor": )" +
+         monitor + (zero::monitor::tensorboard_available() ? R"(, "tensorboard": )" + monitor : "") + "}";
 }
 
 // (step, value) rows of one CSV file, after checking its header.
@@ -90,7 +95,10 @@ Trained train(const std::string& dir, int steps, const std::string& checkpoint_d
 }
 
 TEST(CsvMonitor, ValuesMatchTheStepsAndTheProgressLine) {
-  const std::string dir = shared_dir("values");
+  const char* keep = std::getenv("ZERO_MONITOR_KEEP");
+  const std::string dir = keep ? keep : shared_dir("values");
+  if (keep && g_world->rank() == 0) fs::remove_all(dir);
+  g_world->barrier();
   const Trained t = train(dir, kSteps);
   if (g_world->rank() == 0) {
     const int64_t batch = kMicro * kGas * g_world->size();
@@ -120,7 +128,7 @@ TEST(CsvMonitor, ValuesMatchTheStepsAndTheProgressLine) {
     EXPECT_TRUE(fs::exists(dir + "/run/Train_Memory_optimizer_states_MB.csv"));
   }
   g_world->barrier();
-  if (g_world->rank() == 0) fs::remove_all(dir);
+  if (g_world->rank() == 0 && !keep) fs::remove_all(dir);
 }
 
 TEST(CsvMonitor, ACheckpointFlushesTheFiles) {
@@ -148,6 +156,36 @@ TEST(CsvMonitor, AFolderThatCannotBeMadeIsAClearErrorOnEveryRank) {
   if (g_world->rank() == 0) fs::remove(file);
   EXPECT_THROW(zero::Config::from_json(R"({"train_micro_batch_size_per_gpu": 1, "csv_monitor": {"job_name": "a/b"}})"),
                zero::ConfigError);
+}
+
+TEST(Monitors, WandbAndCometAreAWarningNamingWhatToUseInstead) {
+  const std::string batch = R"("train_micro_batch_size_per_gpu": 1)";
+  for (const std::string name : {"wandb", "comet"}) {
+    const zero::Config on = zero::Config::from_json("{" + batch + R"(, ")" + name + R"(": {"enabled": true, "project": "p"}})");
+    ASSERT_EQ(on.warnings().size(), 1u) << name;
+    const std::string& w = on.warnings()[0];
+    for (const char* word : {"not available", "csv_monitor", "tensorboard"}) {
+      EXPECT_NE(w.find(word), std::string::npos) << w;
+    }
+    EXPECT_NE(w.find(name + ".enabled"), std::string::npos) << w;
+    const zero::Config off = zero::Config::from_json("{" + batch + R"(, ")" + name + R"(": {"enabled": false, "project": "p"}})");
+    EXPECT_TRUE(off.warnings().empty()) << name;
+    EXPECT_THROW(zero::Config::from_json("{" + batch + R"(, ")" + name + R"(": {"enabeld": true}})"), zero::ConfigError)
+        << "a typo in " << name << " is still an unknown key";
+  }
+}
+
+TEST(Monitors, TensorboardWithoutProtobufIsAClearError) {
+  if (zero::monitor::tensorboard_available()) GTEST_SKIP() << "this build writes event files";
+  torch::nn::Linear model(8, 1);
+  zero::InitOptions init;
+  init.group = g_world;
+  try {
+    zero::initialize(zero::Config::from_json(R"({"train_micro_batch_size_per_gpu": 1, "tensorboard": {"enabled": true}})"), model, init);
+    ADD_FAILURE() << "tensorboard was accepted by a build without it";
+  } catch (const zero::EngineError& e) {
+    EXPECT_NE(std::string(e.what()).find("libprotobuf-dev"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
