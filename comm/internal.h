@@ -131,4 +131,17 @@ class CommThread {
   std::thread thread_;
 };
 
+// The comms logger's side of one collective (comms_logger.cpp): whether it
+// is logged now, and where its time goes.
+struct LoggedOp {
+  const char* op = nullptr;  // nullptr: not logged
+  int64_t message_bytes = 0, sent_bytes = 0;
+  int group_size = 1;
+  bool verbose = false;
+  explicit operator bool() const { return op != nullptr; }
+  void record(double seconds) const;
+};
+// `op` as the logger sees it now (off, or not among prof_ops: not logged).
+LoggedOp log_op(const char* op, int64_t message_bytes, int64_t sent_bytes, int group_size, int global_rank);
+
 }  // namespace zero::comm

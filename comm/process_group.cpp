@@ -76,28 +76,29 @@ class Group : public ProcessGroup {
 
   WorkHandle all_reduce_async(at::Tensor t, ReduceOp op) override {
     check_tensor("all_reduce", t);
-    count(&CommStats::all_reduce_bytes, 2 * ring_share(t.nbytes()));
-    if (auto* device = device_backend(t)) return device->all_reduce(t, op);
+    const LoggedOp logged = counted("all_reduce", &CommStats::all_reduce_bytes, t.nbytes(), 2 * ring_share(t.nbytes()));
+    if (auto* device = device_backend(t)) return timed_device(logged, [&] { return device->all_reduce(t, op); });
     at::Tensor h = t.is_cuda() ? host_buffer(t, true) : t;
-    return host_work([this, h, op]() mutable { host_->all_reduce(h, op); }, t, h);
+    return host_work(logged, [this, h, op]() mutable { host_->all_reduce(h, op); }, t, h);
   }
 
   WorkHandle reduce_scatter_async(at::Tensor out, at::Tensor in, ReduceOp op) override {
     check_reduce_scatter(info_, out, in);
-    count(&CommStats::reduce_scatter_bytes, ring_share(in.nbytes()));
-    if (auto* device = device_backend(out)) return device->reduce_scatter(out, in, op);
+    const LoggedOp logged =
+        counted("reduce_scatter", &CommStats::reduce_scatter_bytes, in.nbytes(), ring_share(in.nbytes()));
+    if (auto* device = device_backend(out)) return timed_device(logged, [&] { return device->reduce_scatter(out, in, op); });
     at::Tensor hin = in.is_cuda() ? host_buffer(in, true) : in;
     at::Tensor hout = out.is_cuda() ? host_buffer(out, false) : out;
-    return host_work([this, hout, hin, op]() mutable { host_->reduce_scatter(hout, hin, op); }, out, hout);
+    return host_work(logged, [this, hout, hin, op]() mutable { host_->reduce_scatter(hout, hin, op); }, out, hout);
   }
 
   WorkHandle all_gather_async(at::Tensor out, at::Tensor in) override {
     check_all_gather(info_, out, in);
-    count(&CommStats::all_gather_bytes, ring_share(out.nbytes()));
-    if (auto* device = device_backend(out)) return device->all_gather(out, in);
+    const LoggedOp logged = counted("all_gather", &CommStats::all_gather_bytes, out.nbytes(), ring_share(out.nbytes()));
+    if (auto* device = device_backend(out)) return timed_device(logged, [&] { return device->all_gather(out, in); });
     at::Tensor hin = in.is_cuda() ? host_buffer(in, true) : in;
     at::Tensor hout = out.is_cuda() ? host_buffer(out, false) : out;
-    return host_work([this, hout, hin]() mutable { host_->all_gather(hout, hin); }, out, hout);
+    return host_work(logged, [this, hout, hin]() mutable { host_->all_gather(hout, hin); }, out, hout);
   }
 
   WorkHandle broadcast_async(at::Tensor t, int root) override {
@@ -106,10 +107,11 @@ class Group : public ProcessGroup {
       throw CommError(where(info_) + ": broadcast root " + std::to_string(root) + " is not a rank of a group of " +
                       std::to_string(info_.size));
     }
-    count(&CommStats::broadcast_bytes, info_.rank == root && info_.size > 1 ? static_cast<int64_t>(t.nbytes()) : 0);
-    if (auto* device = device_backend(t)) return device->broadcast(t, root);
+    const LoggedOp logged = counted("broadcast", &CommStats::broadcast_bytes, t.nbytes(),
+                                    info_.rank == root && info_.size > 1 ? static_cast<int64_t>(t.nbytes()) : 0);
+    if (auto* device = device_backend(t)) return timed_device(logged, [&] { return device->broadcast(t, root); });
     at::Tensor h = t.is_cuda() ? host_buffer(t, true) : t;
-    return host_work([this, h, root]() mutable { host_->broadcast(h, root); }, t, h);
+    return host_work(logged, [this, h, root]() mutable { host_->broadcast(h, root); }, t, h);
   }
 
   void barrier() override { thread_.submit([this] { host_->barrier(); }).get(); }
@@ -143,10 +145,27 @@ class Group : public ProcessGroup {
   int64_t ring_share(size_t bytes) const {
     return static_cast<int64_t>(bytes) * (info_.size - 1) / info_.size;
   }
-  void count(int64_t CommStats::*field, int64_t bytes) {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    stats_.*field += bytes;
-    ++stats_.calls;
+  // Counts the bytes in CommStats; asks the comms logger whether it logs this one.
+  LoggedOp counted(const char* op, int64_t CommStats::*field, size_t message_bytes, int64_t sent_bytes) {
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      stats_.*field += sent_bytes;
+      ++stats_.calls;
+    }
+    return log_op(op, static_cast<int64_t>(message_bytes), sent_bytes, info_.size, info_.global_ranks.at(info_.rank));
+  }
+
+  // A logged NCCL collective, timed as DeepSpeed's comms logger times one:
+  // the device synchronized before (earlier work does not count) and after.
+  static WorkHandle timed_device(const LoggedOp& logged, const std::function<WorkHandle()>& issue) {
+    if (!logged) return issue();
+    torch::cuda::synchronize();
+    const auto start = std::chrono::steady_clock::now();
+    WorkHandle work = issue();
+    work->wait();
+    torch::cuda::synchronize();
+    logged.record(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    return work;
   }
 
   // The NCCL backend for CUDA tensors, created on first use; null means
@@ -163,7 +182,16 @@ class Group : public ProcessGroup {
 
   // Runs `op` on the comm thread; for staged CUDA tensors copies the host
   // result back into `target` on the waiting thread (its current stream).
-  WorkHandle host_work(std::function<void()> op, const at::Tensor& target, const at::Tensor& host) {
+  // A logged one is timed there, from the start of the collective to its end.
+  WorkHandle host_work(const LoggedOp& logged, std::function<void()> op, const at::Tensor& target,
+                       const at::Tensor& host) {
+    if (logged) {
+      op = [logged, op = std::move(op)] {
+        const auto start = std::chrono::steady_clock::now();
+        op();
+        logged.record(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      };
+    }
     std::function<void()> finish;
     if (target.is_cuda()) {
       finish = [target, host]() mutable { target.copy_(host); };

@@ -74,6 +74,10 @@ class Fields {
   virtual Got choice(const char* key, std::optional<std::string>& v,
                      const std::vector<std::string>& choices) = 0;
   virtual Got text(const char* key, std::string& v) = 0;
+  // A list of names, each one of `choices` (case-insensitive); `aliases`
+  // maps other spellings onto a choice. Stored as spelled in `choices`.
+  virtual Got names(const char* key, std::vector<std::string>& v, const std::vector<std::string>& choices,
+                    const std::vector<std::pair<std::string, std::string>>& aliases = {}) = 0;
   virtual Got pair(const char* key, std::array<double, 2>& v, const Opt& o = {}) = 0;
   // A nested object; absent reads as {} so that its defaults apply.
   virtual void object(const char* key, const std::function<void(Fields&)>& body) = 0;

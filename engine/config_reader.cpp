@@ -170,6 +170,23 @@ class Reader final : public Fields {
     return Got::Value;
   }
 
+  Got names(const char* key, std::vector<std::string>& v, const std::vector<std::string>& choices,
+            const std::vector<std::pair<std::string, std::string>>& aliases) override {
+    const Json* j = lookup(key);
+    if (j == nullptr) return Got::Absent;
+    if (!j->is_array()) expected(key, "a list of names", *j);
+    std::vector<std::string> known = choices;
+    for (const auto& [alias, name] : aliases) known.push_back(alias);
+    v.clear();
+    for (const Json& e : *j) {
+      std::string name = pick(key, e, known);
+      for (const auto& [alias, canonical] : aliases)
+        if (name == alias) name = canonical;
+      if (std::find(v.begin(), v.end(), name) == v.end()) v.push_back(name);
+    }
+    return Got::Value;
+  }
+
   Got pair(const char* key, std::array<double, 2>& v, const Opt& o) override {
     const Json* j = lookup(key);
     if (j == nullptr) return Got::Absent;
@@ -304,6 +321,10 @@ class Writer final : public Fields {
     return put(key, v ? Json(*v) : Json(nullptr));
   }
   Got text(const char* key, std::string& v) override { return put(key, v.empty() ? Json(nullptr) : Json(v)); }
+  Got names(const char* key, std::vector<std::string>& v, const std::vector<std::string>&,
+            const std::vector<std::pair<std::string, std::string>>&) override {
+    return put(key, Json(v));
+  }
   Got pair(const char* key, std::array<double, 2>& v, const Opt&) override {
     return put(key, Json::array({v[0], v[1]}));
   }

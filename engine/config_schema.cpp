@@ -14,8 +14,7 @@ const char* const kHiddenSizeNote =
 // Top-level keys DeepSpeed knows and zero ignores (deepspeed/runtime/constants.py,
 // config.py and the docs' config-json page).
 const char* const kUnimplementedTopLevel[] = {
-    "amp", "sparse_attention", "flops_profiler",
-    "comms_logger", "compression_training", "data_efficiency", "curriculum_learning", "elasticity",
+    "amp", "sparse_attention", "compression_training", "data_efficiency", "curriculum_learning", "elasticity",
     "autotuning", "eigenvalue", "progressive_layer_drop", "quantize_training",
     "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "memory_breakdown",
     "disable_allgather", "dataloader_drop_last", "vocabulary_size", "graph_harvesting",
@@ -168,6 +167,27 @@ void visit_unavailable_monitor(Fields& f, const std::string& name, const std::ve
   }
 }
 
+void visit_comms_logger(Fields& f, CommsLoggerConfig& c) {
+  f.flag("enabled", c.enabled);
+  f.flag("verbose", c.verbose);
+  f.flag("prof_all", c.prof_all);
+  f.names("prof_ops", c.prof_ops, {"all_reduce", "all_gather", "reduce_scatter", "broadcast"},
+          {{"all_gather_into_tensor", "all_gather"}, {"all_gather_base", "all_gather"}, {"allgather_fn", "all_gather"},
+           {"reduce_scatter_tensor", "reduce_scatter"}, {"reduce_scatter_base", "reduce_scatter"},
+           {"reduce_scatter_fn", "reduce_scatter"}, {"inference_all_reduce", "all_reduce"}});
+  f.ignored("debug");  // DeepSpeed adds the caller's name to each record; zero has none to add
+}
+
+void visit_flops_profiler(Fields& f, FlopsProfilerConfig& c) {
+  f.flag("enabled", c.enabled);
+  f.integer("profile_step", c.profile_step, Opt().min(0));
+  f.integer("module_depth", c.module_depth, Opt().min(-1));
+  f.integer("top_modules", c.top_modules, Opt().min(1));
+  f.flag("detailed", c.detailed);
+  f.text("output_file", c.output_file);
+  f.number("recompute_fwd_factor", c.recompute_fwd_factor, Opt().min(0).max(1));
+}
+
 void visit_tensor_parallel(Fields& f, ParallelismConfig& p) {
   f.integer("autotp_size", p.autotp_size, Opt().min(0));
   f.object("tp", [&](Fields& g) {
@@ -251,6 +271,8 @@ void visit_config(Fields& f, Config& c) {
   f.object("checkpoint", [&](Fields& g) { visit_checkpoint(g, c.checkpoint); });
   f.object("csv_monitor", [&](Fields& g) { visit_monitor(g, c.csv_monitor); });
   f.object("tensorboard", [&](Fields& g) { visit_monitor(g, c.tensorboard); });
+  f.object("comms_logger", [&](Fields& g) { visit_comms_logger(g, c.comms_logger); });
+  f.object("flops_profiler", [&](Fields& g) { visit_flops_profiler(g, c.flops_profiler); });
   if (f.reading()) {
     f.object("wandb", [&](Fields& g) { visit_unavailable_monitor(g, "wandb", {"group", "team", "project"}); });
     f.object("comet", [&](Fields& g) {

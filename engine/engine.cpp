@@ -26,21 +26,6 @@
 namespace zero {
 namespace {
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-std::string human_bytes(int64_t bytes) {
-  char text[32];
-  const double b = static_cast<double>(bytes);
-  if (b >= 1e9) {
-    std::snprintf(text, sizeof(text), "%.2f GB", b / 1e9);
-  } else if (b >= 1e6) {
-    std::snprintf(text, sizeof(text), "%.2f MB", b / 1e6);
-  } else {
-    std::snprintf(text, sizeof(text), "%.1f kB", b / 1e3);
-  }
-  return text;
-}
-
 at::ScalarType training_dtype(const Config& c) {
   if (c.fp16.enabled) return at::kHalf;
   if (c.bf16.enabled) return at::kBFloat16;
@@ -231,7 +216,10 @@ void Engine::Impl::setup_activation_checkpointing() {
   }
 }
 
-void Engine::Impl::forward_starts() { allocated_at_forward = activations::allocated_bytes(model_device); }
+void Engine::Impl::forward_starts() {
+  allocated_at_forward = activations::allocated_bytes(model_device);
+  if (flops_profiler) profile_forward_starts();
+}
 
 Engine::~Engine() = default;
 Engine::Engine(Engine&&) noexcept = default;
@@ -245,6 +233,7 @@ void Engine::backward(const at::Tensor& loss) {
   if (!loss.requires_grad()) throw EngineError("engine.backward: the loss does not require grad (was it computed under no_grad or eval?)");
   const auto start = Clock::now();
   s.t_forward += std::chrono::duration<double>(start - s.last_step_end).count();
+  if (s.profiling) s.flops_profiler->pause();  // forward only
   if (const int64_t now = activations::allocated_bytes(s.model_device); now >= 0 && s.allocated_at_forward >= 0) {
     s.activations_peak = std::max(s.activations_peak, now - s.allocated_at_forward);
   }
@@ -284,6 +273,7 @@ void Engine::step() {
   const auto start = Clock::now();
   s.take_step();
   s.t_step += seconds_since(start);
+  s.finish_profile();
   s.record_step();
   s.log_progress();
   s.forward_starts();
@@ -326,56 +316,6 @@ void Engine::Impl::take_step() {
   sharded->zero_grads();
   ++steps.global_steps;
   if (scaler) scaler->update(false);
-}
-
-void Engine::Impl::log_progress() {
-  ++window_steps;
-  const int64_t every = config.steps_per_print;
-  if (every <= 0 || steps.global_steps % every != 0) return;
-  at::Tensor mean = (loss_sum.defined() ? loss_sum / static_cast<double>(std::max<int64_t>(loss_count, 1))
-                                        : torch::zeros({}))
-                        .reshape({1})
-                        .to(at::kCPU)
-                        .to(at::kDouble);
-  pg->all_reduce(mean, comm::ReduceOp::Avg);
-  const double elapsed = seconds_since(window_start);
-  const double samples = static_cast<double>(*config.batch.train_batch_size) * window_steps;
-  std::ostringstream line;
-  line.setf(std::ios::fixed);
-  line.precision(4);
-  line << "step " << steps.global_steps << " loss " << mean.item<double>();
-  line.precision(3);
-  line << " lr " << std::scientific << steps.lr << std::fixed << " loss_scale " << (scaler ? scaler->scale() : 1.0)
-       << " skipped " << steps.skipped_steps << " grad_norm " << last_norm;
-  line.precision(1);
-  line << " samples/s " << samples / elapsed;
-  line.precision(3);
-  line << " step_time " << elapsed / window_steps << "s | " << memory().describe();
-  if (config.wall_clock_breakdown) {
-    line.precision(1);
-    const double per = 1000.0 / window_steps;
-    line << " | ms/step forward " << t_forward * per << " backward " << t_backward * per << " reduce "
-         << t_reduce * per << " step " << (t_step - t_gather) * per << " gather " << t_gather * per;
-    if (links) line << " (pipeline wait " << t_pipeline_wait * per << ")";
-    if (auto* host = optimizer->host()) {
-      const auto timing = host->take_timing();
-      line << " (host step " << timing.compute_s * per << ", nvme wait " << timing.nvme_wait_s * per << ")";
-    }
-  }
-  if (config.activation_checkpointing.profile) {  // DeepSpeed's checkpointing timers
-    const ActivationCheckpointStats c = take_activation_checkpoint_stats();
-    line.precision(1);
-    line << " | checkpoints/step " << c.forwards / static_cast<double>(window_steps) << ", ms/step checkpointed forward "
-         << c.forward_s * 1000.0 / window_steps << " recompute " << c.recompute_s * 1000.0 / window_steps
-         << ", inputs kept " << human_bytes(c.saved_bytes / window_steps) << "/step";
-  }
-  log::info("engine", line.str());
-  loss_sum = at::Tensor();
-  loss_count = 0;
-  window_steps = 0;
-  window_start = Clock::now();
-  t_forward = t_backward = t_reduce = t_step = t_gather = t_pipeline_wait = 0;
-  after_progress_log();
 }
 
 void Engine::train(bool on) { impl_->module->train(on); }

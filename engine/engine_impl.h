@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstdio>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "engine/training_state.h"
 #include "monitor/monitor.h"
 #include "offload/swapped_tensors.h"
+#include "profile/flops_profiler.h"
 #include "zero/engine.h"
 #include "parallel/pipe_links.h"
 #include "zero/internal/partition.h"
@@ -22,6 +25,22 @@
 namespace zero {
 
 using Clock = std::chrono::steady_clock;
+
+// Shared by the engine's files: seconds since `t`; bytes as "1.50 GB".
+inline double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+inline std::string human_bytes(int64_t bytes) {
+  char text[32];
+  const double b = static_cast<double>(bytes);
+  if (b >= 1e9) {
+    std::snprintf(text, sizeof(text), "%.2f GB", b / 1e9);
+  } else if (b >= 1e6) {
+    std::snprintf(text, sizeof(text), "%.2f MB", b / 1e6);
+  } else {
+    std::snprintf(text, sizeof(text), "%.1f kB", b / 1e3);
+  }
+  return text;
+}
 
 struct Engine::Impl {
   Config config;
@@ -60,6 +79,22 @@ struct Engine::Impl {
   Clock::time_point recorded_at = Clock::now();
   void setup_monitors();
   void record_step(std::optional<double> agreed_loss = std::nullopt);
+  // comms_logger: its summary (rank 0, at each progress line and at the
+  // end), and each collective kind's totals at the last record.
+  void log_comms_summary(const std::string& when);
+  std::map<std::string, comm::CommOpSummary> comms_recorded;
+  ~Impl();
+
+  // flops_profiler: counts forward during the step where global_steps ==
+  // profile_step (paused in backward), reports after it; from then on the
+  // progress line shows TFLOP/s from the step's FLOPs (3 x forward, plus
+  // what activation checkpointing recomputes).
+  std::unique_ptr<profile::FlopsProfiler> flops_profiler;
+  bool profiling = false;
+  double flops_per_step = 0;
+  double profile_t0_forward = 0, profile_t0_backward = 0, profile_t0_step = 0;
+  void profile_forward_starts();
+  void finish_profile();
   void after_progress_log() { recorded_forward = t_forward, recorded_backward = t_backward, recorded_step = t_step; }
 
   // Progress log (steps_per_print) and wall_clock_breakdown.

@@ -2,7 +2,13 @@
 // tensorboard, fed with each optimizer step's scalars.
 #include <torch/torch.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
 #include "engine/engine_impl.h"
+#include "engine/host_optimizer.h"
 #include "zero/error.h"
 #include "zero/log.h"
 
@@ -19,6 +25,17 @@ std::string monitor_dir(const MonitorConfig& m) {
 }  // namespace
 
 void Engine::Impl::setup_monitors() {
+  if (config.comms_logger.enabled) {  // process-wide, as deepspeed.comm's logger
+    const CommsLoggerConfig& c = config.comms_logger;
+    comm::configure_comms_logger({true, c.verbose, c.prof_all, c.prof_ops});
+  }
+  if (config.flops_profiler.enabled) {
+    if (links) {
+      log::warn("flops_profiler", "not available with pipeline stages (the pipeline runs forward itself); ignored");
+    } else {
+      flops_profiler = std::make_unique<profile::FlopsProfiler>(*module);
+    }
+  }
   if (!monitoring()) return;
   std::string error;
   if (pg->rank() == 0) {
@@ -82,7 +99,134 @@ void Engine::Impl::record_step(std::optional<double> agreed_loss) {
   events.push_back({"Train/Memory/fp32_master_MB", m.fp32_master / 1e6, samples});
   events.push_back({"Train/Memory/optimizer_states_MB", m.optimizer_states / 1e6, samples});
   if (m.activations_peak > 0) events.push_back({"Train/Memory/activations_peak_MB", m.activations_peak / 1e6, samples});
+  if (config.comms_logger.enabled) {  // this step's traffic by collective kind
+    std::map<std::string, comm::CommOpSummary> now;
+    for (const comm::CommOpSummary& c : comm::comms_log()) {
+      comm::CommOpSummary& sum = now[c.op];
+      sum.count += c.count, sum.sent_bytes += c.sent_bytes, sum.latency_s += c.latency_s;
+      sum.busbw_gbps_sum += c.busbw_gbps_sum;
+    }
+    for (const auto& [op, total] : now) {
+      const comm::CommOpSummary& before = comms_recorded[op];
+      const double calls = static_cast<double>(total.count - before.count);
+      if (calls == 0) continue;
+      events.push_back({"Comms/" + op + "/sent_MB", (total.sent_bytes - before.sent_bytes) / 1e6, samples});
+      events.push_back({"Comms/" + op + "/latency_ms", (total.latency_s - before.latency_s) * 1e3, samples});
+      events.push_back({"Comms/" + op + "/busbw_avg_Gbps", (total.busbw_gbps_sum - before.busbw_gbps_sum) / calls, samples});
+    }
+    comms_recorded = std::move(now);
+  }
   monitors->write(std::move(events));
+}
+
+void Engine::Impl::log_comms_summary(const std::string& when) {
+  if (!config.comms_logger.enabled || pg->rank() != 0) return;
+  log::info("comms", "collectives of this rank so far (" + when + "):\n" + comm::comms_summary());
+}
+
+void Engine::Impl::profile_forward_starts() {
+  if (steps.global_steps != config.flops_profiler.profile_step) return;
+  if (profiling) {
+    flops_profiler->resume();  // the next micro-batch's forward
+    return;
+  }
+  flops_profiler->start();
+  profiling = true;
+  profile_t0_forward = t_forward, profile_t0_backward = t_backward + t_reduce, profile_t0_step = t_step;
+}
+
+// After the profiled step: DeepSpeed's report on rank 0, the step's FLOPs kept.
+void Engine::Impl::finish_profile() {
+  if (!profiling) return;
+  flops_profiler->stop();
+  profiling = false;
+  const FlopsProfilerConfig& c = config.flops_profiler;
+  flops_per_step = (3.0 + c.recompute_fwd_factor) * flops_profiler->flops();
+  if (pg->rank() == 0) {
+    profile::ProfileReport r;
+    r.step = c.profile_step;
+    r.world_size = config.world_size();
+    r.data_parallel_size = config.data_parallel_size();
+    r.model_parallel_size = config.world_size() / std::max(1, config.data_parallel_size());
+    r.micro_batch = *config.batch.train_micro_batch_size_per_gpu;
+    r.micro_batches = gas;
+    r.forward_s = t_forward - profile_t0_forward;
+    r.backward_s = t_backward + t_reduce - profile_t0_backward;
+    r.step_s = t_step - profile_t0_step;
+    r.iteration_s = r.forward_s + r.backward_s + r.step_s;
+    r.recompute_fwd_factor = c.recompute_fwd_factor;
+    r.module_depth = static_cast<int>(c.module_depth);
+    r.top_modules = static_cast<int>(c.top_modules);
+    r.detailed = c.detailed;
+    const std::string report = profile::format_report(*flops_profiler, r);
+    if (c.output_file.empty()) {
+      log::info("flops_profiler", report);
+    } else if (std::FILE* f = std::fopen(c.output_file.c_str(), "w"); f && std::fputs(report.c_str(), f) >= 0 && std::fclose(f) == 0) {
+      log::info("flops_profiler", "profile of step " + std::to_string(c.profile_step) + " written to " + c.output_file);
+    } else {
+      log::warn("flops_profiler", "cannot write " + c.output_file + " (" + std::strerror(errno) + "); the profile follows" + report);
+    }
+  }
+  flops_profiler.reset();  // counted once, as DeepSpeed does
+}
+
+Engine::Impl::~Impl() {
+  if (!config.comms_logger.enabled) return;
+  log_comms_summary("at the end");
+  comm::configure_comms_logger({});  // this engine turned it on
+}
+
+void Engine::Impl::log_progress() {
+  ++window_steps;
+  const int64_t every = config.steps_per_print;
+  if (every <= 0 || steps.global_steps % every != 0) return;
+  at::Tensor mean = (loss_sum.defined() ? loss_sum / static_cast<double>(std::max<int64_t>(loss_count, 1))
+                                        : torch::zeros({}))
+                        .reshape({1})
+                        .to(at::kCPU)
+                        .to(at::kDouble);
+  pg->all_reduce(mean, comm::ReduceOp::Avg);
+  const double elapsed = seconds_since(window_start);
+  const double samples = static_cast<double>(*config.batch.train_batch_size) * window_steps;
+  std::ostringstream line;
+  line.setf(std::ios::fixed);
+  line.precision(4);
+  line << "step " << steps.global_steps << " loss " << mean.item<double>();
+  line.precision(3);
+  line << " lr " << std::scientific << steps.lr << std::fixed << " loss_scale " << (scaler ? scaler->scale() : 1.0)
+       << " skipped " << steps.skipped_steps << " grad_norm " << last_norm;
+  line.precision(1);
+  line << " samples/s " << samples / elapsed;
+  line.precision(3);
+  line << " step_time " << elapsed / window_steps << "s";
+  if (flops_per_step > 0) line << " TFLOP/s " << flops_per_step * window_steps / elapsed / 1e12;  // flops_profiler's count
+  line << " | " << memory().describe();
+  if (config.wall_clock_breakdown) {
+    line.precision(1);
+    const double per = 1000.0 / window_steps;
+    line << " | ms/step forward " << t_forward * per << " backward " << t_backward * per << " reduce "
+         << t_reduce * per << " step " << (t_step - t_gather) * per << " gather " << t_gather * per;
+    if (links) line << " (pipeline wait " << t_pipeline_wait * per << ")";
+    if (auto* host = optimizer->host()) {
+      const auto timing = host->take_timing();
+      line << " (host step " << timing.compute_s * per << ", nvme wait " << timing.nvme_wait_s * per << ")";
+    }
+  }
+  if (config.activation_checkpointing.profile) {  // DeepSpeed's checkpointing timers
+    const ActivationCheckpointStats c = take_activation_checkpoint_stats();
+    line.precision(1);
+    line << " | checkpoints/step " << c.forwards / static_cast<double>(window_steps) << ", ms/step checkpointed forward "
+         << c.forward_s * 1000.0 / window_steps << " recompute " << c.recompute_s * 1000.0 / window_steps
+         << ", inputs kept " << human_bytes(c.saved_bytes / window_steps) << "/step";
+  }
+  log::info("engine", line.str());
+  log_comms_summary("at step " + std::to_string(steps.global_steps));
+  loss_sum = at::Tensor();
+  loss_count = 0;
+  window_steps = 0;
+  window_start = Clock::now();
+  t_forward = t_backward = t_reduce = t_step = t_gather = t_pipeline_wait = 0;
+  after_progress_log();
 }
 
 }  // namespace zero

@@ -117,4 +117,39 @@ std::string agreed_error(ProcessGroup& pg, const std::string& my_error, const st
 using Facts = std::vector<std::pair<std::string, std::string>>;
 std::string disagreement(ProcessGroup& pg, const Facts& facts);
 
+// ---- comms logger (DeepSpeed's comms_logger) ----
+// Every collective of every group of this process, by kind and message
+// size: how many, the bytes this rank sent, the latency and the bandwidth.
+// Off until configure_comms_logger turns it on (the engine does, from the
+// ds_config's "comms_logger"). CPU collectives are timed on the
+// communication thread, from the start of the collective to its end; CUDA
+// collectives on NCCL are timed as DeepSpeed times them, with the device
+// synchronized before and after (so the logger serializes them while on).
+struct CommsLoggerOptions {
+  bool enabled = false;
+  bool verbose = false;               // one log line per collective (global rank 0)
+  bool prof_all = true;               // every kind; else only prof_ops
+  std::vector<std::string> prof_ops;  // "all_reduce", "all_gather", "reduce_scatter", "broadcast"
+};
+void configure_comms_logger(const CommsLoggerOptions& options);
+
+// One kind of collective at one message size. The message is the whole
+// buffer: all-reduce's tensor, all-gather's output, reduce-scatter's input,
+// broadcast's tensor. Bandwidths as nccl-tests defines them, per call:
+// algbw = message / latency; busbw = algbw x 2(n-1)/n (all-reduce),
+// x (n-1)/n (all-gather, reduce-scatter), x 1 (broadcast).
+struct CommOpSummary {
+  std::string op;
+  int64_t message_bytes = 0;
+  int64_t count = 0;
+  int64_t sent_bytes = 0;  // this rank's ring share, as CommStats counts it
+  double latency_s = 0;    // summed over the calls
+  double algbw_gbps_sum = 0, busbw_gbps_sum = 0;  // summed over the calls (averages: / count)
+};
+// Sorted by kind, then message size.
+std::vector<CommOpSummary> comms_log();
+void reset_comms_log();
+// The log as DeepSpeed's comms summary prints it (a table per kind).
+std::string comms_summary();
+
 }  // namespace zero::comm

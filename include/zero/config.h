@@ -256,6 +256,36 @@ struct MonitorConfig {
   std::string job_name = "DeepSpeedJobName";  // DeepSpeed's default
 };
 
+// DeepSpeed's "comms_logger": every collective's kind, message size, count,
+// latency and bandwidth (zero::comm::comms_summary), printed by rank 0 at
+// each steps_per_print and at the end, and written to the monitors.
+// prof_ops names the kinds to log when prof_all is false: "all_reduce",
+// "all_gather", "reduce_scatter", "broadcast" (DeepSpeed's function names,
+// e.g. "all_gather_into_tensor", are accepted for them).
+struct CommsLoggerConfig {
+  bool enabled = false;
+  bool verbose = false;   // a log line per collective
+  bool prof_all = true;
+  std::vector<std::string> prof_ops;
+};
+
+// DeepSpeed's "flops_profiler" (profile/flops_profiler.h): at the step
+// where global_steps == profile_step, every rank counts its forward FLOPs,
+// MACs and latency per module; rank 0 prints DeepSpeed's summary (or writes
+// it to output_file) to module_depth (-1: all) with the top_modules of each
+// depth. From then on the progress line shows the achieved TFLOP/s (and the
+// MFU on a GPU zero knows the peak of). recompute_fwd_factor: the share of
+// forward that activation checkpointing runs again in backward.
+struct FlopsProfilerConfig {
+  bool enabled = false;
+  int64_t profile_step = 1;
+  int64_t module_depth = -1;
+  int64_t top_modules = 1;
+  bool detailed = true;
+  std::string output_file;  // "": the log
+  double recompute_fwd_factor = 0.0;
+};
+
 // The rank mesh (include/zero/mesh.h): "tensor_parallel" ({"autotp_size":
 // N}, or {"tp": {"tp_size": N}} as DeepSpeed's inference config has it) and
 // the pipeline's size ("pipeline": {"stages": N}, or "pipeline_parallel":
@@ -332,6 +362,8 @@ class Config {
   CheckpointConfig checkpoint;
   MonitorConfig csv_monitor;
   MonitorConfig tensorboard;
+  CommsLoggerConfig comms_logger;
+  FlopsProfilerConfig flops_profiler;
   ParallelismConfig parallelism;
   ZeroEngineConfig zero;
 

@@ -211,7 +211,7 @@ TEST(ConfigDeprecated, FieldNameAliasesNeedNoWarning) {
 // ---- known but not implemented ------------------------------------------------------
 
 TEST(ConfigUnimplemented, KnownDeepSpeedKeysWarnOnce) {
-  for (const char* key : {"flops_profiler", "comms_logger", "compression_training",
+  for (const char* key : {"compression_training",
                           "data_efficiency", "elasticity", "autotuning", "sparse_attention", "curriculum_learning",
                           "amp", "progressive_layer_drop"}) {
     Config c = parse(std::string(R"({")") + key + R"(": {"enabled": true, "x": 1}})");
