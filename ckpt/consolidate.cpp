@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "ckpt/checkpoint.h"
+#include "core/progress.h"
 #include "zero/error.h"
 
 namespace zero::ckpt {
@@ -80,9 +81,13 @@ int64_t consolidate(const std::string& dir, const std::string& tag, const std::s
 
   std::vector<float> floats;
   std::vector<uint8_t> raw;
+  int64_t total = 0;
+  for (const TensorData& t : tensors) total += static_cast<int64_t>(t.bytes);
+  Progress progress("consolidating " + tag_dir(dir, m.tag), total);
   auto fetch = [&](size_t i) -> const void* {
     const TensorData& t = tensors[i];
     const Source& src = sources[i];
+    progress.advance(static_cast<int64_t>(t.bytes));  // counted as it is read
     if (src.fragments) {
       floats.resize(t.bytes / 4);
       reader.read_f32("fp32", t.name, 0, static_cast<int64_t>(floats.size()), floats.data());

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/fault.h"
+#include "core/progress.h"
 #include "engine/checkpoint_io.h"
 #include "engine/training_state.h"
 #include "zero/error.h"
@@ -201,7 +202,11 @@ void read_bucket(TrainingState& s, Source& source, size_t k, const std::vector<s
 void read_partition(TrainingState& s, Source* source, const std::vector<std::string>& kinds, NvmeWindow& window,
                     Attempts& attempts) {
   const auto fragments = s.params.fragments();  // computed once: a walk over the whole layout
+  int64_t total = 0;
+  for (const at::Tensor& m : s.params.masters().tensors()) total += static_cast<int64_t>(m.nbytes() * kinds.size());
+  Progress progress("loading the checkpoint's weights and optimizer states", total, s.pg.rank() == 0);
   for (size_t k = 0; k < s.params.masters().tensors().size(); ++k) {
+    progress.advance(static_cast<int64_t>(s.params.masters().tensors()[k].nbytes() * kinds.size()));
     std::vector<at::Tensor> staged;  // host copies being hashed (see verify_only)
     try {
       window.enter(k);  // NVMe offload: the bucket comes back (and goes back to disk after)

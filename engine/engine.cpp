@@ -406,7 +406,7 @@ engine::TrainingState Engine::Impl::training_state() {
 }
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag, const std::string& client_state) {
-  if (impl_->monitors) impl_->monitors->flush();  // the curves reach at least the checkpoint
+  impl_->flush_monitors();  // the curves reach at least the checkpoint
   engine::TrainingState state = impl_->training_state();
   engine::save_checkpoint(state, dir, tag, client_state);
 }

@@ -79,6 +79,12 @@ struct Engine::Impl {
   Clock::time_point recorded_at = Clock::now();
   void setup_monitors();
   void record_step(std::optional<double> agreed_loss = std::nullopt);
+  // The last recorded step: its loss all-reduce and its events (rank 0).
+  comm::WorkHandle pending_loss;
+  at::Tensor pending_loss_value;
+  std::vector<monitor::Event> pending_events;
+  void write_pending_step();
+  void flush_monitors();  // the pending step, then the files
   // comms_logger: its summary (rank 0, at each progress line and at the
   // end), and each collective kind's totals at the last record.
   void log_comms_summary(const std::string& when);

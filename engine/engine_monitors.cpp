@@ -60,26 +60,28 @@ void Engine::Impl::setup_monitors() {
 
 // The step's scalars under DeepSpeed's tags (and ours), the number of
 // samples trained as the x axis. The loss is the step's mean over its
-// micro-batches and the data-parallel ranks (one all-reduce per step).
+// micro-batches and the data-parallel ranks: one all-reduce per step, left
+// running while the next step trains; the step's events are written when it
+// is done (at the next record, a checkpoint or the end).
 void Engine::Impl::record_step(std::optional<double> agreed_loss) {
   if (!monitoring()) return;
-  double loss = 0;
+  write_pending_step();
   if (agreed_loss) {
-    loss = *agreed_loss;
+    pending_loss_value = torch::tensor({*agreed_loss}, torch::kDouble);
   } else {
-    at::Tensor mean = (step_loss_sum.defined() ? step_loss_sum / static_cast<double>(std::max<int64_t>(step_loss_count, 1))
-                                               : torch::zeros({}))
-                          .reshape({1})
-                          .to(at::kCPU)
-                          .to(at::kDouble);
-    pg->all_reduce(mean, comm::ReduceOp::Avg);
-    loss = mean.item<double>();
+    pending_loss_value = (step_loss_sum.defined() ? step_loss_sum / static_cast<double>(std::max<int64_t>(step_loss_count, 1))
+                                                  : torch::zeros({}))
+                             .reshape({1})
+                             .to(at::kCPU)
+                             .to(at::kDouble);
+    pending_loss = pg->all_reduce_async(pending_loss_value, comm::ReduceOp::Avg);
   }
   step_loss_sum = at::Tensor();
   step_loss_count = 0;
   const double step_s = std::chrono::duration<double>(Clock::now() - recorded_at).count();
   recorded_at = Clock::now();
   if (!monitors) return;
+  const double loss = 0;  // filled in by write_pending_step
   const int64_t samples = steps.global_steps * *config.batch.train_batch_size;
   std::vector<monitor::Event> events{{"Train/Samples/train_loss", loss, samples},
                                      {"Train/Samples/lr", steps.lr, samples}};
@@ -116,7 +118,23 @@ void Engine::Impl::record_step(std::optional<double> agreed_loss) {
     }
     comms_recorded = std::move(now);
   }
-  monitors->write(std::move(events));
+  pending_events = std::move(events);
+}
+
+void Engine::Impl::write_pending_step() {
+  if (pending_loss) pending_loss->wait();
+  pending_loss.reset();
+  if (monitors && !pending_events.empty()) {
+    pending_events.front().value = pending_loss_value.item<double>();  // train_loss comes first
+    monitors->write(std::move(pending_events));
+  }
+  pending_events.clear();
+}
+
+void Engine::Impl::flush_monitors() {
+  if (!monitoring()) return;
+  write_pending_step();
+  if (monitors) monitors->flush();
 }
 
 void Engine::Impl::log_comms_summary(const std::string& when) {
@@ -171,6 +189,11 @@ void Engine::Impl::finish_profile() {
 }
 
 Engine::Impl::~Impl() {
+  try {
+    write_pending_step();  // every rank waits for its part of the last loss
+  } catch (const std::exception& e) {
+    log::warn("monitor", std::string("the last step's loss was not written: ") + e.what());
+  }
   if (!config.comms_logger.enabled) return;
   log_comms_summary("at the end");
   comm::configure_comms_logger({});  // this engine turned it on

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "core/progress.h"
 #include "zero/error.h"
 
 namespace zero::offload {
@@ -15,7 +16,7 @@ size_t round_up(size_t n) { return (n + kIoAlignment - 1) / kIoAlignment * kIoAl
 }  // namespace
 
 SwappedTensors::SwappedTensors(SwapOptions options)
-    : swapper_(std::make_unique<NvmeSwapper>(std::move(options))) {}
+    : reports_progress_(options.rank == 0), swapper_(std::make_unique<NvmeSwapper>(std::move(options))) {}
 
 SwappedTensors::~SwappedTensors() {
   try {
@@ -127,11 +128,18 @@ void SwappedTensors::swap_in_all() {
   wait_in(all);
 }
 
+// The first write of everything (the engine's initialize) lays out the swap
+// files: the long one, with a progress report on rank 0.
 void SwappedTensors::swap_out_all() {
   std::vector<int> all(entries_.size());
-  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+  int64_t total = 0;
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i), total += static_cast<int64_t>(entries_[i].bytes);
   swap_out(all);
-  wait_out(all);
+  Progress progress("writing the NVMe swap files", total, reports_progress_);
+  for (int id : all) {
+    wait_out({id});
+    progress.advance(static_cast<int64_t>(entries_[id].bytes));
+  }
 }
 
 int SwappedTensors::find(const at::Tensor& tensor) const {

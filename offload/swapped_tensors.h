@@ -62,6 +62,7 @@ class SwappedTensors {
   void allocate(Entry& e);
   void free_memory(Entry& e);
 
+  bool reports_progress_ = false;  // rank 0
   std::unique_ptr<NvmeSwapper> swapper_;
   std::vector<Entry> entries_;
   int64_t resident_ = 0, peak_ = 0;
