@@ -21,4 +21,14 @@ int64_t allocated_bytes(const at::Device& device) {
   return -1;
 }
 
+int64_t peak_allocated_bytes(const at::Device& device) {
+#if ZERO_TORCH_CUDA
+  if (device.is_cuda()) {
+    return static_cast<int64_t>(c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[0].peak);
+  }
+#endif
+  (void)device;
+  return -1;
+}
+
 }  // namespace zero::activations

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "activations/activation_memory.h"
 #include "engine/engine_impl.h"
 #include "engine/host_optimizer.h"
 #include "zero/error.h"
@@ -101,6 +102,9 @@ void Engine::Impl::record_step(std::optional<double> agreed_loss) {
   events.push_back({"Train/Memory/fp32_master_MB", m.fp32_master / 1e6, samples});
   events.push_back({"Train/Memory/optimizer_states_MB", m.optimizer_states / 1e6, samples});
   if (m.activations_peak > 0) events.push_back({"Train/Memory/activations_peak_MB", m.activations_peak / 1e6, samples});
+  if (const int64_t peak = activations::peak_allocated_bytes(model_device); peak >= 0) {  // the accelerator allocator's
+    events.push_back({"Train/Memory/device_allocated_peak_MB", peak / 1e6, samples});
+  }
   if (config.comms_logger.enabled) {  // this step's traffic by collective kind
     std::map<std::string, comm::CommOpSummary> now;
     for (const comm::CommOpSummary& c : comm::comms_log()) {
