@@ -35,6 +35,7 @@
 
 #include "gpt/gpt.h"
 #include "gpt_bench.h"
+#include "activations/activation_memory.h"  // the CUDA allocator's peak, in libzero
 #include "zero/zero.h"
 
 using namespace zero_examples;
@@ -63,16 +64,6 @@ int64_t cap_device_memory(const at::Device& device, double bytes) {
 #endif
   (void)device;
   (void)bytes;
-  return -1;
-}
-
-int64_t device_peak_bytes(const at::Device& device) {
-#if ZERO_TORCH_CUDA
-  if (device.is_cuda()) {
-    return static_cast<int64_t>(c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[0].peak);
-  }
-#endif
-  (void)device;
   return -1;
 }
 
@@ -180,7 +171,7 @@ int main(int argc, char** argv) {
       std::string what = e.what();
       result["oom_message"] = what.substr(0, what.find('\n'));
     }
-    result["device_peak_bytes"] = device_peak_bytes(device);
+    result["device_peak_bytes"] = zero::activations::peak_allocated_bytes(device);
     result["host_peak_rss_bytes"] = zero_bench::peak_rss_bytes();
     if (rank == 0) {
       const std::string line = json{{"result", result}}.dump();
