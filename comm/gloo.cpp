@@ -14,6 +14,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -25,6 +26,8 @@
 
 #include "comm/internal.h"
 #include "core/env.h"
+#include "core/fault.h"
+#include "zero/log.h"
 #include "zero/error.h"
 
 namespace zero::comm {
@@ -158,15 +161,33 @@ class GlooBackend : public HostBackend {
   explicit GlooBackend(const GroupInfo& group) : group_(group) {
     static std::once_flag installed;
     std::call_once(installed, [] { g_previous_terminate = std::set_terminate(on_terminate); });
-    try {
-      auto device = make_device();
-      auto context = std::make_shared<gloo::rendezvous::Context>(group.rank, group.size);
-      context->setTimeout(group.timeout);
-      GlooStore store(group.store, group.timeout);
-      context->connectFullMesh(store, device);
-      context_ = context;
-    } catch (const std::exception& e) {
-      fail("connecting", e);
+    for (int attempt = 1;; ++attempt) {
+      auto store = c10::make_intrusive<c10d::PrefixStore>("connect" + std::to_string(attempt), group.store);
+      std::string error;
+      try {
+        auto device = make_device();
+        auto context = std::make_shared<gloo::rendezvous::Context>(group.rank, group.size);
+        context->setTimeout(group.timeout);
+        GlooStore gloo_store(store, group.timeout);
+        context->connectFullMesh(gloo_store, device);
+        if (fault::fires("comm.connected", group.global_ranks[group.rank])) {
+          throw std::runtime_error("Connection closed by peer (injected by ZERO_FAULT)");
+        }
+        context_ = context;
+      } catch (const std::exception& e) {
+        error = e.what();
+        context_.reset();
+      }
+      const auto [failed_rank, failure] = connect_outcome(*store, error);
+      if (failed_rank < 0) return;
+      if (attempt == kConnectAttempts) {
+        fail("connecting", std::runtime_error("rank " + std::to_string(group.global_ranks[failed_rank]) +
+                                              " could not connect after " + std::to_string(attempt) +
+                                              " attempts: " + failure));
+      }
+      log::warn("comm", where(group_) + ": rank " + std::to_string(group.global_ranks[failed_rank]) +
+                            " could not connect (" + failure + "); every rank of the group connects again (attempt " +
+                            std::to_string(attempt + 1) + " of " + std::to_string(kConnectAttempts) + ")");
     }
   }
 
@@ -262,6 +283,32 @@ class GlooBackend : public HostBackend {
     } catch (const std::exception& e) {
       fail(op, e);
     }
+  }
+
+  // Note [Connecting a gloo group]: gloo's TCP pair accepts the first
+  // connection that reaches its listening port and checks nothing about
+  // who made it, so one stray or dropped connection breaks one pair (seen
+  // once on a loaded 2-core machine: "Connection closed by peer" while a
+  // 2-rank subgroup connected) while the peer thinks all is well. So every
+  // rank posts how its attempt went, and if any rank failed, all connect
+  // again under fresh keys. Returns the first failed rank of the group and
+  // its error, or -1.
+  static constexpr int kConnectAttempts = 3;
+
+  std::pair<int, std::string> connect_outcome(c10d::Store& store, const std::string& error) {
+    store.set("outcome/" + std::to_string(group_.rank), std::vector<uint8_t>(error.begin(), error.end()));
+    std::vector<std::string> keys;
+    for (int r = 0; r < group_.size; ++r) keys.push_back("outcome/" + std::to_string(r));
+    try {
+      store.wait(keys, group_.timeout);
+    } catch (const std::exception& e) {
+      fail("connecting", e);
+    }
+    for (int r = 0; r < group_.size; ++r) {
+      const std::vector<uint8_t> value = store.get(keys[r]);
+      if (!value.empty()) return {r, std::string(value.begin(), value.end())};
+    }
+    return {-1, ""};
   }
 
   [[noreturn]] void fail(const char* op, const std::exception& e) {

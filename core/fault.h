@@ -11,4 +11,9 @@ namespace zero::fault {
 
 void reached(const char* point, int rank);
 
+// The same counting without the kill, for points that simulate a failure
+// the program recovers from: comm.connected (a rank's gloo connection
+// broke right after connecting; the group connects again).
+bool fires(const char* point, int rank);
+
 }  // namespace zero::fault

@@ -1,7 +1,8 @@
 // Fault scenarios, run on 3 ranks through zero-run. The ranks that stay
 // must fail within seconds with a CommError naming the rank at fault; each
 // checks its own error and exits 0 only if it is the expected one.
-//   comm_faults early-exit | crash | rank0-crash | never-arrives | mismatch | size-mismatch
+// broken-connect instead checks that the group recovers.
+//   comm_faults early-exit | crash | rank0-crash | never-arrives | mismatch | size-mismatch | broken-connect
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -57,6 +58,29 @@ int main(int argc, char** argv) {
   auto t = torch::ones({1 << 20});
   world->all_reduce(t);  // everyone is connected and working
 
+  if (scenario == "broken-connect") {
+    // ZERO_FAULT=comm.connected:1 (set by the test) broke rank 1's first
+    // connection after its peers had connected: every rank connected the
+    // world again (rank 0 warns, which the test's regular expression looks
+    // for), and the collectives work, on the world and on a new subgroup.
+    try {
+      auto pair = world->new_group({1, 2});
+      auto u = torch::ones({3});
+      if (pair) pair->all_reduce(u);
+      const float expected_u = pair ? 2.0f : 1.0f;
+      if (t[0].item<float>() != world->size() || u[0].item<float>() != expected_u) {
+        std::cout << "FAIL: rank " << world->rank() << " all-reduced " << t[0].item<float>() << " and "
+                  << u[0].item<float>() << std::endl;
+        return 1;
+      }
+      std::cout << "rank " << world->rank() << " after reconnecting: all_reduce gives " << t[0].item<float>()
+                << std::endl;
+      return 0;
+    } catch (const std::exception& e) {
+      std::cout << "FAIL: " << e.what() << std::endl;
+      return 1;
+    }
+  }
   if (scenario == "early-exit" || scenario == "crash") {
     if (world->rank() == 1) {
       if (scenario == "crash") ::_exit(0);  // no goodbye: as if killed
@@ -87,6 +111,6 @@ int main(int argc, char** argv) {
     return expect_error([&] { world->all_reduce(u); },
                         {"all_reduce"}, 15);
   }
-  std::cerr << "usage: comm_faults early-exit|crash|rank0-crash|never-arrives|mismatch|size-mismatch" << std::endl;
+  std::cerr << "usage: comm_faults early-exit|crash|rank0-crash|never-arrives|mismatch|size-mismatch|broken-connect" << std::endl;
   return 2;
 }
