@@ -44,3 +44,15 @@ if(ZERO_WITH_CUDA)
   endif()
 endif()
 message(STATUS "zero: NCCL backend ${ZERO_WITH_NCCL}, Torch CUDA ${ZERO_TORCH_CUDA}")
+
+# Launch config files in Accelerate's YAML (accelerate/, zero-run): Debian's
+# yaml-cpp (libyaml-cpp-dev). Optional: without it, reading one is an error
+# that says what to install.
+find_package(yaml-cpp QUIET)
+if(yaml-cpp_FOUND)
+  set(ZERO_HAVE_YAML ON)
+  message(STATUS "zero: launch config files read with yaml-cpp ${yaml-cpp_VERSION}")
+else()
+  set(ZERO_HAVE_YAML OFF)
+  message(STATUS "zero: no yaml-cpp found: launch config files cannot be read (install libyaml-cpp-dev)")
+endif()

@@ -325,6 +325,10 @@ int64_t Engine::global_steps() const { return impl_->steps.global_steps; }
 int64_t Engine::skipped_steps() const { return impl_->steps.skipped_steps; }
 int64_t Engine::micro_steps() const { return impl_->steps.micro_steps; }
 double Engine::last_grad_norm() const { return impl_->last_norm; }
+void Engine::set_gradient_clipping(double max_norm) {
+  if (!(max_norm >= 0)) throw EngineError("set_gradient_clipping: max_norm must be >= 0, got " + std::to_string(max_norm));
+  impl_->config.gradient_clipping = max_norm;
+}
 torch::nn::Module& Engine::module() { return *impl_->module; }
 std::shared_ptr<torch::nn::Module> Engine::module_ptr() { return impl_->module; }
 comm::ProcessGroup& Engine::group() { return *impl_->pg; }

@@ -13,6 +13,7 @@ packages=(
   libprotobuf-dev protobuf-compiler  # TensorBoard's event messages (monitor/)
   python3-protobuf        # the tests' independent reader of those event files
   libtcmalloc-minimal4    # the allocator zero-run preloads (tools/launcher/allocator.h)
+  libyaml-cpp-dev         # launch config files in Accelerate's YAML (accelerate/)
   fio                     # reference for the NVMe swapper benchmark
   libgtest-dev libbenchmark-dev
 )

@@ -153,6 +153,9 @@ class Engine {
   int64_t skipped_steps() const;  // steps skipped for an fp16 overflow
   int64_t micro_steps() const;
   double last_grad_norm() const;  // global L2 norm of the last step's gradients, unscaled, before clipping
+  // The max global gradient norm of the updates from now on (the config's
+  // gradient_clipping; 0: no clipping).
+  void set_gradient_clipping(double max_norm);
   MemoryReport memory_report() const;
   StepTimes take_step_times();
 

@@ -5,8 +5,10 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "allocator.h"
+#include "launch_file.h"
 #include "launcher.h"
 
 extern char** environ;
@@ -15,7 +17,9 @@ namespace {
 
 const char kUsage[] =
     "usage: zero-run --nproc N [--nnodes M --node-rank R] [--master-addr A]\n"
-    "                [--master-port P] [--timeout-s T] [--allocator A] [--] PROGRAM [ARGS...]\n";
+    "                [--master-port P] [--timeout-s T] [--allocator A] [--] PROGRAM [ARGS...]\n"
+    "       zero-run --config-file FILE [options] [--] PROGRAM [ARGS...]\n"
+    "       zero-run config [--output FILE] [...]   (writes a launch config; see zero-run config --help)\n";
 
 const char kHelp[] =
     "\n"
@@ -25,6 +29,10 @@ const char kHelp[] =
     "\"[rank r] \", and stops all of them when one fails.\n"
     "\n"
     "options:\n"
+    "  --config-file F    a launch config in Accelerate's YAML (zero-run config\n"
+    "                     writes one): ranks, machines, this machine's rank and\n"
+    "                     the main process's address come from it, and the ranks\n"
+    "                     get ZERO_LAUNCH_CONFIG=F for zero::Accelerator\n"
     "  --nproc N          ranks on this node (also --nproc-per-node)\n"
     "  --nnodes M         nodes in the job (default 1)\n"
     "  --node-rank R      this node, 0..M-1 (default 0); RANK = R*N + LOCAL_RANK\n"
@@ -75,6 +83,8 @@ double parse_seconds(const std::string& option, const std::string& text) {
 zero_run::LaunchOptions parse(int argc, char** argv, bool* help) {
   zero_run::LaunchOptions o;
   bool have_nproc = false, have_port = false;
+  std::string config_file;
+  std::vector<std::string> given;
   int i = 1;
   for (; i < argc; ++i) {
     std::string arg = argv[i];
@@ -99,7 +109,8 @@ zero_run::LaunchOptions parse(int argc, char** argv, bool* help) {
       if (name[k] == '_') name[k] = '-';
     }
     static const char* const kKnown[] = {"--nproc",       "--nproc-per-node", "--nnodes",   "--node-rank",
-                                         "--master-addr", "--master-port",    "--timeout-s", "--allocator"};
+                                         "--master-addr", "--master-port",    "--timeout-s", "--allocator",
+                                         "--config-file"};
     bool known = false;
     for (const char* k : kKnown) known = known || name == k;
     if (!known) throw UsageError{"unknown option '" + arg + "'"};
@@ -107,7 +118,11 @@ zero_run::LaunchOptions parse(int argc, char** argv, bool* help) {
       if (i + 1 >= argc) throw UsageError{"option '" + name + "' needs a value"};
       value = argv[++i];
     }
-    if (name == "--nproc" || name == "--nproc-per-node") {
+    given.push_back(name == "--nproc-per-node" ? "--nproc" : name);
+    if (name == "--config-file") {
+      if (value.empty()) throw UsageError{"--config-file must not be empty"};
+      config_file = value;
+    } else if (name == "--nproc" || name == "--nproc-per-node") {
       o.nproc = parse_int(name, value, 1, 1 << 16);
       have_nproc = true;
     } else if (name == "--nnodes") {
@@ -129,6 +144,15 @@ zero_run::LaunchOptions parse(int argc, char** argv, bool* help) {
   }
   for (; i < argc; ++i) o.command.emplace_back(argv[i]);
 
+  if (!config_file.empty()) {
+    try {
+      zero_run::apply_launch_file(config_file, given, o);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError{e.what()};
+    }
+    have_nproc = true;
+    have_port = have_port || o.master_port != 0;
+  }
   if (!have_nproc) throw UsageError{"missing --nproc N (the number of ranks to start on this node)"};
   if (o.node_rank >= o.nnodes) {
     throw UsageError{"--node-rank must be in [0, " + std::to_string(o.nnodes) + "), got " +
@@ -142,7 +166,7 @@ zero_run::LaunchOptions parse(int argc, char** argv, bool* help) {
   try {
     const zero_run::AllocatorChoice allocator = zero_run::choose_allocator(o.allocator, environ);
     if (!allocator.note.empty()) std::fprintf(stderr, "zero-run: note: %s\n", allocator.note.c_str());
-    o.extra_env = allocator.env;
+    o.extra_env.insert(o.extra_env.end(), allocator.env.begin(), allocator.env.end());
   } catch (const std::invalid_argument& e) {
     throw UsageError{e.what()};
   }
@@ -152,6 +176,7 @@ zero_run::LaunchOptions parse(int argc, char** argv, bool* help) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "config") return zero_run::write_launch_file(argc, argv);
   bool help = false;
   zero_run::LaunchOptions options;
   try {

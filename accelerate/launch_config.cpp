@@ -1,0 +1,343 @@
+// Accelerate's YAML launch config, read with yaml-cpp (zero/launch_config.h).
+#include "zero/launch_config.h"
+
+#ifdef ZERO_HAVE_YAML
+#include <yaml-cpp/yaml.h>
+#endif
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "zero/error.h"
+
+namespace zero {
+namespace {
+
+// Keys Accelerate writes that have no meaning here; accepted silently.
+const std::set<std::string> kIgnoredTop = {
+    "debug",         "downcast_bf16",    "enable_cpu_affinity", "gpu_ids",       "main_training_function",
+    "rdzv_backend",  "same_network",     "tpu_env",             "tpu_use_cluster", "tpu_use_sudo",
+    "tpu_name",      "tpu_zone",         "commands",            "command_file",  "dynamo_config",
+    "dynamo_backend", "ipex_config",     "mpirun_config",       "megatron_lm_config", "fsdp_config",
+    "num_cpu_threads_per_process"};
+const std::set<std::string> kIgnoredDeepSpeed = {
+    "deepspeed_hostfile",   "deepspeed_multinode_launcher", "zero3_init_flag",           "zero3_save_16bit_model",
+    "deepspeed_moe_layer_cls_names", "deepspeed_exclusion_filter", "deepspeed_inclusion_filter"};
+
+#ifdef ZERO_HAVE_YAML
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+class Reader {
+ public:
+  explicit Reader(std::string source) : source_(std::move(source)) {}
+
+  [[noreturn]] void fail(const std::string& key, const std::string& problem) const {
+    throw ConfigError(where() + ": " + (key.empty() ? "" : key + ": ") + problem);
+  }
+  std::string where() const { return source_.empty() ? "launch config" : "launch config " + source_; }
+
+  // A scalar's text; null (`key:` or `~`) is "not given".
+  std::optional<std::string> scalar(const YAML::Node& n, const std::string& key) const {
+    if (!n || n.IsNull()) return std::nullopt;
+    if (!n.IsScalar()) fail(key, std::string("expected a single value, found a ") + (n.IsMap() ? "mapping" : "list"));
+    return n.Scalar();
+  }
+
+  std::optional<int64_t> integer(const YAML::Node& n, const std::string& key, int64_t min, int64_t max) const {
+    auto text = scalar(n, key);
+    if (!text) return std::nullopt;
+    errno = 0;
+    char* end = nullptr;
+    const long long v = std::strtoll(text->c_str(), &end, 10);
+    if (text->empty() || *end != '\0' || errno == ERANGE) fail(key, "expected an integer, found '" + *text + "'");
+    if (v < min || v > max) {
+      fail(key, "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "], found " + *text);
+    }
+    return v;
+  }
+
+  std::optional<double> number(const YAML::Node& n, const std::string& key) const {
+    auto text = scalar(n, key);
+    if (!text) return std::nullopt;
+    errno = 0;
+    char* end = nullptr;
+    const double v = std::strtod(text->c_str(), &end);
+    if (text->empty() || *end != '\0' || errno == ERANGE) fail(key, "expected a number, found '" + *text + "'");
+    if (v < 0) fail(key, "must be >= 0, found " + *text);
+    return v;
+  }
+
+  std::optional<bool> boolean(const YAML::Node& n, const std::string& key) const {
+    auto text = scalar(n, key);
+    if (!text) return std::nullopt;
+    const std::string t = lower(*text);
+    if (t == "true" || t == "yes") return true;
+    if (t == "false" || t == "no") return false;
+    fail(key, "expected true or false, found '" + *text + "'");
+  }
+
+  // A value out of `allowed` (compared case-insensitively; returned as listed).
+  std::optional<std::string> choice(const YAML::Node& n, const std::string& key,
+                                    const std::vector<std::string>& allowed) const {
+    auto text = scalar(n, key);
+    if (!text) return std::nullopt;
+    for (const auto& a : allowed) {
+      if (lower(a) == lower(*text)) return a;
+    }
+    std::string list;
+    for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+    fail(key, "expected one of " + list + ", found '" + *text + "'");
+  }
+
+  void unknown(const std::string& key, std::vector<std::string>& warnings) const {
+    warnings.push_back(where() + ": unknown key '" + key + "' is ignored (a typo?)");
+  }
+
+ private:
+  std::string source_;
+};
+
+std::string folder_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? "" : path.substr(0, slash + 1);
+}
+
+void read_deepspeed(const Reader& r, const YAML::Node& node, LaunchConfig& c) {
+  if (!node.IsMap()) r.fail("deepspeed_config", "expected a mapping of keys");
+  auto& ds = c.deepspeed;
+  std::vector<std::string> given;
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    const std::string path = "deepspeed_config." + key;
+    const YAML::Node& v = kv.second;
+    if (key == "deepspeed_config_file") {
+      ds.config_file = r.scalar(v, path).value_or("");
+      continue;
+    }
+    if (key == "zero_stage") {
+      if (auto s = r.integer(v, path, 0, 3)) ds.zero_stage = static_cast<int>(*s);
+    } else if (key == "offload_optimizer_device") {
+      ds.offload_optimizer_device = r.choice(v, path, {"none", "cpu", "nvme"});
+    } else if (key == "offload_param_device") {
+      ds.offload_param_device = r.choice(v, path, {"none", "cpu", "nvme"});
+    } else if (key == "offload_optimizer_nvme_path") {
+      ds.offload_optimizer_nvme_path = r.scalar(v, path).value_or("");
+    } else if (key == "offload_param_nvme_path") {
+      ds.offload_param_nvme_path = r.scalar(v, path).value_or("");
+    } else if (key == "gradient_clipping") {
+      ds.gradient_clipping = r.number(v, path);
+    } else if (key == "gradient_accumulation_steps") {
+      ds.gradient_accumulation_steps = r.integer(v, path, 1, 1 << 30);
+    } else if (kIgnoredDeepSpeed.count(key)) {
+      continue;
+    } else {
+      r.unknown(path, c.warnings);
+      continue;
+    }
+    if (!v.IsNull()) given.push_back(key);
+  }
+  if (!ds.config_file.empty()) {
+    if (!given.empty()) {
+      std::string keys;
+      for (const auto& k : given) keys += (keys.empty() ? "" : ", ") + k;
+      r.fail("deepspeed_config", "gives deepspeed_config_file and also " + keys +
+                                     "; with a ds_config file, set these in that file and remove them here");
+    }
+    if (ds.config_file[0] != '/') ds.config_file = folder_of(c.source) + ds.config_file;
+  }
+  if (ds.offload_optimizer_device == std::string("nvme") && ds.offload_optimizer_nvme_path.empty()) {
+    r.fail("deepspeed_config.offload_optimizer_nvme_path", "missing: offload_optimizer_device nvme needs a folder");
+  }
+  if (ds.offload_param_device == std::string("nvme") && ds.offload_param_nvme_path.empty()) {
+    r.fail("deepspeed_config.offload_param_nvme_path", "missing: offload_param_device nvme needs a folder");
+  }
+}
+
+#endif  // ZERO_HAVE_YAML
+
+}  // namespace
+
+LaunchConfig LaunchConfig::from_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    throw ConfigError("launch config " + path + ": cannot be read (" + std::string(std::strerror(errno)) +
+                      "); write one with `zero-run config --output " + path + "`");
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return from_yaml(text.str(), path);
+}
+
+#ifndef ZERO_HAVE_YAML
+LaunchConfig LaunchConfig::from_yaml(const std::string&, const std::string& source) {
+  throw ConfigError("launch config " + source + ": this build of zero has no YAML reader; install Debian's "
+                    "libyaml-cpp-dev (tools/setup-deps.sh does) and build again");
+}
+#else
+LaunchConfig LaunchConfig::from_yaml(const std::string& text, const std::string& source) {
+  Reader r(source);
+  LaunchConfig c;
+  c.source = source;
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    r.fail("", "is not valid YAML: " + std::string(e.what()));
+  }
+  if (!root || root.IsNull()) r.fail("", "is empty; write one with `zero-run config`");
+  if (!root.IsMap()) r.fail("", "expected a mapping of keys at the top");
+
+  bool have_processes = false, have_type = false;
+  for (const auto& kv : root) {
+    const std::string key = kv.first.as<std::string>();
+    const YAML::Node& v = kv.second;
+    if (key == "compute_environment") {
+      auto env = r.scalar(v, key);
+      if (env && *env != "LOCAL_MACHINE") {
+        r.fail(key, "'" + *env + "' is not available; zero launches on LOCAL_MACHINE (one or more machines you start "
+                               "zero-run on)");
+      }
+    } else if (key == "distributed_type") {
+      auto t = r.scalar(v, key);
+      if (!t) continue;
+      const std::string type = *t;
+      if (type == "FSDP") {
+        r.fail(key, "FSDP is not available in zero; use DEEPSPEED with deepspeed_config.zero_stage 3 (what FSDP's "
+                    "FULL_SHARD does) or 2 (SHARD_GRAD_OP)");
+      }
+      c.distributed_type = *r.choice(v, key, {"NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED"});
+      have_type = true;
+    } else if (key == "num_processes") {
+      if (auto n = r.integer(v, key, 1, 1 << 20)) c.num_processes = static_cast<int>(*n), have_processes = true;
+    } else if (key == "num_machines") {
+      if (auto n = r.integer(v, key, 1, 1 << 16)) c.num_machines = static_cast<int>(*n);
+    } else if (key == "machine_rank") {
+      if (auto n = r.integer(v, key, 0, 1 << 16)) c.machine_rank = static_cast<int>(*n);
+    } else if (key == "main_process_ip") {
+      c.main_process_ip = r.scalar(v, key).value_or("");
+    } else if (key == "main_process_port") {
+      if (auto n = r.integer(v, key, 1, 65535)) c.main_process_port = static_cast<int>(*n);
+    } else if (key == "mixed_precision") {
+      // YAML 1.1 reads an unquoted no as a boolean; its text is still "no".
+      c.mixed_precision = r.choice(v, key, {"no", "fp16", "bf16"});
+    } else if (key == "use_cpu") {
+      c.use_cpu = r.boolean(v, key).value_or(false);
+    } else if (key == "gradient_accumulation_steps") {
+      c.gradient_accumulation_steps = r.integer(v, key, 1, 1 << 30);
+    } else if (key == "deepspeed_config") {
+      if (!v.IsNull()) read_deepspeed(r, v, c);
+    } else if (!kIgnoredTop.count(key)) {
+      r.unknown(key, c.warnings);
+    }
+  }
+
+  if (!have_processes) r.fail("num_processes", "missing: how many ranks to start on all machines together");
+  if (!have_type) r.fail("distributed_type", "missing: NO, MULTI_CPU, MULTI_GPU or DEEPSPEED");
+  if (c.distributed_type == "NO" && c.num_processes > 1) {
+    r.fail("distributed_type", "NO runs one process, but num_processes is " + std::to_string(c.num_processes) +
+                                   "; use MULTI_CPU, MULTI_GPU or DEEPSPEED");
+  }
+  if (c.num_processes % c.num_machines != 0) {
+    r.fail("num_processes", std::to_string(c.num_processes) + " does not divide evenly over num_machines " +
+                                std::to_string(c.num_machines) + " (every machine starts the same number of ranks)");
+  }
+  if (c.machine_rank >= c.num_machines) {
+    r.fail("machine_rank", "must be below num_machines " + std::to_string(c.num_machines) + ", found " +
+                               std::to_string(c.machine_rank));
+  }
+  if (c.num_machines > 1 && (c.main_process_ip.empty() || c.main_process_port == 0)) {
+    r.fail(c.main_process_ip.empty() ? "main_process_ip" : "main_process_port",
+           "missing: with num_machines > 1 every machine must name machine 0's address and port");
+  }
+  if (c.distributed_type != "DEEPSPEED" &&
+      (!c.deepspeed.config_file.empty() || c.deepspeed.zero_stage || c.deepspeed.offload_optimizer_device)) {
+    c.warnings.push_back(r.where() + ": deepspeed_config is read only with distributed_type DEEPSPEED (this file "
+                                     "has " + c.distributed_type + ")");
+  }
+  if (c.gradient_accumulation_steps && c.deepspeed.gradient_accumulation_steps &&
+      *c.gradient_accumulation_steps != *c.deepspeed.gradient_accumulation_steps) {
+    r.fail("gradient_accumulation_steps", std::to_string(*c.gradient_accumulation_steps) +
+                                              " conflicts with deepspeed_config.gradient_accumulation_steps " +
+                                              std::to_string(*c.deepspeed.gradient_accumulation_steps));
+  }
+  return c;
+}
+#endif  // ZERO_HAVE_YAML
+
+std::string default_launch_config_yaml(const LaunchConfigAnswers& a) {
+  const int processes = a.num_processes > 0 ? a.num_processes
+                        : a.gpus_found > 0  ? a.gpus_found
+                                            : std::min(2, std::max(1, a.cpus_found));
+  std::string type = a.distributed_type;
+  if (type.empty()) type = processes == 1 ? "NO" : a.gpus_found > 0 ? "MULTI_GPU" : "MULTI_CPU";
+  std::ostringstream y;
+  y << "# zero launch config, in Hugging Face Accelerate's format.\n"
+       "#   zero-run --config-file THIS_FILE PROGRAM [ARGS...]\n"
+       "# starts the ranks; zero::Accelerator in PROGRAM reads the same file.\n"
+       "# Written for a machine with "
+    << a.gpus_found << " GPU(s) and " << a.cpus_found
+    << " CPU(s).\n"
+       "\n"
+       "compute_environment: LOCAL_MACHINE\n"
+       "# NO (one process), MULTI_CPU, MULTI_GPU (plain data parallelism: ZeRO stage 0)\n"
+       "# or DEEPSPEED (ZeRO, with the deepspeed_config block below).\n"
+       "distributed_type: "
+    << type
+    << "\n"
+       "# Ranks on all machines together; zero-run starts num_processes / num_machines here.\n"
+       "num_processes: "
+    << processes << "\nnum_machines: " << a.num_machines << "\nmachine_rank: " << a.machine_rank << "\n";
+  y << "# Machine 0's address and port; needed when num_machines > 1 (one machine: 127.0.0.1 and a free port).\n";
+  if (a.main_process_ip.empty()) {
+    y << "# main_process_ip: 10.0.0.1\n";
+  } else {
+    y << "main_process_ip: " << a.main_process_ip << "\n";
+  }
+  if (a.main_process_port == 0) {
+    y << "# main_process_port: 29500\n";
+  } else {
+    y << "main_process_port: " << a.main_process_port << "\n";
+  }
+  y << "# 'no', fp16 or bf16 (quote 'no': YAML reads a bare no as false). A ds_config\n"
+       "# file that sets fp16/bf16 itself must agree.\n"
+       "mixed_precision: '"
+    << a.mixed_precision
+    << "'\n"
+       "# Micro-batches per optimizer step.\n"
+       "gradient_accumulation_steps: "
+    << a.gradient_accumulation_steps << "\n";
+  if (type == "DEEPSPEED") {
+    y << "deepspeed_config:\n";
+    if (!a.deepspeed_config_file.empty()) {
+      y << "  # A ds_config JSON file (relative to this file); it holds every ZeRO setting.\n"
+           "  deepspeed_config_file: "
+        << a.deepspeed_config_file << "\n";
+    } else {
+      y << "  # 0: plain data parallelism; 1: optimizer states sharded; 2: + gradients; 3: + parameters.\n"
+           "  zero_stage: "
+        << a.zero_stage
+        << "\n"
+           "  # none, cpu or nvme (nvme also needs offload_optimizer_nvme_path / offload_param_nvme_path).\n"
+           "  offload_optimizer_device: "
+        << a.offload_optimizer_device << "\n  offload_param_device: " << a.offload_param_device
+        << "\n"
+           "  # Max global gradient norm; 0.0: no clipping.\n"
+           "  gradient_clipping: "
+        << a.gradient_clipping
+        << "\n"
+           "  # Or one ds_config file instead of the keys above:\n"
+           "  # deepspeed_config_file: ds_config.json\n";
+    }
+  }
+  return y.str();
+}
+
+}  // namespace zero

@@ -1,0 +1,148 @@
+// zero::DataLoader's sharding, counted: every sample once per epoch across
+// the ranks, the same global batches at any world size, the last batch
+// filled up or dropped, and a position that carries over to another world
+// size. The loaders of all ranks are built in one process (the rank is just
+// a number to the loader).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+
+#include "accelerate/data_loader.h"
+
+namespace {
+
+using zero::DataLoader;
+
+std::shared_ptr<zero::Dataset> numbers(int64_t n) {
+  return std::make_shared<zero::TensorDataset>(std::vector<at::Tensor>{torch::arange(n, torch::kLong),
+                                                                        torch::arange(n, torch::kLong) * 10});
+}
+
+DataLoader loader_for(int64_t n, int rank, int ranks, int64_t per_rank, bool drop_last, bool shuffle = true) {
+  auto s = std::make_shared<DataLoader::State>();
+  s->dataset = numbers(n);
+  s->options.batch_size = per_rank;
+  s->options.drop_last = drop_last;
+  s->options.shuffle = shuffle;
+  s->seed = 7;
+  s->per_rank = per_rank;
+  s->dp_rank = rank;
+  s->dp_size = ranks;
+  return DataLoader(s);
+}
+
+// The global batches of one epoch: every rank's rows of batch k, in rank order.
+std::vector<std::vector<int64_t>> epoch_batches(std::vector<DataLoader>& ranks) {
+  std::vector<std::vector<int64_t>> out;
+  std::vector<DataLoader::iterator> its;
+  for (auto& l : ranks) its.push_back(l.begin());
+  while (its[0] != ranks[0].end()) {
+    std::vector<int64_t> global;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      EXPECT_NE(its[r], ranks[r].end());
+      const auto& batch = *its[r];
+      EXPECT_TRUE(torch::equal(batch[1], batch[0] * 10));  // the columns stay together
+      for (int64_t i = 0; i < batch[0].size(0); ++i) global.push_back(batch[0][i].item<int64_t>());
+      ++its[r];
+    }
+    out.push_back(global);
+  }
+  for (size_t r = 0; r < ranks.size(); ++r) EXPECT_EQ(its[r], ranks[r].end());
+  return out;
+}
+
+std::vector<DataLoader> world(int64_t n, int ranks, int64_t per_rank, bool drop_last) {
+  std::vector<DataLoader> out;
+  for (int r = 0; r < ranks; ++r) out.push_back(loader_for(n, r, ranks, per_rank, drop_last));
+  return out;
+}
+
+TEST(DataLoader, EverySampleOncePerEpochAcrossRanks) {
+  for (int ranks : {1, 2, 3, 4}) {
+    for (int64_t n : {24, 25, 37}) {
+      auto loaders = world(n, ranks, 3, /*drop_last=*/false);
+      const int64_t global = 3 * ranks;
+      const auto batches = epoch_batches(loaders);
+      ASSERT_EQ(static_cast<int64_t>(batches.size()), (n + global - 1) / global);
+      EXPECT_EQ(static_cast<int64_t>(batches.size()), loaders[0].batches_per_epoch());
+      std::map<int64_t, int> seen;
+      for (size_t b = 0; b < batches.size(); ++b) {
+        // A batch's real rows come first; the rest fill up the last batch.
+        const int64_t real = std::min<int64_t>(global, n - static_cast<int64_t>(b) * global);
+        for (int64_t i = 0; i < real; ++i) ++seen[batches[b][static_cast<size_t>(i)]];
+      }
+      ASSERT_EQ(static_cast<int64_t>(seen.size()), n) << ranks << " ranks, " << n << " samples";
+      for (const auto& [index, count] : seen) EXPECT_EQ(count, 1) << "sample " << index;
+    }
+  }
+}
+
+TEST(DataLoader, DropLastDropsOnlyTheIncompleteBatch) {
+  for (int ranks : {1, 2, 4}) {
+    auto loaders = world(37, ranks, 3, /*drop_last=*/true);
+    const int64_t global = 3 * ranks;
+    const auto batches = epoch_batches(loaders);
+    ASSERT_EQ(static_cast<int64_t>(batches.size()), 37 / global);
+    std::map<int64_t, int> seen;
+    for (const auto& b : batches) {
+      for (int64_t i : b) ++seen[i];
+    }
+    EXPECT_EQ(static_cast<int64_t>(seen.size()), 37 / global * global);
+    for (const auto& [index, count] : seen) EXPECT_EQ(count, 1);
+  }
+}
+
+TEST(DataLoader, TheSameGlobalBatchesAtAnyWorldSize) {
+  auto one = world(50, 1, 12, false);
+  auto two = world(50, 2, 6, false);
+  auto four = world(50, 4, 3, false);
+  const auto reference = epoch_batches(one);
+  EXPECT_EQ(epoch_batches(two), reference);
+  EXPECT_EQ(epoch_batches(four), reference);
+}
+
+TEST(DataLoader, EachEpochHasItsOwnOrderFromTheSeed) {
+  auto a = world(40, 2, 4, false);
+  const auto epoch0 = epoch_batches(a);
+  EXPECT_EQ(a[0].epoch(), 1);  // the end of an epoch moves on to the next
+  const auto epoch1 = epoch_batches(a);
+  EXPECT_NE(epoch0, epoch1);
+  auto b = world(40, 2, 4, false);
+  for (auto& l : b) l.set_epoch(1);
+  EXPECT_EQ(epoch_batches(b), epoch1);
+  for (auto& l : b) l.set_epoch(0);
+  EXPECT_EQ(epoch_batches(b), epoch0);
+  auto ordered = loader_for(10, 0, 1, 10, false, /*shuffle=*/false);
+  EXPECT_TRUE(torch::equal((*ordered.begin())[0], torch::arange(10, torch::kLong)));
+}
+
+TEST(DataLoader, APositionCarriesOverToAnotherWorldSize) {
+  // 2 ranks x 6 rows, stopped after 3 batches of epoch 1; 4 ranks x 3 rows
+  // (the same global batch) take over and see the rest of the epoch in order.
+  auto full = world(100, 2, 6, false);
+  for (auto& l : full) l.set_epoch(1);
+  const auto reference = epoch_batches(full);
+
+  auto first = world(100, 2, 6, false);
+  for (auto& l : first) l.set_epoch(1);
+  std::vector<DataLoader::iterator> its;
+  for (auto& l : first) its.push_back(l.begin());
+  for (int b = 1; b < 3; ++b) {
+    for (auto& it : its) ++it;
+  }
+  // Inside the third batch's body: the position is past it.
+  EXPECT_EQ(first[0].position().epoch, 1);
+  EXPECT_EQ(first[0].position().samples, 36);
+
+  auto second = world(100, 4, 3, false);
+  for (auto& l : second) {
+    l.set_position(first[0].position());
+    l.set_epoch(1);  // a resumed loop calls it again: the position stays
+  }
+  EXPECT_EQ(second[0].remaining_batches(), static_cast<int64_t>(reference.size()) - 3);
+  const auto rest = epoch_batches(second);
+  EXPECT_EQ(rest, std::vector<std::vector<int64_t>>(reference.begin() + 3, reference.end()));
+}
+
+}  // namespace
