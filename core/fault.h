@@ -13,7 +13,8 @@ void reached(const char* point, int rank);
 
 // The same counting without the kill, for points that simulate a failure
 // the program recovers from: comm.connected (a rank's gloo connection
-// broke right after connecting; the group connects again).
+// broke right after connecting; the group connects again, see
+// Note [Connecting a gloo group] in comm/gloo.cpp).
 bool fires(const char* point, int rank);
 
 }  // namespace zero::fault

@@ -1,5 +1,6 @@
 #pragma once
 // The umbrella header of zero.
+#include "zero/accelerate.h"
 #include "zero/activation_checkpointing.h"
 #include "zero/comm.h"
 #include "zero/config.h"
