@@ -4,8 +4,10 @@
 //   accelerate_train parity
 //     Two epochs; rank 0 checks every micro-step's loss against a plain
 //     LibTorch run with torch::optim::AdamW on the same global batches in
-//     this process (relative error below 1e-5), and that every sample was
-//     seen once per epoch (counted over the ranks with gather_for_metrics).
+//     this process (relative error below 1e-5), with clip_grad_norm(0.5)
+//     against torch::nn::utils::clip_grad_norm_, and that every sample was
+//     seen once per epoch (counted over the ranks with gather_for_metrics,
+//     which drops the last batch's padding).
 //   accelerate_train curve OUT STEPS [--dropout P] [--save-at K DIR] [--resume DIR]
 //     Trains until micro-step STEPS, writing one line per micro-step it runs
 //     to OUT (rank 0): the global batch's sample ids and the loss as a hex
@@ -25,7 +27,7 @@
 
 namespace {
 
-constexpr int64_t kSamples = 96;
+constexpr int64_t kSamples = 100;  // the last global batch of an epoch is half padding
 constexpr int64_t kGlobalBatch = 8;
 constexpr int64_t kIn = 16, kHidden = 32, kClasses = 4;
 
@@ -101,6 +103,7 @@ int parity() {
       acc.accumulate([&] {
         at::Tensor loss = torch::nn::functional::cross_entropy(model->forward(batch[0]), batch[1]);
         acc.backward(loss);
+        if (acc.sync_gradients()) acc.clip_grad_norm(0.5);
         loss_value = acc.gather(loss.detach().reshape({1})).mean().item<double>();
       });
       const at::Tensor ids_seen = acc.gather_for_metrics(batch[2]);
@@ -112,6 +115,7 @@ int parity() {
       at::Tensor ref_loss = torch::nn::functional::cross_entropy(reference->forward(global[0]), global[1]);
       (ref_loss / static_cast<double>(gas)).backward();
       if (++micro % gas == 0) {
+        torch::nn::utils::clip_grad_norm_(reference->parameters(), 0.5);
         optimizer.step();
         optimizer.zero_grad();
       }
