@@ -23,15 +23,11 @@
 #include "gpt_bench.h"
 #include "zero/accelerate.h"
 #include "zero/zero.h"
+#include "median.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -115,7 +111,7 @@ int main(int argc, char** argv) {
         }
       }
       for (int side = 0; side < 2; ++side) times[side].insert(times[side].end(), block[side].begin(), block[side].end());
-      round_ratios.push_back(median(block[1]) / median(block[0]));
+      round_ratios.push_back(zero_bench::median(block[1]) / zero_bench::median(block[0]));
     }
 
     // The loader alone over whole epochs (shuffled, as in training).
@@ -134,7 +130,7 @@ int main(int argc, char** argv) {
     const double loader_rate = static_cast<double>(batches) / seconds_since(start);
 
     if (rank == 0) {
-      const double direct_ms = median(times[0]) * 1e3, through_ms = median(times[1]) * 1e3;
+      const double direct_ms = zero_bench::median(times[0]) * 1e3, through_ms = zero_bench::median(times[1]) * 1e3;
       std::sort(round_ratios.begin(), round_ratios.end());
       std::printf("| ranks | threads per process | model | steps timed per side | engine direct (ms/step) | "
                   "through the Accelerator (ms/step) | through / direct | per-round, min - max | goal |\n"

@@ -31,6 +31,7 @@
 #include "gpt/gpt.h"
 #include "gpt_bench.h"
 #include "zero/zero.h"
+#include "median.h"
 
 namespace {
 
@@ -40,11 +41,6 @@ using zero_examples::Corpus;
 using zero_examples::GPT;
 using zero_examples::GPTOptions;
 using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? NAN : v[v.size() / 2];
-}
 
 int run_one(const zero_bench::Flags& flags) {
   auto world = zero::comm::init_process_group();
@@ -95,11 +91,11 @@ int run_one(const zero_bench::Flags& flags) {
               {"activations_peak", figures[0].item<double>()}, {"peak_rss", figures[1].item<double>()},
               {"estimate", zero::kept_activation_bytes(shape, checkpoint ? o.depth : 0)},
               {"estimate_backward_peak", zero::activation_bytes(shape, checkpoint ? o.depth : 0)},
-              {"step_s", median(times)}, {"step_times", times}};
+              {"step_s", zero_bench::median(times)}, {"step_times", times}};
     std::ofstream(flags.str("out"), std::ios::app) << j.dump() << "\n";
     std::printf("context %lld, checkpointing %s: activations %.1f MB (estimate %.1f MB), peak RSS %.1f MB, step %.1f ms\n",
                 (long long)o.context, checkpoint ? "on" : "off", figures[0].item<double>() / 1e6,
-                j["estimate"].get<double>() / 1e6, figures[1].item<double>() / 1e6, median(times) * 1e3);
+                j["estimate"].get<double>() / 1e6, figures[1].item<double>() / 1e6, zero_bench::median(times) * 1e3);
   }
   return 0;
 }
@@ -194,7 +190,7 @@ int run_report(const zero_bench::Flags& flags) {
   std::printf("\nlongest context whose activations fit %.0f MB per rank: %lld without checkpointing, %lld with (%.1fx; "
               "goal >= 3x: %s, within the contexts run); step time with / without, median over contexts: %.3f (goal <= 1.4: %s)\n",
               budget, (long long)longest_off, (long long)longest_on, ratio, ratio >= 3 ? "pass" : "miss",
-              median(slowdowns), median(slowdowns) <= 1.4 ? "pass" : "miss");
+              zero_bench::median(slowdowns), zero_bench::median(slowdowns) <= 1.4 ? "pass" : "miss");
   if (!flags.str("svg").empty()) write_svg(flags.str("svg"), off, on, budget);
   return 0;
 }

@@ -59,6 +59,7 @@
 #include "gpt/gpt.h"
 #include "gpt_bench.h"
 #include "zero/zero.h"
+#include "median.h"
 
 using namespace zero_examples;
 namespace fs = std::filesystem;
@@ -67,12 +68,6 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 [[noreturn]] void sys_fail(const std::string& what, const std::string& path) {
   throw std::runtime_error(what + " " + path + ": " + std::strerror(errno));
@@ -414,13 +409,13 @@ int run(const zero_bench::Flags& flags) {
   if (rank == 0 && phase != "all") {
     std::printf("\n%s only, %d reps after %d warm-up, %.0f bytes per rank: median save %.3f s, load cold %.3f s, "
                 "load warm %.3f s\n",
-                phase.c_str(), reps, warmup, max_bytes, s.save.empty() ? 0.0 : median(s.save),
-                s.load_cold.empty() ? 0.0 : median(s.load_cold), s.load_warm.empty() ? 0.0 : median(s.load_warm));
+                phase.c_str(), reps, warmup, max_bytes, s.save.empty() ? 0.0 : zero_bench::median(s.save),
+                s.load_cold.empty() ? 0.0 : zero_bench::median(s.load_cold), s.load_warm.empty() ? 0.0 : zero_bench::median(s.load_warm));
   } else if (rank == 0) {
     const double b = max_bytes;  // the slowest rank's time is set by the largest file, near enough
     auto mbps = [&](double sec) { return b / sec / 1e6; };
-    const double save = median(s.save), write = median(s.write), lc = median(s.load_cold), rc = median(s.read_cold),
-                 lw = median(s.load_warm), rw = median(s.read_warm);
+    const double save = zero_bench::median(s.save), write = zero_bench::median(s.write), lc = zero_bench::median(s.load_cold), rc = zero_bench::median(s.read_cold),
+                 lw = zero_bench::median(s.load_warm), rw = zero_bench::median(s.read_warm);
     std::printf("\n## checkpoint I/O: %d ranks x %d thread(s), GPT %lld params (depth %lld, width %lld), stage %d, %s, "
                 "AdamW; median of %d reps after %d warm-up, slowest rank; chunk %zu MiB\n",
                 N, threads, (long long)psi, (long long)options.depth, (long long)options.width, setup.stage,
@@ -431,7 +426,7 @@ int run(const zero_bench::Flags& flags) {
                 100.0 * resident_ck / (double(total_bytes) * reps), 100.0 * resident_ref / (double(bytes) * N * reps));
     std::printf("XXH3-64 of this rank's bytes in memory: %.3f s (%.0f MB/s); reference write %.3f s = write() %.3f s "
                 "+ fsync %.3f s (medians)\n\n",
-                hash_max, b / hash_max / 1e6, write, median(s.write_only), median(s.fsync_only));
+                hash_max, b / hash_max / 1e6, write, zero_bench::median(s.write_only), zero_bench::median(s.fsync_only));
     std::printf("| operation | bytes/rank | engine s | engine MB/s | reference | reference s | reference MB/s | ratio | goal 0.8 |\n");
     std::printf("|---|---:|---:|---:|---|---:|---:|---:|---|\n");
     auto row = [&](const char* op, double e, const char* ref_name, double r) {

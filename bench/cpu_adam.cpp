@@ -45,6 +45,7 @@
 
 #include "offload/cpu_optimizer.h"
 #include "offload/huge_pages.h"
+#include "median.h"
 
 using Clock = std::chrono::steady_clock;
 using zero::offload::CopyDtype;
@@ -53,12 +54,6 @@ using zero::offload::Simd;
 namespace {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Whether Buffers ask for huge pages (--huge-pages).
 bool g_huge_pages = false;
@@ -134,7 +129,7 @@ struct Row {
   std::string name, copy;
   std::vector<double> seconds;  // step times
   double bytes;                 // per parameter
-  double median_s() const { return median(seconds); }
+  double median_s() const { return zero_bench::median(seconds); }
 };
 
 // Triad arrays, first touched by the threads that use them.
@@ -253,7 +248,7 @@ int main(int argc, char** argv) {
   rows.push_back(torch_row);
 
   const double triad_best = 24.0 * static_cast<double>(f.triad) / *std::min_element(triad_s.begin(), triad_s.end());
-  const double triad_median = 24.0 * static_cast<double>(f.triad) / median(triad_s);
+  const double triad_median = 24.0 * static_cast<double>(f.triad) / zero_bench::median(triad_s);
   const double torch_rate = static_cast<double>(n) / torch_row.median_s();
   std::printf("| optimizer | copy | ms/step | Mparams/s | GB/s moved | vs torch | vs bound |\n");
   std::printf("|---|---|---:|---:|---:|---:|---:|\n");
@@ -281,6 +276,6 @@ int main(int argc, char** argv) {
   std::printf("ours (%s) / bound = %.2f  (goal >= 0.8; median step against best triad)\n", best.name.c_str(),
               best_rate / (triad_best / 28.0));
   std::printf("  same ratio, fastest step against best triad: %.2f; median of per-round ratios: %.2f\n",
-              fastest / (triad_best / 28.0), median(paired));
+              fastest / (triad_best / 28.0), zero_bench::median(paired));
   return 0;
 }

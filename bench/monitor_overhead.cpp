@@ -20,15 +20,7 @@
 #include "gpt/gpt.h"
 #include "gpt_bench.h"
 #include "zero/zero.h"
-
-namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-}  // namespace
+#include "median.h"
 
 int main(int argc, char** argv) {
   try {
@@ -77,11 +69,11 @@ int main(int argc, char** argv) {
           progress.advance(1);
         }
       }
-      round_ratios.push_back(median(block[1]) / median(block[0]));
+      round_ratios.push_back(zero_bench::median(block[1]) / zero_bench::median(block[0]));
     }
     progress.finish();
     if (world->rank() == 0) {
-      const double off_ms = median(times[0]) * 1e3, on_ms = median(times[1]) * 1e3;
+      const double off_ms = zero_bench::median(times[0]) * 1e3, on_ms = zero_bench::median(times[1]) * 1e3;
       std::sort(round_ratios.begin(), round_ratios.end());
       std::printf("| ranks | threads per process | model | steps timed per side | all off (ms/step) | "
                   "monitors + comms logger + profiler on (ms/step) | on / off | per-round on / off, min - max | goal |\n"

@@ -30,6 +30,7 @@
 
 #include "offload/swapper.h"
 #include "zero/error.h"
+#include "median.h"
 
 using zero::offload::AlignedBuffer;
 using zero::offload::NvmeSwapper;
@@ -79,12 +80,6 @@ Args parse(int argc, char** argv) {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 std::string list(const std::vector<double>& v) {
@@ -170,7 +165,7 @@ int main(int argc, char** argv) {
         "\"write_gbps_median\":%.4f,\"read_gbps_median\":%.4f}\n",
         a.dir.c_str(), a.pages.c_str(), direct ? "true" : "false", static_cast<long long>(a.block_size),
         static_cast<long long>(a.queue_depth), keys, key_bytes, total, list(write_gbps).c_str(),
-        list(read_gbps).c_str(), median(write_gbps), median(read_gbps));
+        list(read_gbps).c_str(), zero_bench::median(write_gbps), zero_bench::median(read_gbps));
   } catch (const zero::Error& e) {
     std::fprintf(stderr, "bench_nvme_swapper: %s\n", e.what());
     return 1;

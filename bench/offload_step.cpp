@@ -80,6 +80,7 @@
 #include "gpt/gpt.h"
 #include "gpt_bench.h"
 #include "zero/zero.h"
+#include "median.h"
 
 using namespace zero_examples;
 using Clock = std::chrono::steady_clock;
@@ -110,12 +111,6 @@ struct Result {
   double host_bytes = 0, nvme_bytes = 0;  // max over ranks
   double loss = 0;                        // the last measured step's, mean over ranks
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? NAN : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 std::string default_nvme_dir() {
   // A folder under the build dir: beside this binary's folder (build/bench/..).
@@ -237,11 +232,11 @@ void merge(Result& into, const Result& r, int rounds_before) {
     into.loss = r.loss;
     into.times.insert(into.times.end(), r.times.begin(), r.times.end());
   }
-  into.round_medians.push_back(median(r.times));
+  into.round_medians.push_back(zero_bench::median(r.times));
   double sum = 0;
   for (double t : into.times) sum += t;
   into.mean = sum / into.times.size();
-  into.median = median(into.times);
+  into.median = zero_bench::median(into.times);
   into.min = *std::min_element(into.times.begin(), into.times.end());
   into.max = *std::max_element(into.times.begin(), into.times.end());
 }
@@ -265,7 +260,7 @@ double median_ms(F&& f) {
     f();
     ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
   }
-  return median(ms);
+  return zero_bench::median(ms);
 }
 
 // In pieces of `piece` elements, like the engine's per-bucket master tensors.

@@ -50,18 +50,13 @@
 #include "gpt_bench.h"
 #include "core/heap.h"
 #include "zero/zero.h"
+#include "median.h"
 
 using namespace zero_examples;
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 GPTOptions model_options(const zero_bench::Flags& flags, int64_t vocab) {
   GPTOptions o;
@@ -145,7 +140,7 @@ int run_plain(const zero_bench::Flags& flags) {
   j["world"] = world;
   if (world > 1) j["rank"] = rank ? std::atoi(rank) : 0;
   j["vocab"] = options.vocab_size;  // for the PyTorch peer's model
-  j["step_s"] = median(times);
+  j["step_s"] = zero_bench::median(times);
   j["step_times"] = times;
   j["minflt_per_step"] = double(minor_faults() - faults_before) / steps;
   j["peak_rss"] = zero_bench::peak_rss_bytes();
@@ -215,7 +210,7 @@ int run_engine(const zero_bench::Flags& flags) {
     j["mode"] = "engine";
     j["stage"] = setup.stage;
     j["world"] = N;
-    j["step_s"] = median(slowest);
+    j["step_s"] = zero_bench::median(slowest);
     j["step_times"] = slowest;
     j["bytes_per_step"] = b[0].item<double>();
     j["bytes_by_kind"] = {{"all_reduce", b[1].item<double>()},
@@ -232,7 +227,7 @@ int run_engine(const zero_bench::Flags& flags) {
     std::printf("stage %d, %d ranks x %d thread(s): median step %.1f ms, %.2f MB sent per step per rank "
                 "(theory %.2f MB; all-reduce %.2f, reduce-scatter %.2f, all-gather %.2f), %.0f minor faults per step, "
                 "peak RSS %.0f MB\n",
-                setup.stage, N, threads, median(slowest) * 1e3, b[0].item<double>() / 1e6, theory / 1e6,
+                setup.stage, N, threads, zero_bench::median(slowest) * 1e3, b[0].item<double>() / 1e6, theory / 1e6,
                 b[1].item<double>() / 1e6, b[2].item<double>() / 1e6, b[3].item<double>() / 1e6,
                 b[5].item<double>(), b[6].item<double>() / 1e6);
     std::printf("stage %d split per step on rank 0 (ms): forward %.1f, backward %.1f, waiting for reductions %.1f, "
@@ -266,7 +261,7 @@ json pooled(const std::vector<json>& lines) {
     faults += field(line, "minflt_per_step");
     rss = std::max(rss, field(line, "peak_rss"));
   }
-  j["step_s"] = median(times);
+  j["step_s"] = zero_bench::median(times);
   j["pooled_steps"] = times.size();
   j["minflt_per_step"] = faults / lines.size();
   j["peak_rss"] = rss;
