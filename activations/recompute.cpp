@@ -9,9 +9,12 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <mutex>
+#include <string>
 #include <unordered_set>
 
 #include "zero/error.h"
@@ -64,18 +67,137 @@ struct RngStates {
 
 // What the recompute needs besides the saved inputs; it rides in the
 // autograd context as a capsule.
+// contiguous_memory: the saved inputs of one forward, one after another in
+// one buffer per device (and host, pinned or not). A new round starts
+// when no checkpoint holds the last one's round token; the buffer is then
+// reused, or grown to what the last round wanted, or made anew when a
+// tensor of the last round still uses it.
+class InputBuffer {
+ public:
+  // An uninitialized tensor of these sizes and options, in the buffer when
+  // it fits; `round` keeps the round open while the tensor is kept.
+  at::Tensor take(at::IntArrayRef sizes, const at::TensorOptions& options, std::shared_ptr<void>& round) {
+    if (!round_ || round_.use_count() == 1) start_round(options);
+    round = round_;
+    const int64_t bytes = c10::multiply_integers(sizes) * static_cast<int64_t>(options.dtype().itemsize());
+    const int64_t aligned = (bytes + kAlign - 1) / kAlign * kAlign;
+    wanted_ += aligned;
+    if (!buffer_.defined() || used_ + aligned > buffer_.numel()) {
+      std::lock_guard<std::mutex> lock(stats_mutex);
+      ++stats.buffer_misses;
+      return at::empty(sizes, options);
+    }
+    at::Tensor view = at::empty({0}, options);
+    view.set_(buffer_.storage(), used_ / static_cast<int64_t>(options.dtype().itemsize()), sizes,
+              c10::contiguous_strides(sizes));
+    used_ += aligned;
+    return view;
+  }
+
+ private:
+  static constexpr int64_t kAlign = 64;
+
+  void start_round(const at::TensorOptions& options) {
+    const bool in_use = buffer_.defined() && buffer_.storage().use_count() > 1;
+    if (wanted_ > 0 && (!buffer_.defined() || wanted_ > buffer_.numel() || in_use)) {
+      const int64_t capacity = std::max<int64_t>(wanted_, buffer_.defined() ? buffer_.numel() : 0);
+      buffer_ = at::Tensor();  // freed first: the old and the new need not coexist
+      buffer_ = at::empty({capacity}, options.dtype(at::kByte));
+      std::lock_guard<std::mutex> lock(stats_mutex);
+      ++stats.buffers_made;
+    }
+    round_ = std::make_shared<int>(0);
+    used_ = 0;
+    wanted_ = 0;
+  }
+
+  at::Tensor buffer_;  // bytes
+  std::shared_ptr<void> round_;
+  int64_t used_ = 0, wanted_ = 0;
+};
+
+std::mutex buffers_mutex;
+std::map<std::string, InputBuffer> buffers;  // by device (and "pinned")
+
+at::Tensor take_from_buffer(at::IntArrayRef sizes, const at::TensorOptions& options, std::shared_ptr<void>& round) {
+  std::lock_guard<std::mutex> lock(buffers_mutex);
+  const std::string key = options.device().str() + (options.pinned_memory() ? " pinned" : "");
+  return buffers[key].take(sizes, options, round);
+}
+
+// One saved input while it waits for the recompute: whole or this rank's
+// partition, on its device or in host memory, in the contiguous buffer or not.
+struct KeptInput {
+  at::Tensor kept;
+  std::vector<int64_t> sizes;     // of the whole input
+  at::Device device{at::kCPU};    // where the whole input lives
+  bool partitioned = false;
+  std::shared_ptr<void> round;    // contiguous_memory: the buffer round it is in
+};
+
 struct Saved : torch::CustomClassHolder {
   CheckpointBody body;
   size_t num_inputs = 0;              // the inputs come first,
   size_t num_params = 0;              // then the listed parameters, then the marker
   std::vector<at::Tensor> params;       // the listed parameters
   std::vector<bool> requires_grad;    // per input
-  std::vector<at::Tensor> host_inputs;  // cpu_checkpointing: the inputs, in host memory
-  std::vector<at::Device> devices;      // and where they came from
+  // With cpu_checkpointing, partition or contiguous_memory the inputs are
+  // copied aside; otherwise autograd keeps them (save_for_backward).
+  bool kept_aside = false;
+  std::vector<KeptInput> kept;
+  std::shared_ptr<const ActivationPartition> partition;  // as at the forward
   RngStates rng;
   bool on_accelerator = false;
-  bool kept_on_host = false;            // cpu_checkpointing was on at the forward
 };
+
+// The copy of input `t` that waits for the recompute (options: see KeptInput).
+KeptInput keep(const at::Tensor& t, const ActivationCheckpointOptions& options) {
+  KeptInput k;
+  if (!t.defined()) return k;
+  k.sizes = t.sizes().vec();
+  k.device = t.device();
+  const ActivationPartition* part = options.partition.get();
+  k.partitioned = part && part->size > 1 && t.numel() >= part->size;
+  at::Tensor source = t;
+  std::vector<int64_t> sizes = k.sizes;
+  int64_t valid = 0, chunk = 0;
+  if (k.partitioned) {  // chunk `rank` of the flat input, padded to the same length on every rank
+    chunk = (t.numel() + part->size - 1) / part->size;
+    const int64_t begin = std::min<int64_t>(t.numel(), part->rank * chunk);
+    valid = std::min<int64_t>(t.numel(), begin + chunk) - begin;
+    source = t.reshape({-1}).slice(0, begin, begin + valid);
+    sizes = {chunk};
+  }
+  at::TensorOptions where = t.options();
+  const bool to_host = options.cpu_checkpointing && !t.device().is_cpu();
+  if (!k.partitioned && !to_host && !options.contiguous_memory) {  // already where it should wait
+    k.kept = t;
+    return k;
+  }
+  if (to_host) where = where.device(at::kCPU).pinned_memory(true);
+  k.kept = options.contiguous_memory ? take_from_buffer(sizes, where, k.round) : at::empty(sizes, where);
+  if (k.partitioned) {
+    k.kept.slice(0, 0, valid).copy_(source, /*non_blocking=*/to_host);
+    if (valid < chunk) k.kept.slice(0, valid).zero_();
+  } else {
+    k.kept.copy_(source, /*non_blocking=*/to_host);
+  }
+  return k;
+}
+
+// The whole input back on its device, gathered over the partition's group.
+at::Tensor bring_back(const KeptInput& k, const ActivationPartition* part) {
+  if (!k.kept.defined()) return k.kept;
+  at::Tensor t = k.kept.device() == k.device ? k.kept : k.kept.to(k.device, /*non_blocking=*/true);
+  if (!k.partitioned) return t;
+  at::Tensor full = at::empty({part->size * t.numel()}, t.options());
+  part->all_gather(full, t);
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    stats.gathered_bytes += full.nbytes();
+  }
+  return full.slice(0, 0, c10::multiply_integers(k.sizes)).view(k.sizes);
+}
 
 // The leaves requiring grad that the recomputed graph reaches from `roots`,
 // other than `listed`.
@@ -121,20 +243,15 @@ class Recompute : public torch::autograd::Function<Recompute> {
     variable_list outputs = saved->body(real);
 
     int64_t bytes = 0;
-    for (const auto& t : real) bytes += t.defined() ? t.nbytes() : 0;
-    saved->kept_on_host = options.cpu_checkpointing;
-    if (saved->kept_on_host) {
+    saved->partition = options.partition && options.partition->size > 1 ? options.partition : nullptr;
+    saved->kept_aside = options.cpu_checkpointing || saved->partition || options.contiguous_memory;
+    if (saved->kept_aside) {
       for (const auto& t : real) {
-        saved->devices.push_back(t.defined() ? t.device() : at::Device(at::kCPU));
-        if (!t.defined() || t.device().is_cpu()) {
-          saved->host_inputs.push_back(t);
-          continue;
-        }
-        at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
-        host.copy_(t, /*non_blocking=*/true);
-        saved->host_inputs.push_back(host);
+        saved->kept.push_back(keep(t, options));
+        bytes += saved->kept.back().kept.defined() ? saved->kept.back().kept.nbytes() : 0;
       }
     } else {
+      for (const auto& t : real) bytes += t.defined() ? t.nbytes() : 0;
       ctx->save_for_backward(real);
     }
     // Integer outputs carry no gradient.
@@ -158,12 +275,8 @@ class Recompute : public torch::autograd::Function<Recompute> {
     synchronize_if(options.synchronize_boundary, saved->on_accelerator);
     const auto start = Clock::now();
     std::vector<at::Tensor> inputs;
-    if (saved->kept_on_host) {
-      for (size_t i = 0; i < saved->host_inputs.size(); ++i) {
-        const at::Tensor& t = saved->host_inputs[i];
-        inputs.push_back(t.defined() ? t.to(saved->devices[i], /*non_blocking=*/true) : t);
-      }
-      saved->host_inputs.clear();
+    if (saved->kept_aside) {
+      for (const KeptInput& k : saved->kept) inputs.push_back(bring_back(k, saved->partition.get()));
     } else {
       inputs = ctx->get_saved_variables();
     }
@@ -231,6 +344,9 @@ class Recompute : public torch::autograd::Function<Recompute> {
     }
     result.push_back(at::Tensor());  // the marker
     result.push_back(at::Tensor());  // the capsule
+    // Nothing of the kept inputs outlives the recompute: the contiguous
+    // buffer's round can close.
+    saved->kept.clear();
     synchronize_if(options.synchronize_boundary, saved->on_accelerator);
     std::lock_guard<std::mutex> lock(stats_mutex);
     ++stats.recomputes;

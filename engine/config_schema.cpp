@@ -130,7 +130,6 @@ void visit_activation_checkpointing(Fields& f, ActivationCheckpointingConfig& a)
   f.integer("checkpoint_every", a.checkpoint_every, Opt().min(1));
   f.flag("synchronize_checkpoint_boundary", a.synchronize_checkpoint_boundary);
   f.flag("profile", a.profile);
-  if (f.reading() && a.contiguous_memory_optimization) f.warn(unimplemented_warning(f.path("contiguous_memory_optimization")));
 }
 
 void visit_checkpoint(Fields& f, CheckpointConfig& c) {
@@ -186,6 +185,7 @@ void visit_flops_profiler(Fields& f, FlopsProfilerConfig& c) {
   f.flag("detailed", c.detailed);
   f.text("output_file", c.output_file);
   f.number("recompute_fwd_factor", c.recompute_fwd_factor, Opt().min(0).max(1));
+  f.number("peak_tflops", c.peak_tflops, Opt().min(0));
 }
 
 void visit_tensor_parallel(Fields& f, ParallelismConfig& p) {

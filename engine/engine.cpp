@@ -189,11 +189,22 @@ void Engine::Impl::setup_activation_checkpointing() {
   options.cpu_checkpointing = a.cpu_checkpointing;
   options.synchronize_boundary = a.synchronize_checkpoint_boundary;
   options.profile = a.profile;
-  configure_activation_checkpointing(options);
-  if (a.partition_activations) {
+  options.contiguous_memory = a.contiguous_memory_optimization;
+  const std::shared_ptr<comm::ProcessGroup>& tp = mesh->tp_group();
+  if (a.partition_activations && tp->size() > 1) {
+    auto partition = std::make_shared<ActivationPartition>();
+    partition->rank = tp->rank();
+    partition->size = tp->size();
+    partition->all_gather = [tp](at::Tensor full, const at::Tensor& shard) { tp->all_gather(full, shard); };
+    options.partition = partition;
+    log::info("activations", "activation_checkpointing.partition_activations: each of the " +
+                                 std::to_string(tp->size()) + " tensor-parallel ranks keeps 1/" +
+                                 std::to_string(tp->size()) + " of the checkpoints' inputs and gathers them back to recompute");
+  } else if (a.partition_activations) {
     log::info("activations", "activation_checkpointing.partition_activations: there is no tensor-parallel group to "
                              "split the saved inputs over, so they stay whole on each rank");
   }
+  configure_activation_checkpointing(options);
   const std::vector<UnitBase*> all = engine::units_of(*module);
   const int64_t n = static_cast<int64_t>(all.size());
   const bool chosen = a.checkpoint_every || a.number_checkpoints;

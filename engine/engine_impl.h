@@ -98,6 +98,7 @@ struct Engine::Impl {
   std::unique_ptr<profile::FlopsProfiler> flops_profiler;
   bool profiling = false;
   double flops_per_step = 0;
+  double peak_flops = 0;  // per device, for the MFU; 0: unknown (profile/device_peak.h)
   double profile_t0_forward = 0, profile_t0_backward = 0, profile_t0_step = 0;
   void profile_forward_starts();
   void finish_profile();

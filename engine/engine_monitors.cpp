@@ -10,6 +10,8 @@
 #include "activations/activation_memory.h"
 #include "engine/engine_impl.h"
 #include "engine/host_optimizer.h"
+#include "profile/device_peak.h"
+#include "zero/activation_checkpointing.h"
 #include "zero/error.h"
 #include "zero/log.h"
 
@@ -90,6 +92,10 @@ void Engine::Impl::record_step(std::optional<double> agreed_loss) {
   events.push_back({"Train/Samples/grad_norm", last_norm, samples});
   events.push_back({"Train/Samples/skipped_steps", static_cast<double>(steps.skipped_steps), samples});
   events.push_back({"Train/Samples/samples_per_sec", *config.batch.train_batch_size / step_s, samples});
+  if (flops_per_step > 0) {  // after the profile step
+    events.push_back({"Train/Samples/tflops", flops_per_step / step_s / 1e12, samples});
+    if (peak_flops > 0) events.push_back({"Train/Samples/mfu", flops_per_step / step_s / peak_flops, samples});
+  }
   if (config.wall_clock_breakdown) {  // DeepSpeed's timer tags, this step's
     events.push_back({"Train/Samples/elapsed_time_ms_forward", (t_forward - recorded_forward) * 1e3, samples});
     events.push_back({"Train/Samples/elapsed_time_ms_backward", (t_backward - recorded_backward) * 1e3, samples});
@@ -164,6 +170,7 @@ void Engine::Impl::finish_profile() {
   profiling = false;
   const FlopsProfilerConfig& c = config.flops_profiler;
   flops_per_step = (3.0 + c.recompute_fwd_factor) * flops_profiler->flops();
+  peak_flops = profile::training_peak_flops_per_s(model_device, dtype, c.peak_tflops);
   if (pg->rank() == 0) {
     profile::ProfileReport r;
     r.step = c.profile_step;
@@ -198,6 +205,10 @@ Engine::Impl::~Impl() {
   } catch (const std::exception& e) {
     log::warn("monitor", std::string("the last step's loss was not written: ") + e.what());
   }
+  if (ActivationCheckpointOptions a = activation_checkpointing_options(); a.partition) {
+    a.partition = nullptr;  // this engine's group: checkpoints after it keep whole inputs
+    configure_activation_checkpointing(a);
+  }
   if (!config.comms_logger.enabled) return;
   log_comms_summary("at the end");
   comm::configure_comms_logger({});  // this engine turned it on
@@ -226,7 +237,11 @@ void Engine::Impl::log_progress() {
   line << " samples/s " << samples / elapsed;
   line.precision(3);
   line << " step_time " << elapsed / window_steps << "s";
-  if (flops_per_step > 0) line << " TFLOP/s " << flops_per_step * window_steps / elapsed / 1e12;  // flops_profiler's count
+  if (flops_per_step > 0) {  // flops_profiler's count
+    const double achieved = flops_per_step * window_steps / elapsed;
+    line << " TFLOP/s " << achieved / 1e12;
+    if (peak_flops > 0) line << " MFU " << 100.0 * achieved / peak_flops << "%";
+  }
   line << " | " << memory().describe();
   if (config.wall_clock_breakdown) {
     line.precision(1);

@@ -28,10 +28,30 @@ namespace zero {
 
 // The process-wide settings, as DeepSpeed's checkpointing.configure(); the
 // engine sets them from the config's "activation_checkpointing" section.
+//
+// partition: DeepSpeed's partition_activations. The ranks of a group that
+// all hold the same inputs (a tensor-parallel group: its ranks see the same
+// hidden states) keep 1/size of each saved input each, and gather them back
+// for the recompute, in the same order on every rank. Inputs that differ
+// across the group must not be partitioned.
+//
+// contiguous_memory: DeepSpeed's contiguous_memory_optimization. The saved
+// inputs (or their partitions, or their host copies) of one forward are
+// copied one after another into one buffer per device, reused by the next
+// forward once the last recompute has let go of it, instead of a separate
+// allocation each. A forward that needs more than the buffer holds gets
+// separate allocations for the rest and a larger buffer the next time.
+struct ActivationPartition {
+  int rank = 0, size = 1;
+  // Fills `full` (size x shard.numel() elements, rank r's shard at chunk r).
+  std::function<void(at::Tensor full, const at::Tensor& shard)> all_gather;
+};
 struct ActivationCheckpointOptions {
   bool cpu_checkpointing = false;       // keep the saved inputs in host memory until the recompute
   bool synchronize_boundary = false;    // synchronize the accelerator before and after each checkpoint
   bool profile = false;                 // count the time of the checkpointed forwards and recomputes
+  std::shared_ptr<const ActivationPartition> partition;  // null: each rank keeps whole inputs
+  bool contiguous_memory = false;
 };
 void configure_activation_checkpointing(const ActivationCheckpointOptions& options);
 ActivationCheckpointOptions activation_checkpointing_options();
@@ -41,6 +61,9 @@ struct ActivationCheckpointStats {
   int64_t forwards = 0;        // checkpointed forwards run
   int64_t recomputes = 0;      // recomputes run in backward
   int64_t saved_bytes = 0;     // bytes of inputs kept for backward, summed over the forwards
+  int64_t gathered_bytes = 0;  // with partition: bytes gathered back for the recomputes
+  int64_t buffers_made = 0;    // with contiguous_memory: buffers allocated (grown) for the saved inputs
+  int64_t buffer_misses = 0;   // with contiguous_memory: saved inputs that did not fit the buffer
   double forward_s = 0;        // with profile: seconds in checkpointed forwards
   double recompute_s = 0;      // with profile: seconds recomputing (its backward excluded)
 };

@@ -221,9 +221,11 @@ struct AioConfig {
 // in backward, and how (include/zero/activation_checkpointing.h).
 // checkpoint_every (zero's key): every k-th unit, the first included (1: all);
 // number_checkpoints: that many units, evenly spaced; neither: only the units
-// and zero::checkpoint calls the model asks for. partition_activations needs
-// a tensor-parallel group (a no-op without); contiguous_memory_optimization is
-// not implemented (warned).
+// and zero::checkpoint calls the model asks for. partition_activations
+// splits the saved inputs over the tensor-parallel group (a no-op with a
+// log line without one); contiguous_memory_optimization copies them into one
+// reused buffer per device (DeepSpeed asks for partition_activations with
+// it; zero does not).
 struct ActivationCheckpointingConfig {
   bool partition_activations = false;
   bool cpu_checkpointing = false;
@@ -274,8 +276,10 @@ struct CommsLoggerConfig {
 // MACs and latency per module; rank 0 prints DeepSpeed's summary (or writes
 // it to output_file) to module_depth (-1: all) with the top_modules of each
 // depth. From then on the progress line shows the achieved TFLOP/s (and the
-// MFU on a GPU zero knows the peak of). recompute_fwd_factor: the share of
-// forward that activation checkpointing runs again in backward.
+// MFU: achieved over the device's dense peak for the training dtype, from
+// profile/device_peak.h's table for known GPUs, or peak_tflops (ours) for
+// any device). recompute_fwd_factor: the share of forward that activation
+// checkpointing runs again in backward.
 struct FlopsProfilerConfig {
   bool enabled = false;
   int64_t profile_step = 1;
@@ -284,6 +288,7 @@ struct FlopsProfilerConfig {
   bool detailed = true;
   std::string output_file;  // "": the log
   double recompute_fwd_factor = 0.0;
+  double peak_tflops = 0.0;  // per device; 0: the table's, when the device is known
 };
 
 // The rank mesh (include/zero/mesh.h): "tensor_parallel" ({"autotp_size":

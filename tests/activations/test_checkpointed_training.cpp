@@ -1,6 +1,7 @@
 // Training with activation checkpointing against the same training without
 // it, through the engine on 1-2 ranks: the example GPT with dropout on at
-// stages 0-3, fp32 and bf16, gradient accumulation, cpu_checkpointing, only
+// stages 0-3, fp32 and bf16 (fp16 with loss scaling on an element-wise
+// model), gradient accumulation, cpu_checkpointing, only
 // every second unit, a unit used twice at stage 3, and exact resume from a
 // checkpoint saved with checkpointing on. Losses and final parameters must
 // agree (within 1e-6 relative; the tests report when they are bitwise
@@ -193,6 +194,74 @@ TEST(CheckpointedTraining, AccumulationHostInputsEverySecondUnitAndAUnitUsedTwic
     const Outcome checkpointed = run(s);
     const bool bitwise = expect_agree(plain, checkpointed, describe(s));
     if (g_world->rank() == 0) std::printf("%s: %s\n", describe(s).c_str(), bitwise ? "bitwise equal" : "within 1e-6");
+  }
+}
+
+// fp16 on CPU ranks: LibTorch's CPU kernels have fp16 multiply and add but
+// no fp16 matmul, activation or dropout, so this model is element-wise, its
+// dropout a mask drawn in fp32 from the CPU generator (which the recompute
+// must restore), and its nonlinearity a square.
+struct HalfBlockImpl : torch::nn::Module {
+  explicit HalfBlockImpl(int64_t width) {
+    w1 = register_parameter("w1", torch::randn({width}) * 0.5);
+    b1 = register_parameter("b1", torch::randn({width}) * 0.1);
+    w2 = register_parameter("w2", torch::randn({width}) * 0.5);
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = x * w1 + b1;
+    h = h * h * 0.5;
+    const at::Tensor keep = (torch::rand(h.sizes()) > 0.2).to(h.scalar_type()) * 1.25;
+    return x + h * keep * w2;
+  }
+  at::Tensor w1, b1, w2;
+};
+TORCH_MODULE(HalfBlock);
+
+struct HalfNetImpl : torch::nn::Module {
+  HalfNetImpl() {
+    for (int i = 0; i < 3; ++i) blocks.push_back(register_module("block" + std::to_string(i), zero::Unit<HalfBlock>(HalfBlock(24))));
+  }
+  at::Tensor loss(const at::Tensor& x) {
+    at::Tensor h = x;
+    for (auto& b : blocks) h = b(h);
+    return (h.to(at::kFloat).sum(1) - 1.0).pow(2).mean();
+  }
+  std::vector<zero::Unit<HalfBlock>> blocks;
+};
+TORCH_MODULE(HalfNet);
+
+TEST(CheckpointedTraining, Fp16WithDynamicLossScalingAgrees) {
+  for (int stage : {2, 3}) {
+    auto run = [&](const std::string& checkpointing) {
+      torch::manual_seed(0);
+      HalfNet model;
+      std::string config = R"({"train_micro_batch_size_per_gpu": 4, "steps_per_print": 1000,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+          "fp16": {"enabled": true, "initial_scale_power": 12, "loss_scale_window": 4},
+          "zero_optimization": {"stage": )" + std::to_string(stage) +
+                           R"(, "reduce_bucket_size": 16, "stage3_param_persistence_threshold": 0})";
+      if (!checkpointing.empty()) config += R"(, "activation_checkpointing": )" + checkpointing;
+      zero::InitOptions init;
+      init.group = g_world;
+      zero::Engine engine = zero::initialize(zero::Config::from_json(config + "}"), model, init);
+      Outcome out;
+      for (int64_t step = 0; step < 6; ++step) {
+        torch::manual_seed(500 + 7 * step + g_world->rank());
+        at::Tensor x = torch::randn({4, 24}).to(at::kHalf);
+        at::Tensor loss = model->loss(x);
+        engine.backward(loss);
+        engine.step();
+        out.losses.push_back(loss.item<double>());
+      }
+      out.losses.push_back(engine.loss_scale());
+      out.params = engine.gathered_state_dict();
+      return out;
+    };
+    const Outcome plain = run("");
+    const Outcome checkpointed = run(R"({"checkpoint_every": 1})");
+    const std::string what = "fp16 stage " + std::to_string(stage);
+    const bool bitwise = expect_agree(plain, checkpointed, what);
+    if (g_world->rank() == 0) std::printf("%s: %s\n", what.c_str(), bitwise ? "bitwise equal" : "within 1e-6");
   }
 }
 

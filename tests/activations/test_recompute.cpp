@@ -166,6 +166,57 @@ TEST(Checkpoint, CpuCheckpointingKeepsTheSameResults) {
   EXPECT_GT(stats.recompute_s, 0.0);
 }
 
+// contiguous_memory_optimization: the inputs of one forward's checkpoints
+// share one buffer, made at the second forward (sized by the first) and
+// reused after; two forwards whose backward comes later (their rounds
+// overlap) still get correct results, from separate allocations.
+TEST(Checkpoint, ContiguousMemoryReusesOneBufferAndKeepsTheResults) {
+  torch::manual_seed(0);
+  Block a, b, c;
+  auto three = [&](const at::Tensor& x, bool checkpointed) {
+    auto run = [&](Block& m, const at::Tensor& in) {
+      return checkpointed ? zero::checkpoint([&](const at::Tensor& t) { return m(t); }, in) : m(in);
+    };
+    return run(c, run(b, run(a, x)));
+  };
+  auto step = [&](bool checkpointed, int forwards_before_backward) {
+    for (Block* m : {&a, &b, &c}) (*m)->zero_grad();
+    torch::manual_seed(11);
+    std::vector<at::Tensor> outs;
+    for (int i = 0; i < forwards_before_backward; ++i) outs.push_back(three(torch::randn({5, 6}), checkpointed));
+    for (auto& out : outs) (out * out).sum().backward();
+    std::vector<at::Tensor> grads = grads_of(*a);
+    for (Block* m : {&b, &c}) {
+      for (auto& g : grads_of(**m)) grads.push_back(g);
+    }
+    return grads;
+  };
+  zero::ActivationCheckpointOptions options;
+  options.contiguous_memory = true;
+  for (int overlapping : {1, 2}) {
+    const auto plain = step(false, overlapping);
+    zero::configure_activation_checkpointing(options);
+    zero::take_activation_checkpoint_stats();
+    std::vector<zero::ActivationCheckpointStats> rounds;
+    for (int round = 0; round < 3; ++round) {
+      expect_same(plain, step(true, overlapping));
+      rounds.push_back(zero::take_activation_checkpoint_stats());
+    }
+    zero::configure_activation_checkpointing({});
+    if (overlapping == 1) {
+      EXPECT_EQ(rounds[0].buffer_misses, 3) << "no buffer before the first forward";
+      EXPECT_EQ(rounds[1].buffers_made, 1) << "sized by the first forward";
+      EXPECT_EQ(rounds[1].buffer_misses, 0);
+      EXPECT_EQ(rounds[2].buffers_made, 0) << "reused";
+      EXPECT_EQ(rounds[2].buffer_misses, 0);
+    } else {  // the second forward's round is the first's: it does not fit, then the buffer grows
+      EXPECT_EQ(rounds[1].buffers_made, 1);
+      EXPECT_EQ(rounds[2].buffers_made, 0);
+      EXPECT_EQ(rounds[2].buffer_misses, 0);
+    }
+  }
+}
+
 TEST(Checkpoint, KeepsOnlyTheInputsForBackward) {
   // Without checkpointing, autograd keeps the block's intermediates alive
   // through the output; with it, only the input: dropping every reference

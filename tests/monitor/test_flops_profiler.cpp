@@ -7,7 +7,9 @@
 // count; the blocks, being alike, count alike. Through the engine with
 // "flops_profiler" in the config, the report of the profile step carries
 // the same forward count, the progress line gains TFLOP/s from then on,
-// and a pipeline-free run without the section pays nothing.
+// and a pipeline-free run without the section pays nothing. With a peak
+// (peak_tflops, or a GPU the table knows) it also shows the MFU, the
+// achieved rate over that peak.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -18,6 +20,7 @@
 #include <sstream>
 
 #include "gpt/gpt.h"
+#include "profile/device_peak.h"
 #include "profile/flops_profiler.h"
 #include "zero/zero.h"
 
@@ -153,6 +156,53 @@ TEST(FlopsProfiler, TheEngineReportsTheProfileStepAndTheProgressLineGainsTflops)
 
   const std::string off = run_engine("");
   EXPECT_EQ(off.find("TFLOP/s"), std::string::npos);
+}
+
+TEST(FlopsProfiler, TheProgressLineShowsTheMfuAgainstTheGivenPeak) {
+  const fs::path dir = fs::temp_directory_path() / ("zero_mfu_" + std::to_string(getpid()));
+  const std::string log = run_engine(R"(, "flops_profiler": {"enabled": true, "profile_step": 1, "peak_tflops": 0.5,
+      "output_file": "/dev/null"}, "csv_monitor": {"enabled": true, "output_path": ")" + dir.string() +
+                                     R"(", "job_name": "mfu"})");
+  // "... TFLOP/s 0.012 MFU 2.4% ..." on every line after the profile step.
+  const std::regex rates(R"(TFLOP/s ([0-9.]+) MFU ([0-9.]+)%)");
+  int lines = 0;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), rates); it != std::sregex_iterator(); ++it, ++lines) {
+    const double tflops = std::stod((*it)[1]), mfu = std::stod((*it)[2]);
+    EXPECT_GT(tflops, 0);
+    // Both printed to 3 decimals: the MFU within the rounding of TFLOP/s.
+    EXPECT_NEAR(mfu, 100.0 * tflops / 0.5, 100.0 * 0.0005 / 0.5 + 0.0005) << it->str();
+  }
+  EXPECT_EQ(lines, 2) << log;  // steps 2 and 3
+  // The monitors get the same pair per step: Train/Samples/tflops and /mfu.
+  const auto column = [&](const std::string& tag) {
+    std::ifstream in(dir / "mfu" / ("Train_Samples_" + tag + ".csv"));
+    std::string row;
+    std::getline(in, row);  // header
+    std::vector<double> values;
+    while (std::getline(in, row)) values.push_back(std::stod(row.substr(row.find(',') + 1)));
+    return values;
+  };
+  const std::vector<double> tflops = column("tflops"), mfu = column("mfu");
+  ASSERT_EQ(tflops.size(), 2u) << "the steps after the profile step";
+  ASSERT_EQ(mfu.size(), 2u);
+  for (size_t i = 0; i < mfu.size(); ++i) EXPECT_NEAR(mfu[i], tflops[i] / 0.5, 1e-6 * mfu[i]);
+  fs::remove_all(dir);
+  EXPECT_EQ(run_engine(R"(, "flops_profiler": {"enabled": true, "output_file": "/dev/null"})").find("MFU"),
+            std::string::npos)
+      << "no peak is known for a CPU";
+}
+
+TEST(DevicePeak, KnownGpusByTheNameCudaReports) {
+  // Dense datasheet peaks, TFLOP/s: the variant named in the device name wins.
+  EXPECT_DOUBLE_EQ(zero::profile::peak_flops_per_s("NVIDIA H200", c10::kBFloat16, false), 989.4e12);
+  EXPECT_DOUBLE_EQ(zero::profile::peak_flops_per_s("NVIDIA H100 PCIe", c10::kBFloat16, false), 756e12);
+  EXPECT_DOUBLE_EQ(zero::profile::peak_flops_per_s("NVIDIA H100 80GB HBM3", c10::kHalf, false), 989.4e12);
+  EXPECT_DOUBLE_EQ(zero::profile::peak_flops_per_s("NVIDIA A100-SXM4-80GB", c10::kFloat, false), 19.5e12);
+  EXPECT_DOUBLE_EQ(zero::profile::peak_flops_per_s("NVIDIA A100-SXM4-80GB", c10::kFloat, true), 156e12);
+  EXPECT_EQ(zero::profile::peak_flops_per_s("Tesla V100-SXM2-32GB", c10::kBFloat16, false), 0) << "no bf16 on V100";
+  EXPECT_EQ(zero::profile::peak_flops_per_s("Some Future GPU", c10::kBFloat16, false), 0);
+  EXPECT_DOUBLE_EQ(zero::profile::training_peak_flops_per_s(c10::Device(c10::kCPU), c10::kFloat, 1.5), 1.5e12);
+  EXPECT_EQ(zero::profile::training_peak_flops_per_s(c10::Device(c10::kCPU), c10::kFloat, 0), 0);
 }
 
 }  // namespace

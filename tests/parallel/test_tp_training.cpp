@@ -201,6 +201,65 @@ TEST(TensorParallelTraining, AutoTpGptMatchesOneProcess) {
   }
 }
 
+// partition_activations: the AutoTP GPT (dropout on) with every block
+// checkpointed, each tensor-parallel rank keeping half of each block's
+// input, trains as without checkpointing; the kept bytes are half of what
+// whole inputs take, and the recomputes gather them all back.
+TEST(TensorParallelTraining, PartitionedActivationCheckpointsTrainAsWithout) {
+  if (g_world->size() % 2 != 0) GTEST_SKIP() << "tp 2 needs an even world";
+  const int dp_size = g_world->size() / 2;
+  for (int stage : {1, 3}) {
+    auto run = [&](const std::string& checkpointing, zero::ActivationCheckpointStats& stats) {
+      zero_examples::GPTOptions o;
+      o.vocab_size = kVocab;
+      o.context = kContext;
+      o.depth = 2;
+      o.width = 32;
+      o.heads = 4;
+      o.dropout = 0.1;
+      torch::manual_seed(0);
+      zero_examples::GPT model(o);
+      zero::InitOptions init;
+      init.group = g_world;
+      const std::string extra = checkpointing.empty() ? "" : R"(, "activation_checkpointing": )" + checkpointing;
+      auto engine = zero::initialize(zero::Config::from_json(config_of(stage, kMicro, 1, 2, extra, kGptLr)), model, init);
+      const auto& mesh = engine.mesh();
+      zero::take_activation_checkpoint_stats();
+      Outcome out = train(engine, loss_of(model), 1, dp_size, mesh.coordinates().dp * kMicro, kMicro, mesh.dp_group());
+      stats = zero::take_activation_checkpoint_stats();
+      return out;
+    };
+    const std::string what = "stage " + std::to_string(stage);
+    zero::ActivationCheckpointStats none, whole, split;
+    const Outcome plain = run("", none);
+    const Outcome kept_whole = run(R"({"checkpoint_every": 1})", whole);
+    const Outcome partitioned = run(
+        R"({"checkpoint_every": 1, "partition_activations": true, "contiguous_memory_optimization": true})", split);
+    ASSERT_EQ(plain.losses.size(), partitioned.losses.size());
+    for (size_t i = 0; i < plain.losses.size(); ++i) {
+      EXPECT_NEAR(kept_whole.losses[i], plain.losses[i], 1e-6 * plain.losses[i]) << what << ", step " << i;
+      EXPECT_NEAR(partitioned.losses[i], plain.losses[i], 1e-6 * plain.losses[i]) << what << ", step " << i;
+    }
+    for (const auto& [name, t] : plain.params) {
+      const double scale = std::max(t.abs().max().item<double>(), 1.0);
+      EXPECT_LE((partitioned.params.at(name) - t).abs().max().item<double>(), 1e-6 * scale) << what << ", " << name;
+    }
+    EXPECT_EQ(none.forwards, 0);
+    EXPECT_EQ(whole.forwards, 2 * kSteps) << "2 blocks per step";
+    EXPECT_EQ(split.recomputes, 2 * kSteps);
+    EXPECT_GT(whole.saved_bytes, 0);
+    EXPECT_EQ(2 * split.saved_bytes, whole.saved_bytes) << what << ": each tp rank keeps half";
+    EXPECT_EQ(split.gathered_bytes, whole.saved_bytes) << what << ": the recomputes gather the whole inputs";
+    if (stage == 1) {  // the process's first contiguous buffer
+      EXPECT_EQ(split.buffers_made, 1) << what << ": the second step sizes the buffer, the rest reuse it";
+      EXPECT_EQ(split.buffer_misses, 2) << what << ": only the first step's two inputs miss";
+    } else {
+      EXPECT_EQ(split.buffers_made, 0) << what << ": the buffer of the run before fits";
+      EXPECT_EQ(split.buffer_misses, 0) << what;
+    }
+  }
+}
+
 TEST(TensorParallelTraining, AutoTpNamesWhatItCannotSplit) {
   struct Plain : torch::nn::Module {
     Plain() { fc = register_module("fc", torch::nn::Linear(4, 4)); }
