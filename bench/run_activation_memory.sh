@@ -6,7 +6,9 @@
 #   e.g. bench/run_activation_memory.sh build --depth 8 --width 256
 # Environment: CONTEXTS (default "128 256 512 1024 2048"), NPROC (default 2),
 # BUDGET_MB (default 256: the activation budget per rank the longest-context
-# goal is read against), RESULTS (default bench/results).
+# goal is read against), CHECKPOINTED (default "0 8": how many of the blocks
+# recompute in each run, 0 for none; the depth for all), ROUNDS (default 1:
+# the whole grid again, pooled), RESULTS (default bench/results).
 # Writes $RESULTS/activation_memory.jsonl, .md and .svg. Exits 0 when the
 # runs complete: the goals are information.
 set -euo pipefail
@@ -18,10 +20,12 @@ mkdir -p "$results"
 lines="$results/activation_memory.jsonl"
 rm -f "$lines"
 bin="$build/bench/bench_activation_memory"
-for context in ${CONTEXTS:-128 256 512 1024 2048}; do
-  for checkpoint in 0 1; do  # alternating, so that drift reaches both alike
-    "$build/tools/launcher/zero-run" --nproc "${NPROC:-2}" "$bin" --context "$context" --checkpoint "$checkpoint" \
-      --out "$lines" "$@" | grep -E 'context [0-9]+, checkpointing' || true
+for _round in $(seq "${ROUNDS:-1}"); do
+  for context in ${CONTEXTS:-128 256 512 1024 2048}; do
+    for checkpoint in ${CHECKPOINTED:-0 8}; do  # alternating, so that drift reaches every variant alike
+      "$build/tools/launcher/zero-run" --nproc "${NPROC:-2}" "$bin" --context "$context" --checkpoint "$checkpoint" \
+        --out "$lines" "$@" | grep -E 'context [0-9]+, checkpointing' || true
+    done
   done
 done
 "$bin" --mode report --in "$lines" --budget-mb "${BUDGET_MB:-256}" --svg "$results/activation_memory.svg" | tee "$results/activation_memory.md"
