@@ -101,13 +101,14 @@ Outcome tensor_parallel(int stage, int gas, const std::string& extra = "") {
   return train(engine, loss_of(model), gas, dp_size, mesh->coordinates().dp * kMicro, kMicro, mesh->dp_group());
 }
 
-zero_examples::GPT gpt() {
+zero_examples::GPT gpt(double dropout = 0.0) {
   zero_examples::GPTOptions o;
   o.vocab_size = kVocab;
   o.context = kContext;
   o.depth = 2;
   o.width = 32;
   o.heads = 4;
+  o.dropout = dropout;
   torch::manual_seed(0);
   return zero_examples::GPT(o);
 }
@@ -210,15 +211,7 @@ TEST(TensorParallelTraining, PartitionedActivationCheckpointsTrainAsWithout) {
   const int dp_size = g_world->size() / 2;
   for (int stage : {1, 3}) {
     auto run = [&](const std::string& checkpointing, zero::ActivationCheckpointStats& stats) {
-      zero_examples::GPTOptions o;
-      o.vocab_size = kVocab;
-      o.context = kContext;
-      o.depth = 2;
-      o.width = 32;
-      o.heads = 4;
-      o.dropout = 0.1;
-      torch::manual_seed(0);
-      zero_examples::GPT model(o);
+      zero_examples::GPT model = gpt(0.1);
       zero::InitOptions init;
       init.group = g_world;
       const std::string extra = checkpointing.empty() ? "" : R"(, "activation_checkpointing": )" + checkpointing;
