@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include <tbb/task_arena.h>
+
 #include "activations/activation_memory.h"
 #include "activations/estimate.h"
 #include "core/env.h"
@@ -106,8 +108,12 @@ void Engine::Impl::build_params(InitOptions& options) {
     for (auto& p : module->parameters()) dp->broadcast(p.data(), 0);
     for (auto& b : module->buffers()) dp->broadcast(b, 0);
   }
-  sharded = std::make_unique<partition::ShardedParams>(std::move(model_params.groups), dp,
-                                                       engine::partition_options(config, dtype, pg->rank()));
+  bool params_on_host = true;
+  for (const auto& g : model_params.groups) {
+    for (const auto& p : g.params) params_on_host = params_on_host && p.is_cpu();
+  }
+  sharded = std::make_unique<partition::ShardedParams>(
+      std::move(model_params.groups), dp, engine::partition_options(config, dtype, pg->rank(), params_on_host));
   if (!units.empty()) sharded->attach_units(units);
   if (dtype != at::kFloat) {  // frozen weights and buffers follow the training dtype
     torch::NoGradGuard no_grad;
@@ -292,6 +298,15 @@ void Engine::step() {
 }
 
 void Engine::Impl::take_step() {
+  // The step's host kernels (offload/cpu_optimizer.h: sums of squares, the
+  // fused optimizer) run on oneTBB. They get the rank's intra-op threads, as
+  // torch's own kernels do (OMP_NUM_THREADS: cores / ranks under zero-run),
+  // not every core of the machine the ranks share.
+  tbb::task_arena rank_threads(std::max(1, at::get_num_threads()));
+  rank_threads.execute([this] { step_on_rank_threads(); });
+}
+
+void Engine::Impl::step_on_rank_threads() {
   reduce_tied_grads();
   sharded->attach_master_grads();
   const double scale = scaler ? scaler->scale() : 1.0;

@@ -125,6 +125,7 @@ struct Engine::Impl {
   engine::TrainingState training_state();
   MemoryReport memory() const;
   void take_step();
+  void step_on_rank_threads();  // take_step's body, inside the rank's thread arena
   void log_progress();
   // Pipeline parallelism (pipeline_engine.cpp).
   void setup_pipeline();

@@ -178,7 +178,12 @@ void set_norm_weights(ModelParams& params, torch::nn::Module& module, const std:
   }
 }
 
-partition::Options partition_options(const Config& config, at::ScalarType dtype, int rank) {
+bool fused_step_on_host(const Config& config, bool params_on_host) {
+  const auto& o = config.optimizer;
+  return params_on_host && (o.type == "Adam" || o.type == "AdamW") && !o.params.torch_adam && !o.params.amsgrad;
+}
+
+partition::Options partition_options(const Config& config, at::ScalarType dtype, int rank, bool params_on_host) {
   const auto& z = config.zero_optimization;
   partition::Options o;
   o.stage = z.stage;
@@ -190,6 +195,7 @@ partition::Options partition_options(const Config& config, at::ScalarType dtype,
   o.max_live_numel = z.stage3_max_live_parameters;
   const auto& offload = z.offload_optimizer;
   o.offload_optimizer = offload.device == "cpu" || offload.device == "nvme";
+  o.host_step = o.offload_optimizer || fused_step_on_host(config, params_on_host);
   o.offload_ratio = offload.ratio;
   o.host_grad_copies = env::offload_host_grad_copies();  // for tests (Note [Offload copies])
   o.offload_master_to_disk = offload.device == "nvme";
@@ -332,8 +338,9 @@ OptimizerParts master_optimizer(const Config& config, partition::ShardedParams& 
     }
   }
   HostStep host;
-  host.enabled = params.options().offload_optimizer;
-  if (host.enabled) host.elsewhere = kept_on_device(params, params.options().offload_ratio);
+  host.enabled = params.options().host_step;
+  // Note [Fused step on CPU ranks]: without offload every master is already in host memory.
+  if (params.options().offload_optimizer) host.elsewhere = kept_on_device(params, params.options().offload_ratio);
   partition::MasterStore* sink = &params.masters();
   host.sink = {[sink, bucket_of](size_t i) { return sink->update_target(bucket_of[i]); },
                [sink, bucket_of](size_t i) { sink->updated(bucket_of[i]); }};

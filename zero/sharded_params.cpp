@@ -196,8 +196,9 @@ void ShardedParams::attach_master_grads() {
       masters_.tensors()[k].mutable_grad() = grad;
       continue;
     }
-    masters_.tensors()[k].mutable_grad() = grad.scalar_type() == at::kFloat ? grad : grad.to(at::kFloat);
-    squares_.add(masters_.tensors()[k].grad(), weight);
+    if (!options_.host_step && grad.scalar_type() != at::kFloat) grad = grad.to(at::kFloat);
+    masters_.tensors()[k].mutable_grad() = grad;
+    squares_.add(grad, weight);
   }
 }
 

@@ -143,7 +143,7 @@ std::string config_json(const Case& c, int64_t micro, int64_t bucket, int64_t pe
 }
 
 std::unique_ptr<torch::optim::Optimizer> reference_optimizer(const std::string& type, std::vector<torch::Tensor> params) {
-  if (type == "AdamW") return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+  if (type == "AdamW" || type == "AdamW torch_adam") return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(0.01).weight_decay(0.1));
   if (type == "Adagrad") return std::make_unique<torch::optim::Adagrad>(params, torch::optim::AdagradOptions(0.05).lr_decay(0.01).weight_decay(0.01).initial_accumulator_value(0.1));
   if (type == "Adam") return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(0.01).weight_decay(0.1));
   return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(0.01));
@@ -151,6 +151,9 @@ std::unique_ptr<torch::optim::Optimizer> reference_optimizer(const std::string& 
 
 std::string optimizer_json(const std::string& type) {
   if (type == "AdamW") return R"({"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}})";
+  if (type == "AdamW torch_adam") {
+    return R"({"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1, "torch_adam": true}})";
+  }
   if (type == "Adam") return R"({"type": "Adam", "params": {"lr": 0.01, "weight_decay": 0.1, "adam_w_mode": false}})";
   if (type == "Adagrad") {
     return R"({"type": "Adagrad", "params": {"lr": 0.05, "lr_decay": 0.01, "weight_decay": 0.01, "initial_accumulator_value": 0.1}})";
@@ -158,8 +161,9 @@ std::string optimizer_json(const std::string& type) {
   return R"({"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9, "nesterov": true, "weight_decay": 0.01}})";
 }
 
+// Returns the engine's split of the steps (take_step_times).
 template <typename Model = Toy>
-void run_parity(const Case& c, int steps = 24, int64_t micro = 3, int64_t bucket = 50, bool swap_order = false) {
+zero::StepTimes run_parity(const Case& c, int steps = 24, int64_t micro = 3, int64_t bucket = 50, bool swap_order = false) {
   const int W = g_world->size(), R = g_world->rank();
   const int64_t rows = micro * c.gas * W;
 
@@ -200,6 +204,7 @@ void run_parity(const Case& c, int steps = 24, int64_t micro = 3, int64_t bucket
     const double err = (a - b).abs().max().template item<double>() / b.abs().max().template item<double>();
     EXPECT_LT(err, 1e-5) << c.name << ": " << item.key() << " differs by " << err << " (relative)";
   }
+  return engine.take_step_times();
 }
 
 TEST(Parity, AdamWStage0) { run_parity({0, 1, 0.0, "AdamW", "stage 0"}); }
@@ -208,6 +213,17 @@ TEST(Parity, AdamWStage2) { run_parity({2, 1, 0.0, "AdamW", "stage 2"}); }
 TEST(Parity, AdamWStage0AccumulationClipping) { run_parity({0, 3, 0.5, "AdamW", "stage 0, gas 3, clip"}); }
 TEST(Parity, AdamWStage1AccumulationClipping) { run_parity({1, 3, 0.5, "AdamW", "stage 1, gas 3, clip"}); }
 TEST(Parity, AdamWStage2AccumulationClipping) { run_parity({2, 3, 0.5, "AdamW", "stage 2, gas 3, clip"}); }
+// Note [Fused step on CPU ranks]: Adam and AdamW run on the fused host
+// kernels unless torch_adam asks for torch::optim's; both match it.
+TEST(Parity, CpuRanksStepAdamWOnTheFusedKernelsUnlessTorchAdam) {
+  for (int stage : {0, 2, 3}) {
+    const zero::StepTimes fused = run_parity<ToyUnits>({stage, 1, 0.5, "AdamW", "fused, stage " + std::to_string(stage)});
+    EXPECT_GT(fused.host_step, 0.0) << "stage " << stage << ": the fused kernels did not run";
+    const zero::StepTimes torch_adam =
+        run_parity<ToyUnits>({stage, 1, 0.5, "AdamW torch_adam", "torch_adam, stage " + std::to_string(stage)});
+    EXPECT_EQ(torch_adam.host_step, 0.0) << "stage " << stage << ": torch_adam ran the fused kernels";
+  }
+}
 TEST(Parity, AdamStage2Accumulation) { run_parity({2, 2, 0.0, "Adam", "Adam stage 2"}); }
 TEST(Parity, SgdNesterovStage1) { run_parity({1, 2, 0.0, "SGD", "SGD stage 1"}); }
 TEST(Parity, AdagradStage1Accumulation) { run_parity({1, 2, 0.0, "Adagrad", "Adagrad stage 1"}); }

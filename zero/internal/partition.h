@@ -43,6 +43,11 @@ struct Options {
   int64_t max_live_numel = 1000000000;     // stage3_max_live_parameters
   // offload_optimizer (Note [Offload copies])
   bool offload_optimizer = false;
+  // The master weights are stepped by the fused host kernels (offload/
+  // cpu_optimizer.h): with offload_optimizer, or on CPU ranks (Note [Fused
+  // step on CPU ranks] in engine/engine_setup.h). They read the reduced
+  // gradient in the training dtype, so it is not widened to fp32 first.
+  bool host_step = false;
   double offload_ratio = 1.0;              // Note [Partial offload]
   bool pin_memory = false;                 // page-locked host tensors (with CUDA parameters)
   bool offload_master_to_disk = false;     // NVMe: the master weights are not resident, so fp32 gets copies too
