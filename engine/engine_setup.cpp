@@ -178,10 +178,13 @@ void set_norm_weights(ModelParams& params, torch::nn::Module& module, const std:
   }
 }
 
+namespace {
+// Note [Fused step on CPU ranks] in engine_setup.h.
 bool fused_step_on_host(const Config& config, bool params_on_host) {
   const auto& o = config.optimizer;
   return params_on_host && (o.type == "Adam" || o.type == "AdamW") && !o.params.torch_adam && !o.params.amsgrad;
 }
+}  // namespace
 
 partition::Options partition_options(const Config& config, at::ScalarType dtype, int rank, bool params_on_host) {
   const auto& z = config.zero_optimization;

@@ -66,9 +66,8 @@ comm::Facts model_facts(torch::nn::Module& module, const ModelParams& params);
 // threads. torch::optim's AdamW makes a dozen passes over the partition;
 // the kernel makes one (bench/README.md, cpu_adam and step_time). Results
 // agree with torch::optim to about 1e-6 relative per step, not bitwise.
-bool fused_step_on_host(const Config& config, bool params_on_host);
-
-// `params_on_host`: every trainable parameter is in host memory.
+// partition_options sets Options::host_step from it; `params_on_host`:
+// every trainable parameter is in host memory.
 partition::Options partition_options(const Config& config, at::ScalarType dtype, int rank, bool params_on_host);
 
 struct OptimizerParts {
