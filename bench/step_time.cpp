@@ -125,17 +125,23 @@ int run_plain(const zero_bench::Flags& flags) {
   torch::optim::AdamW optimizer(model->parameters(),
                                 torch::optim::AdamWOptions(3e-4).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.01));
   const int64_t micro = flags.num("micro"), warmup = flags.num("warmup"), steps = flags.num("steps");
-  std::vector<double> times;
+  std::vector<double> times, forward_times, backward_times;
   int64_t faults_before = 0;
   for (int64_t step = 0; step < warmup + steps; ++step) {
     if (step == warmup) faults_before = minor_faults();
     Batch batch = train.next_batch(micro, options.context, 0, 1, step, 0);
     const auto start = Clock::now();
     optimizer.zero_grad();
-    model->loss(batch.inputs, batch.targets).backward();
+    at::Tensor loss = model->loss(batch.inputs, batch.targets);
+    const auto forward_done = Clock::now();
+    loss.backward();
+    const auto backward_done = Clock::now();
     torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);
     optimizer.step();
-    if (step >= warmup) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    if (step < warmup) continue;
+    times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    forward_times.push_back(std::chrono::duration<double>(forward_done - start).count());
+    backward_times.push_back(std::chrono::duration<double>(backward_done - forward_done).count());
   }
   json j = common_fields(flags, model->num_parameters(), threads);
   j["mode"] = world > 1 ? "side_by_side" : "plain";
@@ -144,12 +150,14 @@ int run_plain(const zero_bench::Flags& flags) {
   j["vocab"] = options.vocab_size;  // for the PyTorch peer's model
   j["step_s"] = zero_bench::median(times);
   j["step_times"] = times;
+  j["forward_s"] = zero_bench::median(forward_times);
+  j["backward_s"] = zero_bench::median(backward_times);
   j["minflt_per_step"] = double(minor_faults() - faults_before) / steps;
   j["peak_rss"] = zero_bench::peak_rss_bytes();
   append(flags.str("out"), j);
-  std::printf("plain LibTorch (%d process(es) side by side, %d thread(s) each): median step %.1f ms, %.0f minor faults per step, peak RSS %.0f MB\n",
-              world, threads, j["step_s"].get<double>() * 1e3, j["minflt_per_step"].get<double>(),
-              j["peak_rss"].get<double>() / 1e6);
+  std::printf("plain LibTorch (%d process(es) side by side, %d thread(s) each): median step %.1f ms (forward %.1f, backward %.1f), %.0f minor faults per step, peak RSS %.0f MB\n",
+              world, threads, j["step_s"].get<double>() * 1e3, j["forward_s"].get<double>() * 1e3,
+              j["backward_s"].get<double>() * 1e3, j["minflt_per_step"].get<double>(), j["peak_rss"].get<double>() / 1e6);
   return 0;
 }
 

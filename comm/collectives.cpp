@@ -107,6 +107,7 @@ class LocalBackend : public HostBackend {
   }
   void broadcast(at::Tensor&, int) override {}
   void barrier() override {}
+  const char* transport() const override { return "local"; }
 };
 
 }  // namespace

@@ -253,6 +253,8 @@ class GlooBackend : public HostBackend {
     });
   }
 
+  const char* transport() const override { return "gloo"; }
+
  private:
   uint32_t next_tag() { return tag_++; }
 

@@ -88,9 +88,14 @@ class HostBackend {
   virtual void all_gather(at::Tensor& output, const at::Tensor& input) = 0;
   virtual void broadcast(at::Tensor& tensor, int root) = 0;
   virtual void barrier() = 0;
+  // "local", "shm" or "gloo", for logs and tests.
+  virtual const char* transport() const = 0;
 };
 std::unique_ptr<HostBackend> make_local_backend();                     // size 1
 std::unique_ptr<HostBackend> make_gloo_backend(const GroupInfo& group);  // gloo.cpp
+// Null when the group cannot use shared memory (shm.cpp, Note [Shared-memory
+// collectives]); every rank of the group gets the same answer.
+std::unique_ptr<HostBackend> make_shm_backend(const GroupInfo& group);
 
 // Collectives on CUDA tensors enqueued on a communication stream (nccl.cpp).
 class DeviceBackend {

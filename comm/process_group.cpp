@@ -62,12 +62,19 @@ class Group : public ProcessGroup {
  public:
   Group(GroupInfo info, std::shared_ptr<World> world, CudaBackend cuda)
       : world_(std::move(world)), info_(std::move(info)), cuda_(cuda) {
-    host_ = info_.size == 1 ? make_local_backend() : make_gloo_backend(info_);
+    if (info_.size == 1) {
+      host_ = make_local_backend();
+    } else {
+      host_ = make_shm_backend(info_);
+      if (!host_) host_ = make_gloo_backend(info_);
+    }
+    log::debug("comm", where(info_) + ": host collectives of " + info_.name + " over " + host_->transport());
   }
 
   int rank() const override { return info_.rank; }
   int size() const override { return info_.size; }
   int global_rank(int group_rank) const override { return info_.global_ranks.at(group_rank); }
+  std::string host_transport() const override { return host_->transport(); }
 
   CommStats stats() const override {
     std::lock_guard<std::mutex> lock(stats_mu_);

@@ -15,6 +15,11 @@ inline std::string log_ranks() { return get("ZERO_LOG_RANKS", "0"); }
 inline long comm_timeout_s() { return get_int("ZERO_COMM_TIMEOUT", 300); }
 // Backend for CUDA tensors: "nccl" (default) or "gloo" (staged through host memory).
 inline std::string cuda_backend() { return get("ZERO_CUDA_BACKEND", "nccl"); }
+// Transport for host collectives: "auto" (default: shared memory when every
+// rank of a group runs on this host, else gloo), "shm" (required) or "gloo".
+inline std::string host_transport() { return get("ZERO_HOST_TRANSPORT", "auto"); }
+// Bytes per rank per chunk of a shared-memory collective, in KiB.
+inline long shm_slot_kib() { return get_int("ZERO_SHM_SLOT_KIB", 1024); }
 // Network interface or host name gloo binds to (default: the host name of MASTER_ADDR's route).
 inline std::string gloo_hostname() { return get("ZERO_GLOO_HOSTNAME", ""); }
 // CPU optimizers' SIMD path: "portable", "avx2" or "avx512" (default: the best the CPU has).

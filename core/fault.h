@@ -14,7 +14,8 @@ void reached(const char* point, int rank);
 // The same counting without the kill, for points that simulate a failure
 // the program recovers from: comm.connected (a rank's gloo connection
 // broke right after connecting; the group connects again, see
-// Note [Connecting a gloo group] in comm/gloo.cpp).
+// Note [Connecting a gloo group] in comm/gloo.cpp); comm.shm_segment (rank
+// 0 could not create a group's shared-memory segment: the group uses gloo).
 bool fires(const char* point, int rank);
 
 }  // namespace zero::fault

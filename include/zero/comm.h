@@ -64,6 +64,10 @@ class ProcessGroup {
   virtual int size() const = 0;
   // Rank of this process in the world group (for messages and sub-groups).
   virtual int global_rank(int group_rank) const = 0;
+  // How this group's CPU collectives travel: "local" (a group of one),
+  // "shm" (every rank on this host: one shared-memory segment) or "gloo"
+  // (TCP). ZERO_HOST_TRANSPORT chooses; see README "Launching".
+  virtual std::string host_transport() const = 0;
 
   // All collectives are issued in the same order on every rank of the group.
   // The *_async forms run on the group's communication thread (CPU) or

@@ -2,7 +2,11 @@
 // must fail within seconds with a CommError naming the rank at fault; each
 // checks its own error and exits 0 only if it is the expected one.
 // broken-connect instead checks that the group recovers.
-//   comm_faults early-exit | crash | rank0-crash | never-arrives | mismatch | size-mismatch | broken-connect
+// shm-fallback checks that a group whose shared-memory segment could not be
+// made uses gloo. ctest runs the failure scenarios over both host transports
+// (ZERO_HOST_TRANSPORT).
+//   comm_faults early-exit | crash | rank0-crash | never-arrives | mismatch | size-mismatch | broken-connect |
+//               shm-fallback
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -81,6 +85,14 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  if (scenario == "shm-fallback") {
+    if (world->host_transport() != "gloo" || t[0].item<float>() != world->size()) {
+      std::cout << "FAIL: rank " << world->rank() << " uses " << world->host_transport() << " and all-reduced "
+                << t[0].item<float>() << std::endl;
+      return 1;
+    }
+    return 0;
+  }
   if (scenario == "early-exit" || scenario == "crash") {
     if (world->rank() == 1) {
       if (scenario == "crash") ::_exit(0);  // no goodbye: as if killed
@@ -100,6 +112,13 @@ int main(int argc, char** argv) {
     return expect_error([&] { world->rank() == 1 ? world->barrier() : world->all_reduce(t); },
                         {"different collectives"}, 15);
   }
+  if (scenario == "size-mismatch" && world->host_transport() == "shm") {
+    // Over shared memory every rank sees what the others passed at the
+    // collective's first barrier: all fail at once, naming both sizes.
+    auto u = torch::ones({(1 << 20) + (world->rank() == 1 ? 16 : 0)});
+    return expect_error([&] { world->all_reduce(u); },
+                        {"all_reduce", "4194304", "4194368", "the ranks passed tensors of different sizes"}, 5);
+  }
   if (scenario == "size-mismatch") {
     // Rank 1 all-reduces 64 more bytes than the others. gloo's check fails
     // on its own thread, which terminates that process (Note [Failures
@@ -111,6 +130,8 @@ int main(int argc, char** argv) {
     return expect_error([&] { world->all_reduce(u); },
                         {"all_reduce"}, 15);
   }
-  std::cerr << "usage: comm_faults early-exit|crash|rank0-crash|never-arrives|mismatch|size-mismatch|broken-connect" << std::endl;
+  std::cerr << "usage: comm_faults early-exit|crash|rank0-crash|never-arrives|mismatch|size-mismatch|broken-connect|"
+               "shm-fallback"
+            << std::endl;
   return 2;
 }

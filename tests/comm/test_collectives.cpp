@@ -1,8 +1,11 @@
 // Every collective on the world group (run by ctest on 1-4 ranks through
-// zero-run), every dtype, sizes that are not multiples of the world size;
-// expectations computed from each rank's known contribution.
+// zero-run, over shared memory and over gloo), every dtype, sizes that are
+// not multiples of the world size; expectations computed from each rank's
+// known contribution.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <cstdlib>
 
 #include "world_main.h"
 #include "zero/comm.h"
@@ -33,6 +36,45 @@ TEST(Collectives, SecondInitReturnsTheLiveWorld) {
   again->all_reduce(t, zero::comm::ReduceOp::Sum);
   const int W = again->size();
   EXPECT_EQ(t[0].item<float>(), static_cast<float>(W * (W + 1) / 2));
+}
+
+// Ranks of one host use shared memory unless ZERO_HOST_TRANSPORT=gloo,
+// sub-groups too.
+TEST(Collectives, TransportIsTheOneAsked) {
+  const char* asked = std::getenv("ZERO_HOST_TRANSPORT");
+  const std::string expected = g_world->size() == 1 ? "local" : (asked && std::string(asked) == "gloo" ? "gloo" : "shm");
+  EXPECT_EQ(g_world->host_transport(), expected);
+  if (g_world->size() < 3) return;
+  auto pair = g_world->new_group({0, 1});
+  if (pair) EXPECT_EQ(pair->host_transport(), expected);
+}
+
+// Tensors of several chunks with a tail (the default chunk is 1 MiB per
+// rank; ctest also runs this with 4 kB chunks), checked element by element.
+TEST(Collectives, TensorsLargerThanOneChunk) {
+  const int W = g_world->size(), R = g_world->rank();
+  const int64_t n = (1 << 19) + 13;  // 2 MiB of floats and a bit
+  auto base = (torch::arange(n, torch::kLong) % 7 + 1).to(torch::kDouble);
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
+    auto t = contribution(R, n, dtype);
+    g_world->all_reduce(t);
+    EXPECT_TRUE(t.to(torch::kDouble).equal(base * rank_sum(W))) << name(dtype);
+  }
+  const int64_t m = 300001;
+  auto out = torch::empty({m});
+  g_world->reduce_scatter(out, contribution(R, W * m, at::kFloat));
+  auto mine = (torch::arange(R * m, (R + 1) * m, torch::kLong) % 7 + 1).to(torch::kDouble);
+  EXPECT_TRUE(out.to(torch::kDouble).equal(mine * rank_sum(W)));
+
+  auto gathered = torch::empty({W * m});
+  g_world->all_gather(gathered, contribution(R, m, at::kFloat));
+  for (int r = 0; r < W; ++r) EXPECT_TRUE(gathered.slice(0, r * m, (r + 1) * m).equal(contribution(r, m, at::kFloat)));
+
+  for (int root = 0; root < W; ++root) {
+    auto b = R == root ? contribution(root, n, at::kFloat) : torch::zeros({n});
+    g_world->broadcast(b, root);
+    EXPECT_TRUE(b.equal(contribution(root, n, at::kFloat))) << "root " << root;
+  }
 }
 
 TEST(Collectives, AllReduceSumAvgMax) {
