@@ -17,6 +17,7 @@ GradReducer::GradReducer(const FlatLayout& layout, std::shared_ptr<comm::Process
   pending_.assign(n, 0);
   launched_.assign(n, false);
   fired_.assign(layout_.params().size(), false);
+  written_.assign(layout_.params().size(), false);
 }
 
 void GradReducer::begin_backward(bool boundary) {
@@ -37,7 +38,13 @@ bool GradReducer::add(int param, const at::Tensor& grad) {
                          " received a second gradient in one backward after its bucket was reduced; "
                          "call engine.backward() once per micro-step (or use a larger reduce_bucket_size)");
   }
-  slot(k, p.offset - layout_.buckets()[k].offset, p.numel).add_(grad.reshape(-1));
+  at::Tensor target = slot(k, p.offset - layout_.buckets()[k].offset, p.numel);
+  if (written_[param]) {
+    target.add_(grad.reshape(-1));
+  } else {
+    target.copy_(grad.reshape(-1));
+    written_[param] = true;
+  }
   if (fired_[param]) return false;
   fired_[param] = true;
   return --pending_[k] == 0;
@@ -70,6 +77,28 @@ void GradReducer::finish(size_t k) {
   land(k);
 }
 
+void GradReducer::forget_written(size_t k) {
+  for (int i : layout_.buckets()[k].params) written_[i] = false;
+}
+
+void GradReducer::set_all_written(bool written) { written_.assign(written_.size(), written); }
+
+void GradReducer::fill_unwritten(size_t k) {
+  const auto& b = layout_.buckets()[k];
+  const auto zero = [&](int64_t from, int64_t to) {
+    if (to > from) slot(k, from - b.offset, to - from).zero_();
+  };
+  int64_t cursor = b.offset;
+  for (int i : b.params) {  // in flat order
+    const auto& p = layout_.params()[i];
+    zero(cursor, p.offset);
+    if (!written_[i]) zero(p.offset, p.offset + p.numel);
+    written_[i] = true;
+    cursor = p.offset + p.numel;
+  }
+  zero(cursor, b.offset + b.numel);
+}
+
 void GradReducer::check_size(const at::Tensor& values, int64_t expected) {
   if (values.numel() != expected) {
     throw PartitionError("accumulated gradients of " + std::to_string(values.numel()) +
@@ -96,12 +125,16 @@ class BoundaryReducer : public GradReducer {
       : GradReducer(layout, std::move(pg), options),
         flat_(empty_with_huge_pages(layout.flat_numel(), options.grad_options).zero_()) {}
 
-  void zero() override { flat_.zero_(); }
+  void zero() override { set_all_written(false); }
   int64_t bytes() const override { return flat_.nbytes(); }
-  at::Tensor accumulated() const override { return flat_; }
+  at::Tensor accumulated() override {
+    for (size_t k = 0; k < layout_.buckets().size(); ++k) fill_unwritten(k);
+    return flat_;
+  }
   void restore(const at::Tensor& values) override {
     check_size(values, flat_.numel());
     flat_.copy_(values.reshape(-1));
+    set_all_written(true);
   }
 
  protected:
@@ -124,11 +157,16 @@ class BoundaryReducer : public GradReducer {
 class AllReduceGrads final : public BoundaryReducer {
  public:
   using BoundaryReducer::BoundaryReducer;
-  at::Tensor shard_grad(size_t k) const override { return bucket(k); }
+  at::Tensor shard_grad(size_t k) override {
+    fill_unwritten(k);  // a step with no backward since the last one: zeros
+    return bucket(k);
+  }
 
  protected:
   void start(size_t k) override {
-    if (boundary_) works_[k] = pg_->all_reduce_async(bucket(k), comm::ReduceOp::Avg);
+    if (!boundary_) return;
+    fill_unwritten(k);
+    works_[k] = pg_->all_reduce_async(bucket(k), comm::ReduceOp::Avg);
   }
 };
 
@@ -136,11 +174,16 @@ class AllReduceGrads final : public BoundaryReducer {
 class ReduceScatterAtBoundary final : public BoundaryReducer {
  public:
   using BoundaryReducer::BoundaryReducer;
-  at::Tensor shard_grad(size_t k) const override { return shard(k); }
+  at::Tensor shard_grad(size_t k) override {
+    fill_unwritten(k);  // a step with no backward since the last one: zeros
+    return shard(k);
+  }
 
  protected:
   void start(size_t k) override {
-    if (boundary_) works_[k] = pg_->reduce_scatter_async(shard(k), bucket(k), comm::ReduceOp::Avg);
+    if (!boundary_) return;
+    fill_unwritten(k);
+    works_[k] = pg_->reduce_scatter_async(shard(k), bucket(k), comm::ReduceOp::Avg);
   }
 };
 
@@ -162,13 +205,13 @@ class ReduceScatterPerBucket final : public GradReducer {
     partition_ = empty_with_huge_pages(partition_numel_, options.grad_options).zero_();
   }
 
-  at::Tensor shard_grad(size_t k) const override { return off_device(k) ? at::Tensor() : partition_slice(k); }
+  at::Tensor shard_grad(size_t k) override { return off_device(k) ? at::Tensor() : partition_slice(k); }
   void zero() override {
     partition_.zero_();
     fresh_ = true;
   }
   int64_t bytes() const override { return partition_.nbytes() + pool_bytes_; }
-  at::Tensor accumulated() const override;
+  at::Tensor accumulated() override;
   void restore(const at::Tensor& values) override;
 
  protected:
@@ -202,7 +245,8 @@ class ReduceScatterPerBucket final : public GradReducer {
 };
 
 void ReduceScatterPerBucket::start(size_t k) {
-  if (!staging_[k].defined()) acquire(k);  // no gradient arrived: zeros
+  if (!staging_[k].defined()) acquire(k);
+  fill_unwritten(k);  // parameters no gradient reached, and the padding: zeros
   const bool into_partition = fresh_ && !off_device(k);
   outputs_[k] = into_partition ? at::Tensor() : torch::empty({layout_.buckets()[k].shard_numel}, staging_[k].options());
   works_[k] = pg_->reduce_scatter_async(into_partition ? partition_slice(k) : outputs_[k], staging_[k], comm::ReduceOp::Avg);
@@ -252,12 +296,12 @@ void ReduceScatterPerBucket::acquire(size_t k) {
   staging_base_[k] = pool_.back();
   pool_.pop_back();
   staging_[k] = staging_base_[k].slice(0, 0, layout_.buckets()[k].numel);
-  staging_[k].zero_();
+  forget_written(k);  // not cleared: the first gradients are copied in (Note [First gradient copies])
 }
 
 // Assembled in host memory when some shards are there, so that the layout
 // is the same with and without offload.
-at::Tensor ReduceScatterPerBucket::accumulated() const {
+at::Tensor ReduceScatterPerBucket::accumulated() {
   if (!host_ || !host_->any_off_device()) return partition_;
   host_->wait();
   std::vector<at::Tensor> shards;

@@ -118,6 +118,29 @@ TEST_P(EachStage, HoldsTheBuffersOfItsStage) {
   EXPECT_EQ(reducer->bytes(), expected_bytes);
 }
 
+// Buffers are not cleared in bulk (Note [First gradient copies]): a
+// parameter that had a gradient last step and has none in this one holds
+// zeros, and so does every bucket read after zero() with no backward.
+TEST_P(EachStage, ParametersWithoutAGradientThisStepHoldZeros) {
+  const auto [stage, overlap] = GetParam();
+  const FlatLayout layout = layout_for(stage);
+  auto reducer = GradReducer::for_stage(layout, g_world, nullptr, options_for(stage, overlap));
+  reducer->begin_backward(true);  // every parameter, "unused" too, gets a gradient
+  for (size_t i = 0; i < layout.params().size(); ++i) {
+    if (reducer->add(int(i), contribution(g_world->rank(), int(i), 5, layout.params()[i].numel))) reducer->launch_ready();
+  }
+  reducer->end_backward();
+  reducer->zero();
+  for (size_t k = 0; k < layout.buckets().size(); ++k) {
+    EXPECT_TRUE(torch::equal(reducer->shard_grad(k), torch::zeros({layout.buckets()[k].shard_numel}))) << "bucket " << k;
+  }
+  backward(*reducer, layout, 0, /*boundary=*/true);  // "unused" gets none
+  const at::Tensor flat = expected_flat(layout, 1);
+  for (size_t k = 0; k < layout.buckets().size(); ++k) {
+    EXPECT_TRUE(torch::equal(reducer->shard_grad(k), expected_shard(layout, flat, k))) << "bucket " << k;
+  }
+}
+
 // A checkpoint between micro-steps: what accumulated() returns, restored
 // into a new reducer, continues to the same result as without the break.
 TEST_P(EachStage, AccumulatedGradientsResume) {

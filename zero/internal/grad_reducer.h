@@ -55,7 +55,7 @@ class GradReducer {
   // This rank's reduced gradient of bucket k for the step, in the training
   // dtype (the whole bucket at stage 0); undefined when it lives only in
   // the host copy.
-  virtual at::Tensor shard_grad(size_t k) const = 0;
+  virtual at::Tensor shard_grad(size_t k) = 0;
   // After the step: the next backward starts from zero.
   virtual void zero() = 0;
   // Bytes of gradient buffers on the parameters' device.
@@ -63,7 +63,7 @@ class GradReducer {
   // Mid-accumulation checkpoints: what this rank holds of the gradients
   // summed so far (stages 0-1: the whole unreduced buffer; stages 2-3: every
   // bucket's shard in bucket order, host copies included), and its restoration.
-  virtual at::Tensor accumulated() const = 0;
+  virtual at::Tensor accumulated() = 0;
   virtual void restore(const at::Tensor& values) = 0;
   // Waits for collectives still in flight, swallowing their errors (an
   // error was raised already): for destructors.
@@ -84,6 +84,16 @@ class GradReducer {
   // restore(): `values` must have `expected` elements.
   static void check_size(const at::Tensor& values, int64_t expected);
 
+  // Note [First gradient copies]: buffers are not cleared in bulk. A
+  // parameter's first gradient since its slot was last valid is copied
+  // there (one pass, where clearing and then adding would read and write
+  // the buffer twice more), and a bucket is completed just before anyone
+  // reads it: fill_unwritten zeroes the slots of parameters no gradient
+  // reached, and the padding between and after them.
+  void forget_written(size_t k);  // bucket k's slots hold nothing valid now
+  void set_all_written(bool written);  // restore(): every slot holds a value
+  void fill_unwritten(size_t k);
+
   const FlatLayout& layout_;
   std::shared_ptr<comm::ProcessGroup> pg_;
   ReducerOptions options_;
@@ -94,6 +104,7 @@ class GradReducer {
   std::vector<int> pending_;    // per bucket: parameters whose gradient has not arrived
   std::vector<bool> launched_;  // per bucket
   std::vector<bool> fired_;     // per parameter
+  std::vector<bool> written_;   // per parameter: its slot holds a value (Note [First gradient copies])
   size_t next_launch_ = 0;
 };
 

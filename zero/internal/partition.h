@@ -102,7 +102,7 @@ class ShardedParams {
   // Bucket k's gradient as reduced over the data-parallel group (this rank's
   // shard; the whole bucket at stage 0), before attach_master_grads; undefined
   // where offload already moved it to the host.
-  at::Tensor reduced_grad(size_t k) const { return reducer_->shard_grad(k); }
+  at::Tensor reduced_grad(size_t k) { return reducer_->shard_grad(k); }
 
   // Stage 3 (Note [Stage 3 storage] in param_storage.h).
   // Gathers the released buckets holding any of `tensors`; returns them.
@@ -124,7 +124,7 @@ class ShardedParams {
   std::vector<FlatLayout::Fragment> fragments() const { return layout_.fragments(); }
   // Mid-accumulation checkpoints: the gradient accumulated so far, as this
   // rank holds it, and its restoration (GradReducer::accumulated).
-  at::Tensor accumulated_grads() const { return reducer_->accumulated(); }
+  at::Tensor accumulated_grads() { return reducer_->accumulated(); }
   void restore_accumulated_grads(const at::Tensor& grads) { reducer_->restore(grads); }
 
   int owners() const { return layout_.owners(); }
