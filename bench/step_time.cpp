@@ -3,7 +3,7 @@
 // same model and per-rank micro batch, and against PyTorch DDP, measured in
 // the same script run.
 //
-//   zero-run --nproc N bench_step_time --mode engine --stage S --out st.jsonl   (one stage)
+//   zero-run --nproc N bench_step_time --mode engine --stage S --out st.jsonl   (one stage; --overlap 0: reductions in series)
 //   bench_step_time --mode plain --threads T --out st.jsonl                     (the reference)
 //   bench_step_time --mode report --in st.jsonl --world N                       (the table)
 //   common: [--depth 6] [--width 768] [--heads 12] [--context 64] [--micro 2]
@@ -177,6 +177,7 @@ int run_engine(const zero_bench::Flags& flags) {
   setup.micro_batch = flags.num("micro");
   setup.reduce_bucket_size = flags.num("bucket");
   setup.offload_optimizer = flags.str("offload");
+  setup.overlap_comm = flags.num("overlap") != 0;
   zero::InitOptions init;
   init.group = world;
   auto engine = zero::initialize(zero::Config::from_json(zero_bench::ds_config(setup)), model, init);
@@ -384,6 +385,7 @@ int main(int argc, char** argv) {
                              {"steps", "10"},
                              {"bucket", "5e6"},
                              {"offload", "none"},
+                             {"overlap", "1"},
                              {"threads", "0"}});
     const std::string mode = flags.str("mode");
     if (mode == "plain") return run_plain(flags);
