@@ -25,6 +25,14 @@ std::string where(const GroupInfo& g) {
   return out.str();
 }
 
+void throw_collective_error(const GroupInfo& g, const std::string& message) {
+  std::ostringstream msg;
+  msg << message;
+  if (g.health) msg << "\n  diagnosis: " << g.health->diagnose(g.global_ranks);
+  msg << "\n  (timeout " << g.timeout.count() / 1000.0 << " s; set ZERO_COMM_TIMEOUT to change it)";
+  throw CommError(msg.str());
+}
+
 void check_tensor(const char* op, const at::Tensor& t) {
   if (!t.defined()) throw CommError(std::string(op) + ": tensor is undefined");
   if (!t.is_contiguous()) {

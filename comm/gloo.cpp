@@ -314,11 +314,7 @@ class GlooBackend : public HostBackend {
   }
 
   [[noreturn]] void fail(const char* op, const std::exception& e) {
-    std::ostringstream msg;
-    msg << where(group_) << ": " << op << " failed: " << e.what();
-    if (group_.health) msg << "\n  diagnosis: " << group_.health->diagnose(group_.global_ranks);
-    msg << "\n  (timeout " << group_.timeout.count() / 1000.0 << " s; set ZERO_COMM_TIMEOUT to change it)";
-    throw CommError(msg.str());
+    throw_collective_error(group_, where(group_) + ": " + op + " failed: " + e.what());
   }
 
   GroupInfo group_;

@@ -117,6 +117,9 @@ void check_all_gather(const GroupInfo& g, const at::Tensor& output, const at::Te
 void check_tensor(const char* op, const at::Tensor& tensor);
 // "rank 2 of world" style prefix for messages.
 std::string where(const GroupInfo& g);
+// A failed collective's CommError: `message`, then the heartbeats'
+// diagnosis of the peers (Note [Missing rank]) and the timeout in force.
+[[noreturn]] void throw_collective_error(const GroupInfo& g, const std::string& message);
 
 // ---- comm_thread.cpp ------------------------------------------------------
 // One thread per group runs its host collectives in issue order, so async

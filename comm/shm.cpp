@@ -349,9 +349,7 @@ class ShmBackend : public HostBackend {
     msg << (dead.empty() ? "timed out waiting for rank" : "the process of rank") << (named.size() > 1 ? "s" : "");
     for (size_t i = 0; i < named.size(); ++i) msg << (i ? ", " : " ") << group_.global_ranks[named[i]];
     msg << (dead.empty() ? "" : (named.size() > 1 ? " are gone" : " is gone"));
-    if (group_.health) msg << "\n  diagnosis: " << group_.health->diagnose(group_.global_ranks);
-    msg << "\n  (timeout " << group_.timeout.count() / 1000.0 << " s; set ZERO_COMM_TIMEOUT to change it)";
-    throw CommError(msg.str());
+    throw_collective_error(group_, msg.str());
   }
 
   [[noreturn]] void mismatch(int p, const Header& theirs, const Header& mine) {
