@@ -14,6 +14,7 @@
 #include "activations/estimate.h"
 #include "core/env.h"
 #include "core/fault.h"
+#include "core/blas_kernels.h"
 #include "core/heap.h"
 #include "engine/engine_impl.h"
 #include "engine/engine_setup.h"
@@ -180,6 +181,7 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
                           " trainable parameters in " + std::to_string(s.sharded->num_buckets()) +
                           " bucket(s); this rank holds " + memory_report().describe());
   if (const std::string advice = heap::advice(); !advice.empty()) log::info("engine", advice);
+  if (const std::string advice = blas::advice(); !advice.empty()) log::warn("engine", advice);
   s.forward_starts();
 }
 

@@ -20,6 +20,8 @@
 //   daemon S            fork a process that keeps stdout/stderr open for S seconds
 //   fds                 print "fds" and the open descriptors above 2 (or "fds none")
 //   heap                print "heap <name>": the malloc this process runs with (core/heap.h)
+//   blas                print "blas <name>": the kernels OpenBLAS picks when this
+//                       process loads it, "blas none" without OpenBLAS (core/blas_kernels.h)
 //   bind-master         bind a TCP socket to MASTER_ADDR:MASTER_PORT, print "bind ok" or the error
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -40,6 +42,7 @@
 #include <string>
 #include <thread>
 
+#include "core/blas_kernels.h"
 #include "core/heap.h"
 
 namespace {
@@ -166,12 +169,16 @@ int main(int argc, char** argv) {
           "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
           "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
           "TORCHELASTIC_USE_AGENT_STORE", "OMP_NUM_THREADS", "ZERO_TEST_INHERITED",
-          "LD_PRELOAD", "TCMALLOC_RELEASE_RATE", "MALLOC_CONF"};
+          "LD_PRELOAD", "TCMALLOC_RELEASE_RATE", "MALLOC_CONF", "OPENBLAS_CORETYPE"};
       for (const char* name : kNames) {
         const char* v = std::getenv(name);
         if (v) std::printf("env %s=%s\n", name, v);
         else std::printf("env %s unset\n", name);
       }
+    } else if (cmd == "blas") {
+      if (!here) continue;
+      const std::string core = zero::blas::probe_openblas_core();
+      std::printf("blas %s\n", core.empty() ? "none" : core.c_str());
     } else if (cmd == "heap") {
       if (here) std::printf("heap %s\n", zero::heap::allocator_name().c_str());
     } else if (cmd == "args") {

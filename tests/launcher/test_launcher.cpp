@@ -385,6 +385,40 @@ TEST(Env, AllocatorIsPreloadedUnlessTheUserChoseOne) {
   }
 }
 
+// core/blas_kernels.h: OpenBLAS does not know every CPU model and falls back
+// to SSE kernels for the ones it does not know; zero-run's ranks compute with
+// AVX2 or wider kernels wherever the CPU has AVX2 (the kernel's flags in
+// /proc/cpuinfo say so), and OPENBLAS_CORETYPE set by the user is kept.
+TEST(Env, RanksGetOpenBlasKernelsForThisCpu) {
+  Job::Env clean;
+  clean.unset = {"OPENBLAS_CORETYPE"};
+  Result r = run({"--nproc", "1", kProbe, "blas", "env"}, clean);
+  ASSERT_TRUE(r.exited_with(0)) << r.summary();
+  if (r.out.find("[rank 0] blas none\n") != std::string::npos) GTEST_SKIP() << "OpenBLAS is not installed";
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, flags;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) == 0) {
+      flags = line + " ";
+      break;
+    }
+  }
+  if (flags.find(" avx2 ") == std::string::npos || flags.find(" fma ") == std::string::npos) {
+    GTEST_SKIP() << "this CPU has no AVX2";
+  }
+  std::smatch core;
+  ASSERT_TRUE(std::regex_search(r.out, core, std::regex("\\[rank 0\\] blas (\\S+)\n"))) << r.summary();
+  const std::set<std::string> avx2_or_wider = {"Haswell", "Excavator", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"};
+  EXPECT_EQ(avx2_or_wider.count(core[1]), 1u) << core[1] << "\n" << r.summary();
+
+  Job::Env chosen;
+  chosen.set = {{"OPENBLAS_CORETYPE", "Nehalem"}};
+  r = run({"--nproc", "1", kProbe, "blas", "env"}, chosen);
+  ASSERT_TRUE(r.exited_with(0)) << r.summary();
+  EXPECT_EQ(parse_env(r.out)[0]["OPENBLAS_CORETYPE"], "Nehalem");
+  EXPECT_NE(r.out.find("[rank 0] blas Nehalem\n"), std::string::npos) << r.summary();
+}
+
 TEST(Env, ArgumentsAfterProgramArePassedUnchanged) {
   Result r = run({"--nproc", "1", "--", kProbe, "args", "--nproc", "5", "--", "a b", ""});
   ASSERT_TRUE(r.exited_with(0)) << r.summary();

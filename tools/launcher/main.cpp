@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "allocator.h"
+#include "core/blas_kernels.h"
 #include "launch_file.h"
 #include "launcher.h"
 
@@ -47,6 +48,10 @@ const char kHelp[] =
     "  -h, --help         this text\n"
     "Options end at PROGRAM or at '--'; PROGRAM is looked up in PATH.\n"
     "Options may also be written --name=value, and with '_' for '-'.\n"
+    "\n"
+    "OPENBLAS_CORETYPE is set for the ranks when it is unset and OpenBLAS\n"
+    "would compute with kernels older than this CPU (it does not know every\n"
+    "CPU model): SkylakeX on AVX-512 CPUs, Haswell on AVX2 ones.\n"
     "\n"
     "exit status: 0 when every rank exits 0; else the first failing rank's\n"
     "code (128+signal if it was killed); 2 for a bad command line; 126/127\n"
@@ -169,6 +174,13 @@ zero_run::LaunchOptions parse(int argc, char** argv, bool* help) {
     o.extra_env.insert(o.extra_env.end(), allocator.env.begin(), allocator.env.end());
   } catch (const std::invalid_argument& e) {
     throw UsageError{e.what()};
+  }
+  // OpenBLAS reads OPENBLAS_CORETYPE when it loads, before any rank code
+  // runs: zero-run sets it when OpenBLAS would pick kernels older than this
+  // CPU (core/blas_kernels.h). The user's own setting is kept.
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
+    const std::string core = zero::blas::better_core(zero::blas::probe_openblas_core(), zero::blas::this_cpu());
+    if (!core.empty()) o.extra_env.push_back("OPENBLAS_CORETYPE=" + core);
   }
   return o;
 }
