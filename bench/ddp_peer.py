@@ -18,6 +18,7 @@ included) are the largest over the ranks. One JSON line is appended to
 --out, read by `bench_step_time --mode report`.
 """
 import argparse
+import ctypes
 import json
 import os
 import resource
@@ -50,6 +51,16 @@ def allocator():
         if name in preload:
             return name
     return "glibc malloc"
+
+
+def openblas_kernels():
+    """The kernels OpenBLAS picked in this process, as bench_step_time records them."""
+    try:
+        name = ctypes.CDLL("libopenblas.so.0").openblas_get_corename
+    except (OSError, AttributeError):
+        return ""
+    name.restype = ctypes.c_char_p
+    return name().decode()
 
 
 def main():
@@ -104,7 +115,7 @@ def main():
                 "micro": args.micro, "warmup": args.warmup, "steps": args.steps,
                 "step_s": statistics.median(times), "step_times": times,
                 "minflt_per_step": faults, "peak_rss": peak_rss, "torch": torch.__version__,
-                "allocator": allocator()}
+                "allocator": allocator(), "blas": openblas_kernels()}
         with open(args.out, "a") as out:
             out.write(json.dumps(line) + "\n")
         label = f"PyTorch DDP over gloo, {world} ranks" if ddp else "plain PyTorch, 1 process"

@@ -40,6 +40,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -48,6 +49,7 @@
 #include "gpt/corpus.h"
 #include "gpt/gpt.h"
 #include "gpt_bench.h"
+#include "core/blas_kernels.h"
 #include "core/heap.h"
 #include "zero/zero.h"
 #include "median.h"
@@ -92,6 +94,7 @@ void append(const std::string& path, const json& j) {
 json common_fields(const zero_bench::Flags& flags, int64_t psi, int threads) {
   return json{{"bench", "step_time"},
               {"allocator", zero::heap::allocator_name()},
+              {"blas", zero::blas::loaded_openblas_core()},
               {"params", psi},
               {"depth", flags.num("depth")},
               {"width", flags.num("width")},
@@ -289,10 +292,12 @@ int run_report(const zero_bench::Flags& flags) {
   std::map<std::string, std::vector<json>> ddp_lines;  // by allocator
   std::map<int, std::vector<json>> stage_lines;
   std::string text;
+  std::set<std::string> blas;  // the OpenBLAS kernels of every row: like with like when one
   while (std::getline(file, text)) {
     if (text.empty()) continue;
     json j = json::parse(text);
     if (j.value("bench", "") != "step_time" || j["threads"].get<int>() != threads) continue;
+    blas.insert(j.value("blas", std::string("not recorded")));
     if (j["mode"] == "plain") plain_lines.push_back(j);
     if (j["mode"] == "python") python_lines.push_back(j);
     const bool here = j["world"].get<int>() == world;
@@ -324,7 +329,10 @@ int run_report(const zero_bench::Flags& flags) {
               "rank (the Python interpreter included for the PyTorch rows); x DDP is against the fastest DDP row. The side-by-side row is N plain loops at once with no communication: the "
               "step time no N-rank job with torch::optim's AdamW can go below on these cores. The PyTorch and plain "
               "LibTorch rows step torch.optim / torch::optim AdamW; zero steps its fused AdamW (torch_adam: false, "
-              "DeepSpeed's default).\n\n");
+              "DeepSpeed's default).\n");
+  std::string kernels;
+  for (const std::string& b : blas) kernels += (kernels.empty() ? "" : ", ") + (b.empty() ? std::string("no OpenBLAS") : b);
+  std::printf("OpenBLAS kernels: %s%s.\n\n", kernels.c_str(), blas.size() == 1 ? " in every row" : " (they differ between rows: not like with like)");
   std::printf("| run | step ms | x DDP | x stage 0 | x plain LibTorch | minor faults/step | peak RSS MB | MB sent/step/rank "
               "| bytes/theory | time goal | faults goal |\n");
   std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n");
