@@ -237,7 +237,7 @@ int run_engine(const zero_bench::Flags& flags) {
     // Rank 0's split of its step time (wall_clock_breakdown), per step.
     j["split_s"] = {{"forward", split.forward / steps}, {"backward", split.backward / steps},
                     {"reduce", split.reduce / steps}, {"step", split.step / steps}, {"gather", split.gather / steps},
-                    {"host_kernels", split.host_step / steps}};
+                    {"host_kernels", split.host_step / steps}, {"gather_wait", split.gather_wait / steps}};
     append(flags.str("out"), j);
     std::printf("stage %d, %d ranks x %d thread(s): median step %.1f ms, %.2f MB sent per step per rank "
                 "(theory %.2f MB; all-reduce %.2f, reduce-scatter %.2f, all-gather %.2f), %.0f minor faults per step, "
@@ -245,10 +245,12 @@ int run_engine(const zero_bench::Flags& flags) {
                 setup.stage, N, threads, zero_bench::median(slowest) * 1e3, b[0].item<double>() / 1e6, theory / 1e6,
                 b[1].item<double>() / 1e6, b[2].item<double>() / 1e6, b[3].item<double>() / 1e6,
                 b[5].item<double>(), b[6].item<double>() / 1e6);
-    std::printf("stage %d split per step on rank 0 (ms): forward %.1f, backward %.1f, waiting for reductions %.1f, "
-                "optimizer step %.1f (fused host kernels %.1f), publishing parameters %.1f\n", setup.stage,
-                split.forward / steps * 1e3, split.backward / steps * 1e3, split.reduce / steps * 1e3,
-                split.step / steps * 1e3, split.host_step / steps * 1e3, split.gather / steps * 1e3);
+    std::printf("stage %d split per step on rank 0 (ms): forward %.1f, backward %.1f (of both, waiting for gathered "
+                "parameters %.1f), waiting for reductions %.1f, optimizer step %.1f (fused host kernels %.1f), "
+                "publishing parameters %.1f\n", setup.stage,
+                split.forward / steps * 1e3, split.backward / steps * 1e3, split.gather_wait / steps * 1e3,
+                split.reduce / steps * 1e3, split.step / steps * 1e3, split.host_step / steps * 1e3,
+                split.gather / steps * 1e3);
   }
   return 0;
 }
@@ -362,6 +364,24 @@ int run_report(const zero_bench::Flags& flags) {
     const double byte_ratio = j["bytes_per_step"].get<double>() / j["bytes_theory"].get<double>();
     std::snprintf(bytes, sizeof bytes, "%.4f %s", byte_ratio, std::fabs(byte_ratio - 1.0) <= 0.05 ? "pass" : "miss");
     row("zero stage " + std::to_string(stage) + ", " + j.value("allocator", std::string()), j, time_goal, bytes);
+  }
+  // Where a step's time goes, rank 0, the median over the rounds of each part.
+  std::printf("\nrank 0's split of a step (ms, median over the rounds): compute is forward + backward less the waits "
+              "for gathered parameters (stage 3's units, where prefetching was late); the reductions still running "
+              "after backward are waited for apart; publishing is the all-gather of the updated parameters.\n\n");
+  std::printf("| stage | forward + backward | of which waiting for gathers | waiting for reductions | optimizer step | "
+              "publishing | step |\n|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (const auto& kv : stage_lines) {
+    std::map<std::string, std::vector<double>> parts;
+    for (const json& line : kv.second) {
+      if (!line.contains("split_s")) continue;
+      for (const auto& part : line["split_s"].items()) parts[part.key()].push_back(part.value().get<double>() * 1e3);
+    }
+    const auto ms = [&](const std::string& part) {
+      return parts[part].empty() ? NAN : zero_bench::median(parts[part]);
+    };
+    std::printf("| %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", kv.first, ms("forward") + ms("backward"),
+                ms("gather_wait"), ms("reduce"), ms("step"), ms("gather"), stages[kv.first]["step_s"].get<double>() * 1e3);
   }
   std::printf("\nbytes by kind per step per rank (MB): ");
   for (const auto& kv : stages) {

@@ -408,6 +408,8 @@ StepTimes Engine::take_step_times() {
   t.forward = s.t_forward, t.backward = s.t_backward, t.reduce = s.t_reduce;
   t.step = s.t_step - s.t_gather, t.gather = s.t_gather;
   t.pipeline_wait = s.t_pipeline_wait;
+  t.gather_wait = s.sharded->gather_wait_seconds() - s.gather_wait_at_window;
+  s.gather_wait_at_window = s.sharded->gather_wait_seconds();
   if (auto* host = s.optimizer->host()) {
     const auto timing = host->take_timing();
     t.host_step = timing.compute_s, t.nvme_wait = timing.nvme_wait_s;

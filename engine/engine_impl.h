@@ -109,6 +109,7 @@ struct Engine::Impl {
   int64_t loss_count = 0;
   Clock::time_point window_start = Clock::now(), last_step_end = Clock::now();
   int64_t window_steps = 0;
+  double gather_wait_at_window = 0;  // sharded->gather_wait_seconds() when the window began
   double t_forward = 0, t_backward = 0, t_reduce = 0, t_step = 0, t_gather = 0;
   double t_pipeline_wait = 0;  // of t_forward and t_backward: receiving from the neighbouring stages
 

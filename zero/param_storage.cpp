@@ -4,6 +4,7 @@
 #include "zero/internal/param_storage.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "offload/host_tensors.h"
 
@@ -103,9 +104,11 @@ void ParamStorage::start_gather(Bucket& b) {
 
 void ParamStorage::wait_gathered(size_t k) {
   Bucket& b = buckets_[k];
+  if (!b.read_pending && !b.gather_work) return;
+  const auto start = std::chrono::steady_clock::now();
   if (b.read_pending) start_gather(b);
-  if (!b.gather_work) return;
   b.gather_work->wait();
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   b.gather_work.reset();
   b.gather_input = at::Tensor();
   if (b.swap_id >= 0) store_->drop({b.swap_id});  // the file still holds it

@@ -80,6 +80,10 @@ struct StepTimes {
   double reduce = 0;     // waiting for the last reductions after backward
   double step = 0;       // the optimizer step (unscale, clip, update), gather excluded
   double gather = 0;     // publishing the updated parameters (copies, all-gathers)
+  // Stage 3: of forward and backward, waiting for units' parameters (their
+  // all-gathers, and NVMe reads with offload_param) that prefetching did
+  // not have ready in time.
+  double gather_wait = 0;
   double host_step = 0;  // offload: of `step`, the host optimizer's kernels
   double nvme_wait = 0;  // offload to NVMe: of `step`, waiting for reads and writes
   // Pipeline parallelism: of forward and backward, waiting for the

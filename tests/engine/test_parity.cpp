@@ -229,8 +229,19 @@ TEST(Parity, SgdNesterovStage1) { run_parity({1, 2, 0.0, "SGD", "SGD stage 1"});
 TEST(Parity, AdagradStage1Accumulation) { run_parity({1, 2, 0.0, "Adagrad", "Adagrad stage 1"}); }
 TEST(Parity, SgdNesterovStage2Clipping) { run_parity({2, 1, 1.0, "SGD", "SGD stage 2"}); }
 TEST(Parity, OneBigBucketStage2) { run_parity({2, 2, 0.5, "AdamW", "stage 2, one bucket"}, 12, 3, 1000000); }
-TEST(Parity, UnitsAtStage2AreAPassThrough) { run_parity<ToyUnits>({2, 1, 0.0, "AdamW", "units at stage 2"}); }
-TEST(Parity, AdamWStage3) { run_parity<ToyUnits>({3, 1, 0.0, "AdamW", "stage 3"}); }
+// StepTimes::gather_wait is the part of forward and backward spent waiting
+// for units' all-gathers: none below stage 3; at stage 3 each forward's
+// first unit is gathered when it runs (nothing prefetched it), so the wait
+// is positive, and it is part of forward + backward.
+TEST(Parity, UnitsAtStage2AreAPassThrough) {
+  const zero::StepTimes times = run_parity<ToyUnits>({2, 1, 0.0, "AdamW", "units at stage 2"});
+  EXPECT_EQ(times.gather_wait, 0.0);
+}
+TEST(Parity, AdamWStage3) {
+  const zero::StepTimes times = run_parity<ToyUnits>({3, 1, 0.0, "AdamW", "stage 3"});
+  EXPECT_GT(times.gather_wait, 0.0);
+  EXPECT_LE(times.gather_wait, times.forward + times.backward);
+}
 TEST(Parity, AdamWStage3AccumulationClipping) { run_parity<ToyUnits>({3, 3, 0.5, "AdamW", "stage 3, gas 3, clip"}); }
 TEST(Parity, SgdStage3OneBigBucket) { run_parity<ToyUnits>({3, 2, 0.0, "SGD", "SGD stage 3"}, 12, 3, 1000000); }
 TEST(Parity, Stage3WithoutUnits) { run_parity<Toy>({3, 1, 0.5, "AdamW", "stage 3, no units"}); }

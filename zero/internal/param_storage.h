@@ -85,6 +85,10 @@ class ParamStorage {
   // bound).
   int64_t gathered_bytes() const { return gathered_now_; }
   int64_t gathered_peak() const { return gathered_peak_; }
+  // Seconds spent waiting in wait_gathered() for a bucket's all-gather (and
+  // its NVMe read) to complete, since construction: the part of stage 3's
+  // forward and backward that prefetching did not hide.
+  double wait_seconds() const { return wait_seconds_; }
 
  private:
   struct Bucket {
@@ -107,6 +111,7 @@ class ParamStorage {
   std::unique_ptr<offload::SwappedTensors> store_;  // offload_param "nvme"
   std::vector<int> writes_;                         // shard writes in flight
   int64_t gathered_now_ = 0, gathered_peak_ = 0;    // buckets that are not persistent, gathered
+  double wait_seconds_ = 0;
 };
 
 }  // namespace zero::partition
