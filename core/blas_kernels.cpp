@@ -34,20 +34,19 @@ std::string core_from(void* handle) {
 std::string loaded_openblas_core() { return core_from(RTLD_DEFAULT); }
 
 std::string probe_openblas_core() {
+  // Not closed: unloading would run OpenBLAS's teardown for nothing, and a
+  // leak checker would count its buffers as lost.
   void* handle = ::dlopen("libopenblas.so.0", RTLD_LAZY | RTLD_LOCAL);
-  if (handle == nullptr) return "";
-  const std::string core = core_from(handle);
-  ::dlclose(handle);
-  return core;
+  return handle ? core_from(handle) : "";
 }
 
 std::string better_core(const std::string& detected, CpuVectors cpu) {
+  if (detected.empty()) return "";  // no OpenBLAS
   // OpenBLAS's x86-64 kernels with AVX2 or wider (its names); the others
   // are SSE or AVX ones.
   for (const char* modern : {"Haswell", "Excavator", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"}) {
     if (detected == modern) return "";
   }
-  if (detected.empty()) return "";
   if (cpu.avx512) return "SkylakeX";
   if (cpu.avx2_fma) return "Haswell";
   return "";
@@ -61,7 +60,7 @@ std::string advice() {
   return "OpenBLAS computes matrix products with its " + detected + " kernels" +
          (forced ? std::string(" (OPENBLAS_CORETYPE=") + forced + ")" : std::string(", as it does not know this CPU's model")) +
          ", although this CPU has " + (better == "SkylakeX" ? "AVX-512" : "AVX2") +
-         ": CPU steps run up to 3x slower. Start the ranks with OPENBLAS_CORETYPE=" + better +
+         ": a CPU training step runs 2-3x slower. Start the ranks with OPENBLAS_CORETYPE=" + better +
          (forced ? std::string() : std::string(" (zero-run sets it when it is unset)"));
 }
 

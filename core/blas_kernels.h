@@ -4,9 +4,9 @@
 // An OpenBLAS built for many CPUs (Debian's) picks its kernels when it is
 // loaded, from the CPU's model number. A model it does not know (a CPU newer
 // than the library, or a virtual machine's generic model) gets its oldest
-// x86-64 kernels, Prescott's (SSE3): on an AVX-512 CPU that makes a CPU
-// training step of the example GPT 2.8x slower than with its SkylakeX
-// kernels (bench/README.md, "BLAS kernels"). OPENBLAS_CORETYPE, read when
+// x86-64 kernels, Prescott's (SSE3): on an AVX-512 CPU that made a CPU
+// training step of the example GPT 2.2x slower than with its SkylakeX
+// kernels (ARCHITECTURE.md, checked facts). OPENBLAS_CORETYPE, read when
 // the library loads, chooses others; zero-run sets it for its ranks when
 // OpenBLAS would misjudge the CPU, and the engine says at initialize when a
 // rank runs on kernels older than its CPU.
@@ -26,8 +26,8 @@ CpuVectors this_cpu();
 // ("Prescott", "Haswell", "SkylakeX", ...); "" when no OpenBLAS is loaded.
 std::string loaded_openblas_core();
 
-// Loads OpenBLAS (libopenblas.so.0) into this process and says which
-// kernels it picked; "" when it is not installed.
+// Loads OpenBLAS (libopenblas.so.0) into this process, for good, and says
+// which kernels it picked; "" when it is not installed.
 std::string probe_openblas_core();
 
 // The OPENBLAS_CORETYPE that runs faster than `detected` on `cpu`:

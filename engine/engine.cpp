@@ -12,9 +12,9 @@
 
 #include "activations/activation_memory.h"
 #include "activations/estimate.h"
+#include "core/blas_kernels.h"
 #include "core/env.h"
 #include "core/fault.h"
-#include "core/blas_kernels.h"
 #include "core/heap.h"
 #include "engine/engine_impl.h"
 #include "engine/engine_setup.h"
