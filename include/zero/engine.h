@@ -82,7 +82,8 @@ struct StepTimes {
   double gather = 0;     // publishing the updated parameters (copies, all-gathers)
   // Stage 3: of forward and backward, waiting for units' parameters (their
   // all-gathers, and NVMe reads with offload_param) that prefetching did
-  // not have ready in time.
+  // not have ready in time. A GatheredParameters taken between steps waits
+  // the same way and is counted here too.
   double gather_wait = 0;
   double host_step = 0;  // offload: of `step`, the host optimizer's kernels
   double nvme_wait = 0;  // offload to NVMe: of `step`, waiting for reads and writes
