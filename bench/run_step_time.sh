@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Step time, minor page faults, peak RSS and bytes per step at ZeRO stages
 # 0-3 on 2 and 4 local CPU ranks, against PyTorch DDP over gloo on the same
-# model (bench/ddp_peer.py), stage 0, and plain single-process LibTorch and
+# model (bench/ddp_peer.py; and PyTorch FSDP2 when the peers' torch has it,
+# >= 2.6), stage 0, and plain single-process LibTorch and
 # PyTorch loops, and N plain LibTorch loops side by side with no
 # communication (the floor for N ranks on these cores), all measured in this run with the same threads per process
 # (cores / ranks). Everything starts through zero-run, so that every row
@@ -10,10 +11,11 @@
 # Usage: bench/run_step_time.sh [build dir] [bench_step_time options...]
 #   e.g. bench/run_step_time.sh build --depth 4 --width 512 --steps 6
 # Environment: RANKS (default "2 4"), ROUNDS (default 3), RESULTS (default bench/results),
-# PYTHON (default /usr/bin/python3, Debian's, for python3-torch).
-# Installs Debian's python3-torch for the PyTorch rows when it is missing
-# (as root; otherwise the table is printed without them). tcmalloc comes
-# with tools/setup-deps.sh.
+# PYTHON (default: the python of the build's torch, ZERO_TORCH_PYTHON in its
+# CMakeCache.txt, else /usr/bin/python3 with Debian's python3-torch; see
+# bench/peer_python.sh). Installs Debian's python3-torch for the PyTorch rows
+# when that python lacks it (as root; otherwise the table is printed without
+# them). tcmalloc comes with tools/setup-deps.sh.
 # Writes $RESULTS/step_time.jsonl, prints one table per world size and keeps
 # the tables in $RESULTS/step_time.md.
 # Always exits 0 when the runs complete: the goals are information.
@@ -22,7 +24,8 @@ build="${1:-build}"
 shift || true
 here="$(cd "$(dirname "$0")" && pwd)"
 results="${RESULTS:-$here/results}"
-python="${PYTHON:-/usr/bin/python3}"
+source "$here/peer_python.sh"
+peer_python "$build"
 mkdir -p "$results"
 lines="$results/step_time.jsonl"
 rm -f "$lines"
@@ -30,16 +33,7 @@ cores=$(nproc)
 bin="$build/bench/bench_step_time"
 run="$build/tools/launcher/zero-run"
 
-peers=1
-if ! "$python" -c 'import torch.distributed' 2>/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-torch >/dev/null || true
-  fi
-  "$python" -c 'import torch.distributed' 2>/dev/null || {
-    peers=0
-    echo "note: $python cannot import torch: the PyTorch rows are left out (apt-get install python3-torch)" >&2
-  }
-fi
+peer_check
 
 # The bench's flags the Python peer understands too (the model and the loop).
 peer_flags=()
@@ -73,6 +67,10 @@ for round in $(seq "${ROUNDS:-3}"); do
         "$run" --nproc "$n" --allocator "$allocator" "$python" "$here/ddp_peer.py" --mode ddp --threads "$threads" \
           --out "$lines" "${peer_flags[@]}"
       done
+      # FSDP2 under zero-run's allocator only, as the stages run.
+      if [ "$fsdp2" = 1 ]; then
+        "$run" --nproc "$n" "$python" "$here/ddp_peer.py" --mode fsdp2 --threads "$threads" --out "$lines" "${peer_flags[@]}"
+      fi
     fi
     for stage in 0 1 2 3; do
       "$run" --nproc "$n" "$bin" --mode engine --stage "$stage" --threads "$threads" --out "$lines" "$@"

@@ -91,10 +91,18 @@ void append(const std::string& path, const json& j) {
   if (!out) throw std::runtime_error("cannot append to " + path);
 }
 
+// The BLAS this process computes with: OpenBLAS's kernels where it is
+// loaded (Debian's LibTorch), else "mkl" (the torch wheel has MKL inside),
+// as bench/ddp_peer.py records its side.
+std::string blas_kernels() {
+  const std::string core = zero::blas::loaded_openblas_core();
+  return core.empty() && at::hasMKL() ? std::string("mkl") : core;
+}
+
 json common_fields(const zero_bench::Flags& flags, int64_t psi, int threads) {
   return json{{"bench", "step_time"},
               {"allocator", zero::heap::allocator_name()},
-              {"blas", zero::blas::loaded_openblas_core()},
+              {"blas", blas_kernels()},
               {"params", psi},
               {"depth", flags.num("depth")},
               {"width", flags.num("width")},
@@ -290,7 +298,7 @@ int run_report(const zero_bench::Flags& flags) {
   const int threads = threads_for(flags, world);
   std::ifstream file(flags.str("in"));
   if (!file) throw std::runtime_error("cannot read " + flags.str("in"));
-  std::vector<json> plain_lines, python_lines, side_lines;
+  std::vector<json> plain_lines, python_lines, side_lines, fsdp2_lines;
   std::map<std::string, std::vector<json>> ddp_lines;  // by allocator
   std::map<int, std::vector<json>> stage_lines;
   std::string text;
@@ -305,9 +313,11 @@ int run_report(const zero_bench::Flags& flags) {
     const bool here = j["world"].get<int>() == world;
     if (j["mode"] == "side_by_side" && here) side_lines.push_back(j);
     if (j["mode"] == "ddp" && here) ddp_lines[j.value("allocator", "")].push_back(j);
+    if (j["mode"] == "fsdp2" && here) fsdp2_lines.push_back(j);
     if (j["mode"] == "engine" && here) stage_lines[j["stage"].get<int>()].push_back(j);
   }
   const json plain = pooled(plain_lines), python = pooled(python_lines), side = pooled(side_lines);
+  const json fsdp2 = pooled(fsdp2_lines);
   std::map<std::string, json> ddp;
   for (const auto& kv : ddp_lines) ddp[kv.first] = pooled(kv.second);
   std::map<int, json> stages;
@@ -334,7 +344,7 @@ int run_report(const zero_bench::Flags& flags) {
               "DeepSpeed's default).\n");
   std::string kernels;
   for (const std::string& b : blas) kernels += (kernels.empty() ? "" : ", ") + (b.empty() ? std::string("no OpenBLAS") : b);
-  std::printf("OpenBLAS kernels: %s%s.\n\n", kernels.c_str(), blas.size() == 1 ? " in every row" : " (they differ between rows: not like with like)");
+  std::printf("BLAS kernels: %s%s.\n\n", kernels.c_str(), blas.size() == 1 ? " in every row" : " (they differ between rows: not like with like)");
   std::printf("| run | step ms | x DDP | x stage 0 | x plain LibTorch | minor faults/step | peak RSS MB | MB sent/step/rank "
               "| bytes/theory | time goal | faults goal |\n");
   std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n");
@@ -348,6 +358,10 @@ int run_report(const zero_bench::Flags& flags) {
   for (const auto& kv : ddp) {
     row("PyTorch " + kv.second.value("torch", std::string()) + " DDP over gloo, " + std::to_string(world) + " ranks, " +
             kv.first, kv.second, "-", "-");
+  }
+  if (!fsdp2.is_null()) {
+    row("PyTorch " + fsdp2.value("torch", std::string()) + " FSDP2 (fully_shard per block) over gloo, " +
+            std::to_string(world) + " ranks, " + fsdp2.value("allocator", std::string()), fsdp2, "-", "-");
   }
   if (!python.is_null()) row("plain PyTorch, 1 process, " + python.value("allocator", std::string()), python, "-", "-");
   if (!plain.is_null()) row("plain LibTorch, 1 process, " + plain.value("allocator", std::string()), plain, "-", "-");

@@ -40,15 +40,18 @@ namespace zero::ckpt {
 constexpr int kFormatVersion = 1;
 constexpr const char* kFormatName = "zero-checkpoint";
 
-// Element types, spelled as safetensors spells them.
-enum class DType { F32, F16, BF16, F64, I64, I32, U8, BOOL };
+// Element types, spelled as safetensors spells them. F8_E4M3 is the "fn"
+// variant (no infinities, one NaN pattern per sign), as torch's
+// float8_e4m3fn and Hugging Face's FP8 weights use it; F8_E5M2 is the upper
+// byte of an IEEE half.
+enum class DType { F32, F16, BF16, F64, I64, I32, U8, BOOL, F8_E4M3, F8_E5M2 };
 const char* dtype_name(DType d);              // "F32", ...
 DType dtype_from_name(const std::string& s);  // throws CheckpointError naming s
 size_t dtype_size(DType d);
 
-bool dtype_is_floating(DType d);              // F32, F16, BF16, F64
-// Converts n elements of a floating dtype to F32: F16 and BF16 exactly, F64
-// rounded to nearest. Throws CheckpointError for other dtypes.
+bool dtype_is_floating(DType d);              // F32, F16, BF16, F64, F8_E4M3, F8_E5M2
+// Converts n elements of a floating dtype to F32: F16, BF16 and both F8s
+// exactly, F64 rounded to nearest. Throws CheckpointError for other dtypes.
 void convert_to_f32(DType d, const void* src, size_t n, float* dst);
 
 // "0123456789abcdef": 16 lowercase hex digits, as FileInfo::xxh3 spells them.

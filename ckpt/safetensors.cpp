@@ -189,6 +189,21 @@ uint64_t le64(const unsigned char* b) {
   return v;
 }
 
+// float8 e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent
+// 0 is subnormal (m/8 x 2^-6); S.1111.111 is NaN, and there is no infinity.
+float f8_e4m3_to_f32(uint8_t b) {
+  const int exp = (b >> 3) & 0xf, man = b & 0x7;
+  float v;
+  if (exp == 0xf && man == 0x7) {
+    v = std::numeric_limits<float>::quiet_NaN();
+  } else if (exp == 0) {
+    v = std::ldexp(static_cast<float>(man), -9);
+  } else {
+    v = std::ldexp(static_cast<float>(8 + man), exp - 10);
+  }
+  return (b & 0x80) ? -v : v;
+}
+
 float f16_to_f32(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1f;
@@ -243,14 +258,17 @@ const char* dtype_name(DType d) {
     case DType::I32: return "I32";
     case DType::U8: return "U8";
     case DType::BOOL: return "BOOL";
+    case DType::F8_E4M3: return "F8_E4M3";
+    case DType::F8_E5M2: return "F8_E5M2";
   }
   return "?";
 }
 
 DType dtype_from_name(const std::string& s) {
-  for (DType d : {DType::F32, DType::F16, DType::BF16, DType::F64, DType::I64, DType::I32, DType::U8, DType::BOOL})
+  for (DType d : {DType::F32, DType::F16, DType::BF16, DType::F64, DType::I64, DType::I32, DType::U8, DType::BOOL,
+                  DType::F8_E4M3, DType::F8_E5M2})
     if (s == dtype_name(d)) return d;
-  fail("unknown dtype \"" + s + "\"; this build reads F32, F16, BF16, F64, I64, I32, U8, BOOL");
+  fail("unknown dtype \"" + s + "\"; this build reads F32, F16, BF16, F64, I64, I32, U8, BOOL, F8_E4M3, F8_E5M2");
 }
 
 size_t dtype_size(DType d) {
@@ -262,13 +280,16 @@ size_t dtype_size(DType d) {
     case DType::F16:
     case DType::BF16: return 2;
     case DType::U8:
-    case DType::BOOL: return 1;
+    case DType::BOOL:
+    case DType::F8_E4M3:
+    case DType::F8_E5M2: return 1;
   }
   return 0;
 }
 
 bool dtype_is_floating(DType d) {
-  return d == DType::F32 || d == DType::F16 || d == DType::BF16 || d == DType::F64;
+  return d == DType::F32 || d == DType::F16 || d == DType::BF16 || d == DType::F64 || d == DType::F8_E4M3 ||
+         d == DType::F8_E5M2;
 }
 
 void convert_to_f32(DType d, const void* src, size_t n, float* dst) {
@@ -296,6 +317,16 @@ void convert_to_f32(DType d, const void* src, size_t n, float* dst) {
         std::memcpy(&v, s + 8 * i, 8);
         dst[i] = static_cast<float>(v);
       }
+      return;
+    }
+    case DType::F8_E4M3: {
+      const auto* s = static_cast<const unsigned char*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = f8_e4m3_to_f32(s[i]);
+      return;
+    }
+    case DType::F8_E5M2: {
+      const auto* s = static_cast<const unsigned char*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(static_cast<uint16_t>(s[i] << 8));
       return;
     }
     default: fail(std::string("cannot convert dtype ") + dtype_name(d) + " to F32: not a floating dtype");

@@ -1,13 +1,23 @@
 # Third-party dependencies, all from Debian packages on the CPU machines
 # (see tools/setup-deps.sh) or from unpacked .debs on the GPU machine
-# (CMAKE_PREFIX_PATH pointing at them).
+# (CMAKE_PREFIX_PATH pointing at them). LibTorch is Debian's libtorch-dev
+# or the one inside a Python torch package (ZERO_TORCH_PYTHON below).
 
-find_package(Torch REQUIRED)
+include(cmake/TorchChoice.cmake)
 find_package(nlohmann_json 3.9 REQUIRED)
 find_package(Threads REQUIRED)
 
 find_path(GLOO_INCLUDE_DIR gloo/allreduce.h REQUIRED)
 find_library(GLOO_LIBRARY gloo REQUIRED)
+# Note [Two glooes]: LibTorch 2.x's libtorch_cpu carries its own gloo, another
+# version, and exports its symbols. The dynamic linker binds every gloo call
+# to the first library in load order that defines it, so a program that
+# loads libtorch_cpu before Debian's libgloo runs torch's gloo code on
+# Debian's gloo objects (seen: a crash in Context::createUnboundBuffer on the
+# first all-reduce). Every program that links zero therefore needs libgloo
+# ahead of LibTorch, kept even where the linker drops libraries nothing names
+# directly. zero uses no gloo of torch's (c10d's TCPStore only).
+set(ZERO_GLOO_BEFORE_TORCH -Wl,--push-state,--no-as-needed ${GLOO_LIBRARY} -Wl,--pop-state)
 find_package(TBB REQUIRED)
 find_path(URING_INCLUDE_DIR liburing.h REQUIRED)
 find_library(URING_LIBRARY uring REQUIRED)
@@ -34,8 +44,10 @@ set(ZERO_WITH_NCCL OFF)
 if(ZERO_WITH_CUDA)
   find_package(CUDAToolkit QUIET)
   if(CUDAToolkit_FOUND)
-    find_path(NCCL_INCLUDE_DIR nccl.h HINTS ENV NCCL_ROOT ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
-    find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ENV NCCL_ROOT ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib lib64)
+    # The NCCL that torch itself loads comes first (the nvidia-nccl wheel
+    # beside a Python torch): two different libnccl.so.2 cannot both load.
+    find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${ZERO_TORCH_NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
+    find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR HINTS ${ZERO_TORCH_NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib lib64)
     if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
       set(ZERO_WITH_NCCL ON)
       target_include_directories(zero_deps_private SYSTEM INTERFACE ${NCCL_INCLUDE_DIR})
@@ -43,7 +55,7 @@ if(ZERO_WITH_CUDA)
     endif()
   endif()
 endif()
-message(STATUS "zero: NCCL backend ${ZERO_WITH_NCCL}, Torch CUDA ${ZERO_TORCH_CUDA}")
+message(STATUS "zero: NCCL backend ${ZERO_WITH_NCCL} (${NCCL_LIBRARY}), Torch CUDA ${ZERO_TORCH_CUDA}")
 
 # Launch config files in Accelerate's YAML (accelerate/, zero-run): Debian's
 # yaml-cpp (libyaml-cpp-dev). Optional: without it, reading one is an error

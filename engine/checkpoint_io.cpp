@@ -3,12 +3,15 @@
 #include <cmath>
 #include <set>
 
+#include "core/torch_compat.h"
 #include "zero/error.h"
 #include "zero/log.h"
 
 namespace zero::engine {
 
 ckpt::DType to_ckpt(at::ScalarType t) {
+  if (t == compat::float8_e4m3fn()) return ckpt::DType::F8_E4M3;
+  if (t == compat::float8_e5m2()) return ckpt::DType::F8_E5M2;
   switch (t) {
     case at::kFloat: return ckpt::DType::F32;
     case at::kHalf: return ckpt::DType::F16;
@@ -32,8 +35,15 @@ at::ScalarType from_ckpt(ckpt::DType d) {
     case ckpt::DType::I32: return at::kInt;
     case ckpt::DType::U8: return at::kByte;
     case ckpt::DType::BOOL: return at::kBool;
+    case ckpt::DType::F8_E4M3:
+    case ckpt::DType::F8_E5M2: {
+      const auto t = d == ckpt::DType::F8_E4M3 ? compat::float8_e4m3fn() : compat::float8_e5m2();
+      if (t) return *t;
+      throw CheckpointError(std::string(ckpt::dtype_name(d)) + " tensors need LibTorch 2.1 or newer; this build of zero has " +
+                            compat::torch_version() + " (rebuild with ZERO_TORCH=wheel, or read them as F32)");
+    }
   }
-  return at::kFloat;
+  throw CheckpointError("unknown checkpoint dtype " + std::to_string(static_cast<int>(d)));
 }
 
 at::Tensor view_of(const ckpt::TensorData& data) {

@@ -56,7 +56,8 @@ at::Tensor run_closure(torch::optim::Optimizer::LossClosure& closure) {
 HostOptimizer::HostOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                              std::unique_ptr<torch::optim::OptimizerOptions> defaults,
                              const std::vector<at::Tensor>& elsewhere)
-    : Optimizer(std::move(groups), std::move(defaults)) {
+    : Optimizer(groups, std::move(defaults)) {
+  compat::keep_group_options(*this, groups);
   for (const auto& t : elsewhere) elsewhere_.insert(t.unsafeGetTensorImpl());
   for (const auto& g : param_groups_) {
     for (const auto& p : g.params()) {
@@ -97,7 +98,7 @@ void HostOptimizer::update_elsewhere(torch::optim::OptimizerParamGroup& group, a
   auto& inner = elsewhere_optimizers_[p.unsafeGetTensorImpl()];
   if (!inner) inner = optimizer_for(p);
   inner->param_groups().front().set_options(group.options().clone());
-  const auto key = state_key(p);
+  const auto key = optimizer_state_key(p);
   if (auto own = state_.find(key); own != state_.end()) inner->state()[key] = std::move(own->second);
   const at::Tensor grad = p.grad();
   at::Tensor wide = grad.to(at::kFloat);
@@ -212,7 +213,7 @@ CpuAdam::CpuAdam(std::vector<torch::optim::OptimizerParamGroup> groups, bool dec
 void CpuAdam::make_states() {
   for (auto& g : param_groups_) {
     for (auto& p : g.params()) {
-      auto key = state_key(p);
+      auto key = optimizer_state_key(p);
       if (state_.count(key)) continue;
       if (decoupled_) {
         auto s = std::make_unique<torch::optim::AdamWParamState>();
@@ -251,7 +252,7 @@ void CpuAdam::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, co
   h.grad_scale = grad_scale_;
   make_states();  // the first step: zeros, as torch::optim makes them
   at::Tensor m, v;
-  auto& s = *state_.at(state_key(p));
+  auto& s = *state_.at(optimizer_state_key(p));
   if (decoupled_) {
     auto& a = static_cast<torch::optim::AdamWParamState&>(s);
     a.step(a.step() + 1);
@@ -277,7 +278,7 @@ CpuAdagrad::CpuAdagrad(std::vector<torch::optim::OptimizerParamGroup> groups, co
       auto s = std::make_unique<torch::optim::AdagradParamState>();
       s->step(0);
       s->sum(state_like(p, o.initial_accumulator_value()));
-      state_[state_key(p)] = std::move(s);
+      state_[optimizer_state_key(p)] = std::move(s);
     }
   }
 }
@@ -294,7 +295,7 @@ void CpuAdagrad::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p,
   h.lr = static_cast<float>(o.lr()), h.lr_decay = static_cast<float>(o.lr_decay());
   h.eps = static_cast<float>(o.eps()), h.weight_decay = static_cast<float>(o.weight_decay());
   h.grad_scale = grad_scale_;
-  auto& s = static_cast<torch::optim::AdagradParamState&>(*state_.at(state_key(p)));
+  auto& s = static_cast<torch::optim::AdagradParamState&>(*state_.at(optimizer_state_key(p)));
   s.step(s.step() + 1);
   h.step = s.step();
   const auto [copy, copy_dtype] = fused_copy(p, target);

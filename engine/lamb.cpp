@@ -1,5 +1,7 @@
 #include "engine/lamb.h"
 
+#include "core/torch_compat.h"
+
 #include <cmath>
 #include <string>
 #include <utility>
@@ -18,12 +20,13 @@ void check(bool ok, const Message&... message) {
 
 Lamb::Lamb(std::vector<torch::optim::OptimizerParamGroup> groups, std::vector<std::vector<LambSegment>> segments,
            int64_t num_params, std::function<void(at::Tensor&)> all_reduce_sum, const LambOptions& defaults)
-    : torch::optim::Optimizer(std::move(groups), std::make_unique<LambParamOptions>(defaults)),
+    : torch::optim::Optimizer(groups, std::make_unique<LambParamOptions>(defaults)),
       num_params_(num_params),
       all_reduce_sum_(std::move(all_reduce_sum)),
       coeffs_(static_cast<size_t>(num_params), 1.0) {
   check(num_params_ >= 0, "Lamb: num_params must be >= 0");
   check(static_cast<bool>(all_reduce_sum_), "Lamb: all_reduce_sum must be set (an identity on one rank)");
+  compat::keep_group_options(*this, groups);
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     check(dynamic_cast<const LambParamOptions*>(&param_groups_[g].options()) != nullptr,
                 "Lamb: param group ", g, " has options other than LambParamOptions");

@@ -122,7 +122,7 @@ class TorchOptimizer final : public MasterOptimizer {
     if (!s) {
       auto made = std::make_unique<State>();
       s = made.get();
-      inner_->state()[state_key(master)] = std::move(made);
+      inner_->state()[optimizer_state_key(master)] = std::move(made);
     }
     if (create) States<State>::make(*s, master, name);
     return States<State>::get(*s, name);
@@ -143,7 +143,7 @@ class TorchOptimizer final : public MasterOptimizer {
 
  private:
   State* find(const at::Tensor& t) {
-    auto it = inner_->state().find(state_key(t));
+    auto it = inner_->state().find(optimizer_state_key(t));
     return it == inner_->state().end() ? nullptr : static_cast<State*>(it->second.get());
   }
   std::unique_ptr<torch::optim::Optimizer> inner_;
@@ -194,8 +194,10 @@ std::vector<torch::optim::OptimizerParamGroup> param_groups(const std::vector<Op
 template <typename Torch, typename Options, typename State>
 std::unique_ptr<MasterOptimizer> torch_optimizer(const std::vector<OptimizerGroup>& groups, const Options& o,
                                                  std::vector<std::string> names) {
-  return std::make_unique<TorchOptimizer<Options, State>>(std::make_unique<Torch>(param_groups(groups, o), o),
-                                                          std::move(names), nullptr);
+  const auto given = param_groups(groups, o);
+  auto torch = std::make_unique<Torch>(given, o);
+  compat::keep_group_options(*torch, given);
+  return std::make_unique<TorchOptimizer<Options, State>>(std::move(torch), std::move(names), nullptr);
 }
 
 template <typename Options, typename State, typename Host, typename... Args>

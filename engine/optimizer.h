@@ -19,6 +19,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/torch_compat.h"
 #include "zero/config.h"
 
 namespace zero::engine {
@@ -32,19 +33,9 @@ namespace zero::engine {
 
 class HostOptimizer;
 
-// torch::optim keys its state by the parameter's TensorImpl: as a string in
-// LibTorch 1.13, as the pointer itself in LibTorch 2.x.
-using OptimizerStateMap = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
-template <typename Key = OptimizerStateMap::key_type>
-Key state_key(const at::Tensor& t) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream key;
-    key << t.unsafeGetTensorImpl();
-    return key.str();
-  } else {
-    return t.unsafeGetTensorImpl();
-  }
-}
+// torch::optim's state is keyed as compat::optimizer_state_key says (Note
+// [LibTorch 1.13 and 2.x] in core/torch_compat.h).
+using compat::optimizer_state_key;
 
 class MasterOptimizer {
  public:

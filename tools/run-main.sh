@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds zero and runs the main job on 2 local CPU ranks (README's first
-# command). Arguments are passed to the job.
+# command), against the LibTorch ZERO_TORCH names (tools/torch-choice.sh).
+# Arguments are passed to the job.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. tools/torch-choice.sh
 bash tools/setup-deps.sh
 bash tools/build.sh --target zero-run zero-main
-exec "${ZERO_BUILD_DIR:-build}/tools/launcher/zero-run" --nproc "${ZERO_NPROC:-2}" \
-  "${ZERO_BUILD_DIR:-build}/examples/zero-main" "$@"
+exec "$zero_build_dir/tools/launcher/zero-run" --nproc "${ZERO_NPROC:-2}" \
+  "$zero_build_dir/examples/zero-main" "$@"

@@ -13,6 +13,10 @@
 # synchronization (tools/sanitizers/tsan.supp lists what it cannot see).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. tools/torch-choice.sh
+# Each LibTorch gets its own sanitizer folders (build-asan, build-wheel-asan, ...).
+prefix=build
+[ "$zero_torch" = wheel ] && prefix=build-wheel
 kind="${1:-address}"
 shift || true
 quick=0
@@ -23,15 +27,15 @@ fi
 
 case "$kind" in
   address)
-    dir="${ZERO_SANITIZE_DIR:-build-asan}"
-    [ "$quick" = 0 ] || dir="${ZERO_SANITIZE_DIR:-build-asan-quick}"
+    dir="${ZERO_SANITIZE_DIR:-$prefix-asan}"
+    [ "$quick" = 0 ] || dir="${ZERO_SANITIZE_DIR:-$prefix-asan-quick}"
     flags="-fsanitize=address,undefined -fno-sanitize=vptr -fno-omit-frame-pointer"
     # The torch-free half: config parser, checkpoint format and tools, fuzz corpora.
     quick_targets=(test_config test_ckpt_format zero-ckpt zero-config fuzz_replay)
     quick_tests='^(config\.|ckpt\.(CkptTest|Manifest|Dtypes|python_reader)|fuzz\.)'
     ;;
   thread)
-    dir="${ZERO_SANITIZE_DIR:-build-tsan}"
+    dir="${ZERO_SANITIZE_DIR:-$prefix-tsan}"
     flags="-fsanitize=thread -fno-omit-frame-pointer"
     ;;
   *)
@@ -43,7 +47,7 @@ esac
 bash tools/setup-deps.sh
 jobs="${ZERO_JOBS:-$(nproc)}"
 # Benchmarks measure speed, which a sanitizer distorts: not built.
-cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZERO_BUILD_BENCH=OFF \
+cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZERO_BUILD_BENCH=OFF -DZERO_TORCH_PYTHON="$zero_python" \
   -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" >/dev/null
 
 supp="$PWD/tools/sanitizers"

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Installs what zero needs from Debian's packages when it is missing.
-# Safe to run twice: packages already installed are left alone.
+# Installs what zero needs when it is missing: Debian's packages, and with
+# ZERO_TORCH=wheel the torch 2.x wheel and the Python peers in ./.venv
+# (tools/torch-choice.sh). Safe to run twice: what is installed is left alone.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+. tools/torch-choice.sh
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config
-  libtorch-dev            # LibTorch 1.13 (CPU)
   libopenblas0-openmp     # LibTorch calls libblas.so.3: the reference BLAS is ~15x slower
   libgloo-dev             # collectives on host tensors
   libtbb-dev liburing-dev nlohmann-json3-dev
@@ -17,6 +19,10 @@ packages=(
   fio                     # reference for the NVMe swapper benchmark
   libgtest-dev libbenchmark-dev
 )
+case "$zero_torch" in
+  debian) packages+=(libtorch-dev) ;;   # LibTorch 1.13 (CPU)
+  wheel) packages+=(python3-venv) ;;    # the .venv below
+esac
 
 missing=()
 for p in "${packages[@]}"; do
@@ -29,3 +35,47 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+[ "$zero_torch" = wheel ] || exit 0
+
+# ---- ZERO_TORCH=wheel: torch and the peers, pinned, in .venv ---------------
+requirements=tools/python-requirements.txt
+stamp="$zero_venv/.zero-requirements"
+want=$(sha256sum "$requirements" | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
+
+# Measured on a fresh install (README): .venv takes 5.7 GiB; pip unpacks
+# beside it.
+need_gib=8
+free_gib() { df -Pk "$1" | awk 'NR == 2 { printf "%.1f", $4 / 1048576 }'; }
+parent=$(dirname "$zero_venv")
+if awk -v f="$(free_gib "$parent")" -v n="$need_gib" 'BEGIN { exit !(f < n) }'; then
+  echo "zero: ZERO_TORCH=wheel needs about $need_gib GiB free for $zero_venv; $parent has $(free_gib "$parent") GiB free" >&2
+  exit 1
+fi
+
+# A venv left by an interrupted or older install is made anew, and one that
+# fails half-way is removed: no half-made .venv, and no fallback to Debian's
+# LibTorch.
+rm -rf "$zero_venv"
+installing=""
+cleanup() {
+  local rc=$?
+  if [ "$rc" != 0 ]; then
+    rm -rf "$zero_venv"
+    echo "zero: ZERO_TORCH=wheel: installing ${installing:-the virtual environment} into $zero_venv failed (see pip's message above);" \
+      "the whole install needs about $need_gib GiB and $(free_gib "$parent") GiB are free; $zero_venv was removed" >&2
+  fi
+}
+trap cleanup EXIT
+echo "zero: making $zero_venv with the torch wheel and the Python peers ($requirements)"
+installing="python3 -m venv"
+/usr/bin/python3 -m venv "$zero_venv"
+# torch first: deepspeed's setup.py imports it while building.
+for top in torch numpy deepspeed accelerate transformers safetensors tensorboard; do
+  installing=$(grep -i "^$top==" "$requirements")
+  "$zero_venv/bin/pip" install --disable-pip-version-check -q -c "$requirements" "$installing"
+done
+"$zero_python" -c 'import torch' >/dev/null
+echo "$want" >"$stamp"
+echo "zero: $zero_venv ready: torch $("$zero_python" -c 'import torch; print(torch.__version__)'), $(du -sh "$zero_venv" | cut -f1)"

@@ -1,7 +1,8 @@
 # Sourced by the GPU scripts, from the project root with $out set: unpacks
-# the Debian packages from .debs/ (the list is in tools/setup-deps.sh),
-# finds LibTorch (python3's torch) and NCCL (the nvidia-nccl wheel), and
-# configures and builds build-gpu for the targets given.
+# the Debian packages from .debs/ (the list is in tools/setup-deps.sh), and
+# configures and builds build-gpu for the targets given, finding LibTorch
+# and NCCL the way ZERO_TORCH=wheel does (cmake/TorchChoice.cmake): from
+# python3's torch package and its nvidia-nccl wheel.
 #   gpu_build [cmake -D options...] -- target...
 gpu_build() {
   local defs=() targets=()
@@ -13,16 +14,13 @@ gpu_build() {
     mkdir -p "$deps"
     for f in .debs/*.deb; do dpkg -x "$f" "$deps"; done
   fi
-  local torch_prefix nccl_root
-  torch_prefix=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
+  local nccl_root
   nccl_root=$(python3 -c "import nvidia.nccl,os;print(list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
-  export NCCL_ROOT="$nccl_root"
   export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu:$deps/usr/lib:${nccl_root:+$nccl_root/lib:}${LD_LIBRARY_PATH:-}"
-  [ -e "$nccl_root/lib/libnccl.so" ] || ln -sf libnccl.so.2 "$nccl_root/lib/libnccl.so" 2>/dev/null || true
   local start
   start=$(date +%s)
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_PREFIX_PATH="$torch_prefix;$deps/usr" \
+    -DZERO_TORCH_PYTHON="$(command -v python3)" -DCMAKE_PREFIX_PATH="$deps/usr" \
     -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$deps/usr/lib/x86_64-linux-gnu" \
     -DCMAKE_SHARED_LINKER_FLAGS="-Wl,-rpath-link,$deps/usr/lib/x86_64-linux-gnu" \
     ${defs[@]+"${defs[@]}"} >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; return 1; }

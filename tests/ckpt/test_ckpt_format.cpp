@@ -32,19 +32,55 @@ namespace {
 // ---- dtypes --------------------------------------------------------------------
 
 TEST(Dtypes, NamesAndSizes) {
-  const std::vector<std::pair<DType, size_t>> all{{DType::F32, 4}, {DType::F16, 2}, {DType::BF16, 2}, {DType::F64, 8},
-                                                  {DType::I64, 8}, {DType::I32, 4}, {DType::U8, 1},   {DType::BOOL, 1}};
+  const std::vector<std::pair<DType, size_t>> all{{DType::F32, 4},     {DType::F16, 2},    {DType::BF16, 2},
+                                                  {DType::F64, 8},     {DType::I64, 8},    {DType::I32, 4},
+                                                  {DType::U8, 1},      {DType::BOOL, 1},   {DType::F8_E4M3, 1},
+                                                  {DType::F8_E5M2, 1}};
   for (auto [d, size] : all) {
     EXPECT_EQ(dtype_from_name(dtype_name(d)), d);
     EXPECT_EQ(dtype_size(d), size) << dtype_name(d);
   }
   EXPECT_STREQ(dtype_name(DType::BF16), "BF16");
-  EXPECT_CONTAINS(error_of([] { dtype_from_name("F8_E4M3"); }), "F8_E4M3");
+  EXPECT_STREQ(dtype_name(DType::F8_E4M3), "F8_E4M3");
+  EXPECT_CONTAINS(error_of([] { dtype_from_name("C64"); }), "C64");
   EXPECT_TRUE(dtype_is_floating(DType::BF16));
+  EXPECT_TRUE(dtype_is_floating(DType::F8_E5M2));
   EXPECT_FALSE(dtype_is_floating(DType::I64));
   float f;
   int32_t i = 1;
   EXPECT_CONTAINS(error_of([&] { convert_to_f32(DType::I32, &i, 1, &f); }), "I32");
+}
+
+// Every float8 code against the formula of its format (sign, exponent,
+// mantissa, bias; e4m3fn: bias 7, no infinities, S.1111.111 NaN; e5m2:
+// bias 15, IEEE infinities and NaNs), and a few values named by the formats.
+TEST(Dtypes, Float8ConvertsExactly) {
+  std::vector<uint8_t> all(256);
+  for (int i = 0; i < 256; ++i) all[i] = static_cast<uint8_t>(i);
+  std::vector<float> e4m3(256), e5m2(256);
+  convert_to_f32(DType::F8_E4M3, all.data(), all.size(), e4m3.data());
+  convert_to_f32(DType::F8_E5M2, all.data(), all.size(), e5m2.data());
+  for (int i = 0; i < 256; ++i) {
+    const double sign = (i & 0x80) ? -1.0 : 1.0;
+    {
+      const int e = (i >> 3) & 0xf, m = i & 7;
+      const double want = e == 15 && m == 7 ? NAN : sign * (e == 0 ? std::pow(2.0, -6) * m / 8.0 : std::pow(2.0, e - 7) * (1.0 + m / 8.0));
+      if (std::isnan(want)) EXPECT_TRUE(std::isnan(e4m3[i])) << "e4m3 code " << i;
+      else EXPECT_EQ(e4m3[i], want) << "e4m3 code " << i;
+      EXPECT_EQ(std::signbit(e4m3[i]), (i & 0x80) != 0) << "e4m3 code " << i;
+    }
+    {
+      const int e = (i >> 2) & 0x1f, m = i & 3;
+      const double want = e == 31 ? (m == 0 ? sign * INFINITY : NAN)
+                                  : sign * (e == 0 ? std::pow(2.0, -14) * m / 4.0 : std::pow(2.0, e - 15) * (1.0 + m / 4.0));
+      if (std::isnan(want)) EXPECT_TRUE(std::isnan(e5m2[i])) << "e5m2 code " << i;
+      else EXPECT_EQ(e5m2[i], want) << "e5m2 code " << i;
+    }
+  }
+  EXPECT_EQ(e4m3[0x7e], 448.0f);  // e4m3fn's largest finite value
+  EXPECT_EQ(e4m3[0x01], std::ldexp(1.0f, -9));
+  EXPECT_EQ(e5m2[0x7b], 57344.0f);  // e5m2's largest finite value
+  EXPECT_TRUE(std::isinf(e5m2[0x7c]));
 }
 
 TEST(Dtypes, HalfAndBfloat16ConvertExactly) {

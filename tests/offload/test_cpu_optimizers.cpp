@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/torch_compat.h"
 #include "offload/cpu_optimizer.h"
 #include "zero/error.h"
 
@@ -155,7 +156,7 @@ std::unique_ptr<torch::optim::Optimizer> make_torch(Kind k, const Hyper& h, cons
 
 // torch's states for p after a step: (exp_avg, exp_avg_sq) or (sum, undefined).
 std::pair<at::Tensor, at::Tensor> torch_states(Kind k, torch::optim::Optimizer& opt, const at::Tensor& p) {
-  auto& st = *opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl()));
+  auto& st = *opt.state().at(zero::compat::optimizer_state_key(p));
   switch (k) {
     case Kind::kAdam: {
       auto& s = static_cast<torch::optim::AdamParamState&>(st);

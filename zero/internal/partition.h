@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "core/torch_compat.h"
 #include "offload/swapped_tensors.h"
 #include "zero/comm.h"
 #include "zero/internal/flat_layout.h"
@@ -142,7 +143,7 @@ class ShardedParams {
   friend struct GradReadyHook;
   struct Param {
     at::Tensor tensor;  // the model's parameter (a view into its bucket's buffer)
-    std::shared_ptr<torch::autograd::Node> accumulator;  // keeps the hook alive
+    compat::GradAccumulatorPtr accumulator;  // keeps the hook alive (Note [LibTorch 1.13 and 2.x])
   };
   void on_grad_ready(int index);
   void build_buckets(const std::vector<at::Tensor>& tensors);
