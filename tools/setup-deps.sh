@@ -36,6 +36,16 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# Two LibTorch builds, each with a precompiled torch header of 0.7-0.9 GB,
+# overflow ccache's default 5 GB: it then evicts what the next build needs.
+if command -v ccache >/dev/null; then
+  max=$(ccache -k max_size 2>/dev/null || echo 0)
+  case "$max" in
+    *G) [ "${max%.*G}" -ge 25 ] 2>/dev/null || ccache -M 25G >/dev/null ;;
+    *) ccache -M 25G >/dev/null ;;
+  esac
+fi
+
 [ "$zero_torch" = wheel ] || exit 0
 
 # ---- ZERO_TORCH=wheel: torch and the peers, pinned, in .venv ---------------
