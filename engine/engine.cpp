@@ -1,30 +1,22 @@
-// The Engine: DeepSpeed's training loop over ShardedParams (zero/).
+// The Engine's training core: DeepSpeed's training loop over ShardedParams
+// (zero/). backward() and step(), or a pipeline's train_batch(), with
+// gradient accumulation, the fp16 loss scale and clipping; the step itself
+// is the partition's (Note [The step] in zero/step.cpp). Construction is in
+// engine_build.cpp, what is measured in telemetry.cpp.
 #include "zero/engine.h"
 
 #include <torch/torch.h>
 
 #include <chrono>
-#include <cmath>
-#include <cstdio>
-#include <sstream>
 
 #include <tbb/task_arena.h>
 
-#include "activations/activation_memory.h"
-#include "activations/estimate.h"
 #include "core/blas_kernels.h"
 #include "core/env.h"
-#include "core/fault.h"
 #include "core/heap.h"
 #include "engine/engine_impl.h"
-#include "engine/engine_setup.h"
-#include "engine/host_optimizer.h"
-#include "engine/optimizer.h"
-#include "zero/activation_checkpointing.h"
 #include "zero/error.h"
 #include "zero/log.h"
-#include "zero/internal/partition.h"
-#include "zero/tensor_parallel.h"
 
 namespace zero {
 namespace {
@@ -56,81 +48,6 @@ std::shared_ptr<comm::ProcessGroup> join(const Config& config) {
 
 }  // namespace
 
-std::string MemoryReport::describe() const {
-  std::ostringstream out;
-  out << "params " << human_bytes(params) << ", grads " << human_bytes(gradients) << ", fp32 master "
-      << human_bytes(fp32_master) << ", optimizer " << human_bytes(optimizer_states) << ", buffers "
-      << human_bytes(buffers);
-  if (offload_buffers > 0) out << ", offload buffers " << human_bytes(offload_buffers);
-  out << " (total " << human_bytes(total()) << ")";
-  if (host_offloaded > 0) out << "; offloaded to host " << human_bytes(host_offloaded);
-  if (nvme_offloaded > 0) out << ", to NVMe " << human_bytes(nvme_offloaded);
-  if (nvme_host_peak > 0) out << " (host peak " << human_bytes(nvme_host_peak) << ")";
-  if (activations_peak > 0) out << "; activations (measured peak) " << human_bytes(activations_peak);
-  return out.str();
-}
-
-void Engine::Impl::build_params(InitOptions& options) {
-  engine::ModelParams model_params = engine::model_params(*module, std::move(options.param_groups), config, dtype);
-  frozen_bytes = model_params.frozen_bytes;
-  units = model_params.units;
-  // A pipeline's tied parameters count once over the stages holding them,
-  // each in a group (so a bucket) of its own (find_tied_buckets).
-  std::map<std::string, int> copies;
-  if (pipeline) {
-    for (const auto& tie : pipeline->shared_ties()) {
-      for (const auto& name : tie.names) copies[name] = tie.group->size();
-    }
-    engine::isolate_params(model_params, copies);
-  }
-  engine::set_norm_weights(model_params, *module, splits, mesh->shape(), config.zero_optimization.stage, copies);
-  const auto& dp = mesh->dp_group();
-  // Before the first collective that assumes it: every rank holds the same
-  // config and model, or every rank stops naming what differs (tp slices
-  // have equal shapes; pipeline stages hold different layers, so the model
-  // is compared over the data-parallel group there).
-  std::string differs;
-  if (mesh->shape().pp > 1) {
-    differs = comm::disagreement(*pg, engine::config_facts(config));
-    if (differs.empty()) differs = comm::disagreement(*dp, engine::model_facts(*module, model_params));
-  } else {
-    comm::Facts facts = engine::config_facts(config);
-    for (auto& f : engine::model_facts(*module, model_params)) facts.push_back(std::move(f));
-    differs = comm::disagreement(*pg, facts);
-  }
-  if (!differs.empty()) {
-    throw EngineError("zero::initialize: " + differs +
-                      "; every rank must start with the same config and the same model");
-  }
-  // Every rank starts from the weights and buffers of its data-parallel
-  // group's rank 0, as DeepSpeed does (tp ranks hold different slices).
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& p : module->parameters()) dp->broadcast(p.data(), 0);
-    for (auto& b : module->buffers()) dp->broadcast(b, 0);
-  }
-  bool params_on_host = true;
-  for (const auto& g : model_params.groups) {
-    for (const auto& p : g.params) params_on_host = params_on_host && p.is_cpu();
-  }
-  sharded = std::make_unique<partition::ShardedParams>(
-      std::move(model_params.groups), dp, engine::partition_options(config, dtype, pg->rank(), params_on_host));
-  if (!units.empty()) sharded->attach_units(units);
-  if (dtype != at::kFloat) {  // frozen weights and buffers follow the training dtype
-    torch::NoGradGuard no_grad;
-    for (auto& p : module->parameters()) {
-      if (!p.requires_grad() && at::isFloatingType(p.scalar_type())) p.set_data(p.to(dtype));
-    }
-    for (auto& b : module->buffers()) {
-      if (at::isFloatingType(b.scalar_type())) b.set_data(b.to(dtype));
-    }
-  }
-  auto parts = engine::master_optimizer(config, *sharded, model_params.weight_decays, dp, pg->rank());
-  optimizer = std::move(parts.optimizer);
-  nvme = std::move(parts.nvme);
-  find_tied_buckets();
-}
-
 Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, InitOptions options)
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
@@ -157,14 +74,15 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
                                      std::to_string(s.mesh->shape().tp) + " rank(s)");
   }
   s.splits = tp::tensor_parallel_splits(*s.module);
-  s.setup_pipeline();
+  s.pipeline = engine::PipelineDriver::of(*s.module, *s.mesh);
 
   const auto& z = s.config.zero_optimization;
   s.dtype = training_dtype(s.config);
   s.gas = *s.config.batch.gradient_accumulation_steps;
   s.build_params(options);
   s.setup_activation_checkpointing();
-  s.setup_monitors();
+  s.telemetry = std::make_unique<engine::Telemetry>(s.config, s.pg, *s.module, s.model_device, s.dtype,
+                                                    s.pipeline && s.pipeline->has_links(), [&s] { return s.memory(); });
 
   const auto& opt = s.config.optimizer;
   s.schedule = std::make_unique<LrSchedule>(LrSchedule::from_config(s.config.scheduler, opt));
@@ -182,62 +100,7 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
                           " bucket(s); this rank holds " + memory_report().describe());
   if (const std::string advice = heap::advice(); !advice.empty()) log::info("engine", advice);
   if (const std::string advice = blas::advice(); !advice.empty()) log::warn("engine", advice);
-  s.forward_starts();
-}
-
-// The config's activation_checkpointing section: the process-wide settings
-// of zero::checkpoint, and which of the model's units recompute.
-void Engine::Impl::setup_activation_checkpointing() {
-  for (const auto& p : module->parameters()) {
-    model_device = p.device();
-    break;
-  }
-  const auto& a = config.activation_checkpointing;
-  ActivationCheckpointOptions options;
-  options.cpu_checkpointing = a.cpu_checkpointing;
-  options.synchronize_boundary = a.synchronize_checkpoint_boundary;
-  options.profile = a.profile;
-  options.contiguous_memory = a.contiguous_memory_optimization;
-  const std::shared_ptr<comm::ProcessGroup>& tp = mesh->tp_group();
-  if (a.partition_activations && tp->size() > 1) {
-    auto partition = std::make_shared<ActivationPartition>();
-    partition->rank = tp->rank();
-    partition->size = tp->size();
-    partition->all_gather = [tp](at::Tensor full, const at::Tensor& shard) { tp->all_gather(full, shard); };
-    options.partition = partition;
-    log::info("activations", "activation_checkpointing.partition_activations: each of the " +
-                                 std::to_string(tp->size()) + " tensor-parallel ranks keeps 1/" +
-                                 std::to_string(tp->size()) + " of the checkpoints' inputs and gathers them back to recompute");
-  } else if (a.partition_activations) {
-    log::info("activations", "activation_checkpointing.partition_activations: there is no tensor-parallel group to "
-                             "split the saved inputs over, so they stay whole on each rank");
-  }
-  configure_activation_checkpointing(options);
-  const std::vector<UnitBase*> all = engine::units_of(*module);
-  const int64_t n = static_cast<int64_t>(all.size());
-  const bool chosen = a.checkpoint_every || a.number_checkpoints;
-  if (chosen && n == 0) {
-    log::warn("activations", "activation_checkpointing selects units, but the model has no zero::Unit; wrap its blocks "
-                             "in zero::Unit or call zero::checkpoint in its forward (include/zero/activation_checkpointing.h)");
-  }
-  int64_t on = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (chosen) {
-      all[i]->set_config_checkpointing(
-          checkpointed_unit(i, n, a.checkpoint_every.value_or(0), a.number_checkpoints.value_or(0)));
-    }
-    on += all[i]->checkpoints_activations() ? 1 : 0;
-  }
-  if (on > 0) {
-    log::info("activations", std::to_string(on) + " of " + std::to_string(n) +
-                                 " unit(s) recompute their activations in backward" +
-                                 (a.cpu_checkpointing ? "; their inputs wait in host memory" : ""));
-  }
-}
-
-void Engine::Impl::forward_starts() {
-  allocated_at_forward = activations::allocated_bytes(model_device);
-  if (flops_profiler) profile_forward_starts();
+  s.telemetry->forward_starts(s.steps.global_steps);
 }
 
 Engine::~Engine() = default;
@@ -248,27 +111,15 @@ bool Engine::is_gradient_accumulation_boundary() const { return (impl_->steps.mi
 
 void Engine::backward(const at::Tensor& loss) {
   Impl& s = *impl_;
-  if (s.links) throw EngineError("engine.backward: a pipeline of stages trains with engine.train_batch(next_batch)");
+  if (s.pipeline && s.pipeline->has_links()) {
+    throw EngineError("engine.backward: a pipeline of stages trains with engine.train_batch(next_batch)");
+  }
   if (!loss.requires_grad()) throw EngineError("engine.backward: the loss does not require grad (was it computed under no_grad or eval?)");
-  const auto start = Clock::now();
-  s.t_forward += std::chrono::duration<double>(start - s.last_step_end).count();
-  if (s.profiling) s.flops_profiler->pause();  // forward only
-  if (const int64_t now = activations::allocated_bytes(s.model_device); now >= 0 && s.allocated_at_forward >= 0) {
-    s.activations_peak = std::max(s.activations_peak, now - s.allocated_at_forward);
-  }
-  const double scale = s.scaler ? s.scaler->scale() : 1.0;
-  at::Tensor detached = loss.detach().to(at::kFloat).reshape({});
-  s.loss_sum = s.loss_sum.defined() ? s.loss_sum + detached : detached;
-  ++s.loss_count;
-  if (s.monitoring()) {
-    s.step_loss_sum = s.step_loss_sum.defined() ? s.step_loss_sum + detached : detached;
-    ++s.step_loss_count;
-  }
-
+  s.telemetry->backward_starts(loss);
   const bool boundary = is_gradient_accumulation_boundary();
   s.sharded->begin_backward(boundary);
   try {
-    (loss * (scale / static_cast<double>(s.gas))).backward();
+    (loss * (s.loss_scale() / static_cast<double>(s.gas))).backward();
   } catch (const c10::Error& e) {
     s.sharded->end_backward();
     throw EngineError("engine.backward: LibTorch raised: " + torch_message(e, s.dtype));
@@ -276,79 +127,93 @@ void Engine::backward(const at::Tensor& loss) {
     s.sharded->end_backward();
     throw;
   }
-  const auto reduce_start = Clock::now();
+  const auto reduce_start = engine::Clock::now();
   s.sharded->end_backward();
-  s.t_backward += std::chrono::duration<double>(reduce_start - start).count();
-  s.t_reduce += seconds_since(reduce_start);
-  if (!boundary) s.forward_starts();  // the next micro-step's; at the boundary step() reads it after its update
-  s.last_step_end = Clock::now();
+  s.telemetry->backward_ends(reduce_start);
+  if (!boundary) s.telemetry->forward_starts(s.steps.global_steps);  // the next micro-step's; at the boundary after the step
 }
 
 void Engine::step() {
   Impl& s = *impl_;
-  if (s.links) throw EngineError("engine.step: a pipeline of stages trains with engine.train_batch(next_batch)");
+  if (s.pipeline && s.pipeline->has_links()) {
+    throw EngineError("engine.step: a pipeline of stages trains with engine.train_batch(next_batch)");
+  }
   ++s.steps.micro_steps;
   if (s.steps.micro_steps % s.gas != 0) return;
-  const auto start = Clock::now();
-  s.take_step();
-  s.t_step += seconds_since(start);
-  s.finish_profile();
-  s.record_step();
-  s.log_progress();
-  s.forward_starts();
-  s.last_step_end = Clock::now();
+  s.optimizer_step(std::nullopt);
 }
 
-void Engine::Impl::take_step() {
-  // The step's host kernels (offload/cpu_optimizer.h: sums of squares, the
-  // fused optimizer) run on oneTBB. They get the rank's intra-op threads, as
-  // torch's own kernels do (OMP_NUM_THREADS: cores / ranks under zero-run),
-  // not every core of the machine the ranks share.
+// The step's host kernels (offload/cpu_optimizer.h: sums of squares, the
+// fused optimizer) run on oneTBB. They get the rank's intra-op threads, as
+// torch's own kernels do (OMP_NUM_THREADS: cores / ranks under zero-run),
+// not every core of the machine the ranks share.
+void Engine::Impl::optimizer_step(std::optional<double> agreed_loss) {
+  const auto start = engine::Clock::now();
+  if (pipeline) pipeline->reduce_tied_grads(*sharded);
+  const int64_t taken = steps.scheduler_steps();  // optimizer steps the schedule has seen
+  const double lr = schedule->lr_at(taken);
+  optimizer->set_hyperparameters(lr, schedule->momentum_at(taken));
+  partition::StepRequest request;
+  request.loss_scale = loss_scale();
+  request.skip_if_not_finite = scaler != nullptr;
+  request.clip = config.gradient_clipping;
+  partition::StepResult result;
   tbb::task_arena rank_threads(std::max(1, at::get_num_threads()));
-  rank_threads.execute([this] { step_on_rank_threads(); });
-}
-
-void Engine::Impl::step_on_rank_threads() {
-  reduce_tied_grads();
-  sharded->attach_master_grads();
-  const double scale = scaler ? scaler->scale() : 1.0;
-  // One sum of squares serves the overflow check and the global L2 norm
-  // (Note [Gradient norm]); stage 0 holds the whole gradient on each rank.
-  at::Tensor sq = torch::tensor({sharded->grad_squares()}, torch::kDouble);
-  if (engine::norm_needs_world(mesh->shape(), sharded->owners())) pg->all_reduce(sq, comm::ReduceOp::Sum);
-  fault::reached("step.reduced", pg->rank());
-  if (scaler && !std::isfinite(sq.item<double>())) {  // overflow on any rank makes every rank skip the step
+  rank_threads.execute([&] { result = sharded->step(*optimizer, request); });
+  if (result.skipped) {  // fp16 overflow on some rank: every rank skipped it
     scaler->update(true);  // logs the new scale; throws at min_loss_scale
     ++steps.skipped_steps;
     ++steps.global_steps;
-    sharded->detach_master_grads();
-    sharded->zero_grads();
-    return;
+  } else {
+    steps.lr = lr;
+    last_norm = result.norm;
+    ++steps.global_steps;
+    if (scaler) scaler->update(false);
   }
-  last_norm = std::sqrt(sq.item<double>()) / scale;
-  double factor = 1.0 / scale;
-  const double clip = config.gradient_clipping;
-  if (clip > 0) {
-    const double coef = clip / (last_norm + 1e-6);  // as torch::nn::utils::clip_grad_norm_
-    if (coef < 1.0) factor *= coef;
-  }
-
-  const int64_t taken = steps.scheduler_steps();  // optimizer steps the schedule has seen
-  steps.lr = schedule->lr_at(taken);
-  optimizer->set_hyperparameters(steps.lr, schedule->momentum_at(taken));
-  optimizer->step(factor);  // a host optimizer starts each bucket's way to the parameters as it updates it
-  sharded->detach_master_grads();
-  const auto gather_start = Clock::now();
-  sharded->masters().publish();
-  t_gather += seconds_since(gather_start);
-  sharded->zero_grads();
-  ++steps.global_steps;
-  if (scaler) scaler->update(false);
+  engine::StepRecord record;
+  record.global_steps = steps.global_steps, record.skipped_steps = steps.skipped_steps;
+  record.lr = steps.lr, record.loss_scale = loss_scale(), record.grad_norm = last_norm;
+  record.step_s = engine::seconds_since(start), record.publish_s = result.publish_seconds;
+  record.host = optimizer->take_timing();
+  telemetry->step_done(record, agreed_loss);
 }
+
+double Engine::train_batch(const std::function<Batch()>& next_batch) {
+  Impl& s = *impl_;
+  if (!s.pipeline) {
+    throw EngineError("engine.train_batch runs a zero::pipe::PipelineModule; for other models call "
+                      "engine.backward(loss) and engine.step() per micro-batch");
+  }
+  const auto batch = s.pipeline->run(next_batch, /*train=*/true, s.gas, s.loss_scale(), *s.sharded, *s.mesh, *s.pg,
+                                     s.model_device);
+  s.telemetry->pipeline_batch_done(batch.times, batch.loss);
+  s.steps.micro_steps += s.gas;
+  s.optimizer_step(batch.loss);
+  return batch.loss;
+}
+
+double Engine::eval_batch(const std::function<Batch()>& next_batch) {
+  Impl& s = *impl_;
+  if (!s.pipeline) throw EngineError("engine.eval_batch runs a zero::pipe::PipelineModule; call the model for others");
+  const bool was_training = s.module->is_training();
+  s.module->eval();
+  double loss = 0;
+  try {
+    loss = s.pipeline->run(next_batch, /*train=*/false, s.gas, s.loss_scale(), *s.sharded, *s.mesh, *s.pg,
+                           s.model_device).loss;
+  } catch (...) {
+    s.module->train(was_training);
+    throw;
+  }
+  s.module->train(was_training);
+  return loss;
+}
+
+int64_t Engine::pipeline_bytes_sent() const { return impl_->pipeline ? impl_->pipeline->bytes_sent() : 0; }
 
 void Engine::train(bool on) { impl_->module->train(on); }
 double Engine::lr() const { return impl_->steps.lr; }
-double Engine::loss_scale() const { return impl_->scaler ? impl_->scaler->scale() : 1.0; }
+double Engine::loss_scale() const { return impl_->loss_scale(); }
 int64_t Engine::global_steps() const { return impl_->steps.global_steps; }
 int64_t Engine::skipped_steps() const { return impl_->steps.skipped_steps; }
 int64_t Engine::micro_steps() const { return impl_->steps.micro_steps; }
@@ -362,85 +227,11 @@ std::shared_ptr<torch::nn::Module> Engine::module_ptr() { return impl_->module; 
 comm::ProcessGroup& Engine::group() { return *impl_->pg; }
 const Mesh& Engine::mesh() const { return *impl_->mesh; }
 const Config& Engine::config() const { return impl_->config; }
-
-MemoryReport Engine::Impl::memory() const {
-  MemoryReport r;
-  r.params = sharded->param_bytes() + frozen_bytes;
-  r.gradients = sharded->grad_bytes();
-  r.fp32_master = sharded->masters().bytes();
-  r.optimizer_states = optimizer->state_bytes();
-  r.host_offloaded = sharded->offloaded_param_bytes(/*nvme=*/false);
-  r.nvme_offloaded = sharded->offloaded_param_bytes(/*nvme=*/true);
-  r.gathered_params_peak = sharded->gathered_param_peak();
-  r.activations_peak = activations_peak;
-  if (sharded->options().offload_optimizer) {
-    // Of the master weights and states, those of the buckets on the host
-    // (all of them unless partial, Note [Partial offload]). A host master is
-    // always apart from the parameters, so masters().bytes() counts it, fp32 too.
-    r.offload_buffers = sharded->offload_buffer_bytes();
-    r.host_offloaded += r.offload_buffers;
-    if (nvme) {  // only the offloaded share is in the store
-      r.nvme_offloaded += nvme->nvme_bytes();
-      r.host_offloaded += nvme->resident_bytes();
-      r.nvme_host_peak = nvme->peak_resident_bytes();
-    } else {
-      for (size_t k = 0; k < sharded->num_buckets(); ++k) {
-        if (!sharded->masters().on_host(k)) continue;
-        const at::Tensor& m = sharded->masters().tensors()[k];
-        r.host_offloaded += m.nbytes();
-        for (const auto& name : optimizer->state_names()) {
-          const at::Tensor state = optimizer->state(m, name, false);
-          if (state.defined()) r.host_offloaded += state.nbytes();
-        }
-      }
-    }
-  }
-  for (const auto& b : module->buffers()) r.buffers += b.nbytes();
-  return r;
-}
-
 MemoryReport Engine::memory_report() const { return impl_->memory(); }
-
-StepTimes Engine::take_step_times() {
-  Impl& s = *impl_;
-  StepTimes t;
-  t.steps = s.window_steps;
-  t.forward = s.t_forward, t.backward = s.t_backward, t.reduce = s.t_reduce;
-  t.step = s.t_step - s.t_gather, t.gather = s.t_gather;
-  t.pipeline_wait = s.t_pipeline_wait;
-  t.gather_wait = s.sharded->gather_wait_seconds() - s.gather_wait_at_window;
-  s.gather_wait_at_window = s.sharded->gather_wait_seconds();
-  if (auto* host = s.optimizer->host()) {
-    const auto timing = host->take_timing();
-    t.host_step = timing.compute_s, t.nvme_wait = timing.nvme_wait_s;
-  }
-  s.window_steps = 0;
-  s.window_start = Clock::now();
-  s.t_forward = s.t_backward = s.t_reduce = s.t_step = s.t_gather = s.t_pipeline_wait = 0;
-  s.after_progress_log();
-  return t;
-}
-
-engine::TrainingState Engine::Impl::training_state() {
-  engine::TrainingState state{config,   dtype,      gas,        *module,   *pg,          *mesh, splits,
-                              *sharded, *optimizer, nvme.get(), *schedule, scaler.get(), steps};
-  if (pipeline) {
-    for (const auto& tie : pipeline->shared_ties()) {
-      if (tie.group->rank() == 0) continue;  // the first stage holding it writes it
-      const std::string prefix = "tied_" + tie.key + ".";
-      for (const auto& p : module->named_parameters()) {
-        if (p.key().rfind(prefix, 0) == 0) state.written_elsewhere.insert(p.key());
-      }
-      for (const auto& b : module->named_buffers()) {
-        if (b.key().rfind(prefix, 0) == 0) state.written_elsewhere.insert(b.key());
-      }
-    }
-  }
-  return state;
-}
+StepTimes Engine::take_step_times() { return impl_->telemetry->take_step_times(impl_->sharded->gather_wait_seconds()); }
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag, const std::string& client_state) {
-  impl_->flush_monitors();  // the curves reach at least the checkpoint
+  impl_->telemetry->flush();  // the curves reach at least the checkpoint
   engine::TrainingState state = impl_->training_state();
   engine::save_checkpoint(state, dir, tag, client_state);
 }

@@ -7,7 +7,6 @@
 #include <nlohmann/json.hpp>
 
 #include "core/env.h"
-#include "engine/host_optimizer.h"
 #include "zero/error.h"
 #include "zero/log.h"
 #include "zero/tensor_parallel.h"
@@ -126,8 +125,6 @@ ModelParams model_params(torch::nn::Module& module, std::vector<ParamGroup> para
   return out;
 }
 
-bool norm_needs_world(const MeshShape& mesh, int owners) { return mesh.tp * mesh.pp > 1 || owners > 1; }
-
 void isolate_params(ModelParams& params, const std::map<std::string, int>& names) {
   std::vector<partition::ShardedParams::Group> alone_groups;
   std::vector<double> alone_decays;
@@ -153,8 +150,8 @@ void isolate_params(ModelParams& params, const std::map<std::string, int>& names
   for (double d : alone_decays) params.weight_decays.push_back(d);
 }
 
-void set_norm_weights(ModelParams& params, torch::nn::Module& module, const std::map<std::string, tp::Split>& splits,
-                      const MeshShape& mesh, int stage, const std::map<std::string, int>& copies) {
+void set_replicas(ModelParams& params, torch::nn::Module& module, const std::map<std::string, tp::Split>& splits,
+                  const MeshShape& mesh, const std::map<std::string, int>& copies) {
   if (mesh.tp * mesh.pp == 1) return;
   std::set<TensorKey> split;
   for (const auto& p : module.named_parameters()) {
@@ -167,13 +164,12 @@ void set_norm_weights(ModelParams& params, torch::nn::Module& module, const std:
     }
     split.insert(key_of(p.value()));
   }
-  const double per_copy = stage == 0 ? 1.0 / mesh.dp : 1.0;
   for (auto& group : params.groups) {
-    group.norm_weights.clear();
+    group.replicas.clear();
     for (size_t i = 0; i < group.params.size(); ++i) {
       const auto held = copies.find(group.names[i]);  // a pipeline's tied parameter: on several stages
-      const double stages = held == copies.end() ? 1.0 : held->second;
-      group.norm_weights.push_back(per_copy / stages * (split.count(key_of(group.params[i])) ? 1.0 : 1.0 / mesh.tp));
+      const int stages = held == copies.end() ? 1 : held->second;
+      group.replicas.push_back(stages * (split.count(key_of(group.params[i])) ? 1 : mesh.tp));
     }
   }
 }
@@ -186,7 +182,7 @@ bool fused_step_on_host(const Config& config, bool params_on_host) {
 }
 }  // namespace
 
-partition::Options partition_options(const Config& config, at::ScalarType dtype, int rank, bool params_on_host) {
+partition::Options partition_options(const Config& config, at::ScalarType dtype, std::shared_ptr<comm::ProcessGroup> world) {
   const auto& z = config.zero_optimization;
   partition::Options o;
   o.stage = z.stage;
@@ -197,8 +193,8 @@ partition::Options partition_options(const Config& config, at::ScalarType dtype,
   o.prefetch_numel = z.stage3_prefetch_bucket_size;
   o.max_live_numel = z.stage3_max_live_parameters;
   const auto& offload = z.offload_optimizer;
+  o.norm_group = world;
   o.offload_optimizer = offload.device == "cpu" || offload.device == "nvme";
-  o.host_step = o.offload_optimizer || fused_step_on_host(config, params_on_host);
   o.offload_ratio = offload.ratio;
   o.host_grad_copies = env::offload_host_grad_copies();  // for tests (Note [Offload copies])
   o.offload_master_to_disk = offload.device == "nvme";
@@ -206,7 +202,7 @@ partition::Options partition_options(const Config& config, at::ScalarType dtype,
   o.offload_param = z.offload_param.device;
   if (z.offload_param.device == "nvme") {
     o.param_swap.nvme_path = z.offload_param.nvme_path;
-    o.param_swap.rank = rank;
+    o.param_swap.rank = world->rank();
     o.param_swap.block_size = config.aio.block_size;
     o.param_swap.queue_depth = config.aio.queue_depth;
     o.param_swap.buffer_count = z.offload_param.buffer_count;
@@ -290,69 +286,40 @@ std::vector<at::Tensor> kept_on_device(const partition::ShardedParams& params, d
   return elsewhere;
 }
 
-// ZeRO-Infinity: every offloaded master shard and its states go to files
-// under nvme_path (with partial offload, the others stay with the
-// parameters); the optimizer step brings them back sub-group by sub-group.
-std::unique_ptr<offload::SwappedTensors> nvme_store(const Config& config, partition::ShardedParams& params,
-                                                    MasterOptimizer& optimizer, const std::vector<size_t>& bucket_of,
-                                                    int rank) {
-  const auto& offload = config.zero_optimization.offload_optimizer;
-  HostOptimizer* host = optimizer.host();
-  host->make_states();
-  offload::SwapOptions so;
-  so.nvme_path = offload.nvme_path;
-  so.rank = rank;
-  so.block_size = config.aio.block_size;
-  so.queue_depth = config.aio.queue_depth;
-  so.buffer_count = offload.buffer_count;
-  auto nvme = std::make_unique<offload::SwappedTensors>(so);
-  std::vector<std::vector<int>> ids;
-  for (const auto& p : optimizer.tensors()) {
-    const std::string key = "master" + std::to_string(ids.size());
-    if (!params.masters().on_host(bucket_of[ids.size()])) {
-      ids.emplace_back();  // Note [Partial offload]: not swapped
-      continue;
-    }
-    ids.push_back({nvme->add(p, key)});
-    int state = 0;
-    for (const auto& name : optimizer.state_names()) {
-      ids.back().push_back(nvme->add(optimizer.state(p, name, false), key + ".state" + std::to_string(state++)));
-    }
-  }
-  nvme->swap_out_all();
-  nvme->reset_peak();  // initialize held everything once; from here on the pipeline bounds it
-  host->use_store(nvme.get(), std::move(ids), config.zero_optimization.sub_group_size);
-  return nvme;
-}
-
 }  // namespace
 
-OptimizerParts master_optimizer(const Config& config, partition::ShardedParams& params,
-                                const std::vector<double>& weight_decays, std::shared_ptr<comm::ProcessGroup> dp,
-                                int world_rank) {
+std::unique_ptr<MasterOptimizer> master_optimizer(const Config& config, partition::ShardedParams& params,
+                                                  const std::vector<double>& weight_decays,
+                                                  std::shared_ptr<comm::ProcessGroup> dp, int world_rank,
+                                                  bool params_on_host) {
+  // The optimizer's tensors are the master tensors group by group, which is
+  // bucket order (Note [Flat layout]): tensor k is bucket k's.
   std::vector<OptimizerGroup> groups;
   const auto& by_group = params.masters().by_group();
   for (size_t g = 0; g < by_group.size(); ++g) groups.push_back({by_group[g], weight_decays[g]});
-  // The optimizer's tensors are the master tensors group by group; each is one bucket.
-  std::vector<size_t> bucket_of;
-  for (size_t g = 0; g < by_group.size(); ++g) {
-    for (size_t k = 0; k < params.num_buckets(); ++k) {
-      if (params.layout().buckets()[k].group == static_cast<int>(g)) bucket_of.push_back(k);
+  size_t k = 0;
+  for (const auto& group : by_group) {
+    for (const auto& t : group) {
+      if (!t.is_same(params.masters().tensors()[k++])) throw EngineError("internal: master tensors out of bucket order");
     }
   }
+  const auto& offload = config.zero_optimization.offload_optimizer;
+  const bool offloaded = params.options().offload_optimizer;
   HostStep host;
-  host.enabled = params.options().host_step;
+  host.enabled = offloaded || fused_step_on_host(config, params_on_host);
   // Note [Fused step on CPU ranks]: without offload every master is already in host memory.
-  if (params.options().offload_optimizer) host.elsewhere = kept_on_device(params, params.options().offload_ratio);
-  partition::MasterStore* sink = &params.masters();
-  host.sink = {[sink, bucket_of](size_t i) { return sink->update_target(bucket_of[i]); },
-               [sink, bucket_of](size_t i) { sink->updated(bucket_of[i]); }};
-  OptimizerParts parts;
-  parts.optimizer = make_optimizer(config.optimizer, groups, shard_layout(params, dp), host);
-  if (params.options().offload_master_to_disk) {
-    parts.nvme = nvme_store(config, params, *parts.optimizer, bucket_of, world_rank);
+  if (offloaded) host.elsewhere = kept_on_device(params, params.options().offload_ratio);
+  if (offload.device == "nvme") {
+    offload::SwapOptions swap;
+    swap.nvme_path = offload.nvme_path;
+    swap.rank = world_rank;
+    swap.block_size = config.aio.block_size;
+    swap.queue_depth = config.aio.queue_depth;
+    swap.buffer_count = offload.buffer_count;
+    host.swap = swap;
+    host.sub_group_numel = config.zero_optimization.sub_group_size;
   }
-  return parts;
+  return make_optimizer(config.optimizer, groups, shard_layout(params, dp), host);
 }
 
 }  // namespace zero::engine

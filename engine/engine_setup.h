@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "engine/optimizer.h"
-#include "offload/swapped_tensors.h"
 #include "zero/comm.h"
 #include "zero/config.h"
 #include "zero/engine.h"
@@ -34,22 +33,19 @@ ModelParams model_params(torch::nn::Module& module, std::vector<ParamGroup> para
                          at::ScalarType dtype);
 
 // Note [Gradient norm] with tensor or pipeline parallelism: each trainable
-// parameter's weight in the world's sum of squares (1/tp for a parameter
-// every rank of a tp group holds whole, 1 for a split one; at stage 0,
-// where every data-parallel rank holds the whole gradient, also 1/dp).
-// `splits`: tp::tensor_parallel_splits of the model. Checks that split
-// layers are split over the mesh's tp group. A no-op on a mesh of data
-// parallelism alone.
-// `copies`: a pipeline's tied parameters, by name, with the number of
-// stages holding each (their gradients are summed over those stages, so
-// each copy counts 1/copies).
-void set_norm_weights(ModelParams& params, torch::nn::Module& module, const std::map<std::string, tp::Split>& splits,
-                      const MeshShape& mesh, int stage, const std::map<std::string, int>& copies = {});
+// parameter's replicas outside the data-parallel group (Group::replicas:
+// tp for a parameter every rank of a tp group holds whole, 1 for a split
+// one), from which the partition weighs its squares. `splits`:
+// tp::tensor_parallel_splits of the model. Checks that split layers are
+// split over the mesh's tp group. A no-op on a mesh of data parallelism
+// alone. `copies`: a pipeline's tied parameters, by name, with the number
+// of stages holding each (their gradients are summed over those stages, so
+// each stage's copy is a replica too).
+void set_replicas(ModelParams& params, torch::nn::Module& module, const std::map<std::string, tp::Split>& splits,
+                  const MeshShape& mesh, const std::map<std::string, int>& copies = {});
 // Moves the parameters named in `names` each into a group of its own (with
 // its group's weight decay), so each gets a gradient bucket of its own.
 void isolate_params(ModelParams& params, const std::map<std::string, int>& names);
-// Whether the step's sum of squares is all-reduced over the world.
-bool norm_needs_world(const MeshShape& mesh, int owners);
 
 // What every rank must share (comm::disagreement): the resolved config key
 // by key; and every rank of a pipeline stage, every parameter's and
@@ -66,19 +62,20 @@ comm::Facts model_facts(torch::nn::Module& module, const ModelParams& params);
 // threads. torch::optim's AdamW makes a dozen passes over the partition;
 // the kernel makes one (bench/README.md, cpu_adam and step_time). Results
 // agree with torch::optim to about 1e-6 relative per step, not bitwise.
-// partition_options sets Options::host_step from it; `params_on_host`:
-// every trainable parameter is in host memory.
-partition::Options partition_options(const Config& config, at::ScalarType dtype, int rank, bool params_on_host);
+// master_optimizer chooses it.
 
-struct OptimizerParts {
-  std::unique_ptr<MasterOptimizer> optimizer;
-  std::unique_ptr<offload::SwappedTensors> nvme;  // offload_optimizer "nvme"
-};
+// The partition's options; `world`: the norm group, and its rank names
+// offload_param's NVMe files.
+partition::Options partition_options(const Config& config, at::ScalarType dtype,
+                                     std::shared_ptr<comm::ProcessGroup> world);
+
 // The optimizer of `params`' master partition, on the host with offload
-// (and its NVMe store with ZeRO-Infinity).
-// `dp`: the group params is sharded over; world_rank names NVMe files.
-OptimizerParts master_optimizer(const Config& config, partition::ShardedParams& params,
-                                const std::vector<double>& weight_decays, std::shared_ptr<comm::ProcessGroup> dp,
-                                int world_rank);
+// (owning its NVMe store with ZeRO-Infinity) or on CPU ranks (Note [Fused
+// step on CPU ranks]). `dp`: the group params is sharded over; world_rank
+// names NVMe files; `params_on_host`: every trainable parameter is in host memory.
+std::unique_ptr<MasterOptimizer> master_optimizer(const Config& config, partition::ShardedParams& params,
+                                                  const std::vector<double>& weight_decays,
+                                                  std::shared_ptr<comm::ProcessGroup> dp, int world_rank,
+                                                  bool params_on_host);
 
 }  // namespace zero::engine

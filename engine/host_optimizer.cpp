@@ -74,11 +74,11 @@ at::Tensor HostOptimizer::state_like(const at::Tensor& p, double value) const {
 
 void HostOptimizer::update_one(torch::optim::OptimizerParamGroup& group, at::Tensor& p, size_t i) {
   at::Tensor target;
-  if (sink_.target) {
+  if (out_) {
     if (!p.grad().defined()) {
       throw OffloadError("offloaded tensor " + std::to_string(i) + " has no gradient; its target would not be written");
     }
-    target = sink_.target(i);
+    target = out_->update_target(i);
   }
   if (on_host(p)) {
     update(group, p, target);
@@ -86,7 +86,7 @@ void HostOptimizer::update_one(torch::optim::OptimizerParamGroup& group, at::Ten
     update_elsewhere(group, p);
     if (target.defined()) target.copy_(p);
   }
-  if (sink_.written) sink_.written(i);
+  if (out_) out_->send_updated(i);
 }
 
 // Partial offload: torch::optim's step over `p` alone, with the group's
@@ -116,16 +116,28 @@ void HostOptimizer::update_elsewhere(torch::optim::OptimizerParamGroup& group, a
   inner->state().erase(lent);
 }
 
-void HostOptimizer::use_store(offload::SwappedTensors* store, std::vector<std::vector<int>> ids, int64_t sub_group_numel) {
-  store_ = store;
+void HostOptimizer::use_store(std::unique_ptr<offload::SwappedTensors> store, std::vector<std::vector<int>> ids,
+                              int64_t sub_group_numel) {
+  store_ = std::move(store);
   ids_ = std::move(ids);
   sub_group_numel_ = std::max<int64_t>(sub_group_numel, 1);
 }
 
-HostOptimizer::Timing HostOptimizer::take_timing() {
-  Timing t = timing_;
-  timing_ = Timing();
+HostTiming HostOptimizer::take_timing() {
+  HostTiming t = timing_;
+  timing_ = HostTiming();
   return t;
+}
+
+void HostOptimizer::step_into(partition::MasterStore* out) {
+  out_ = out;
+  try {
+    step();
+  } catch (...) {
+    out_ = nullptr;
+    throw;
+  }
+  out_ = nullptr;
 }
 
 torch::Tensor HostOptimizer::step(LossClosure closure) {

@@ -3,10 +3,11 @@
 // Adagrad semantics, state and options (so schedules, checkpoints and the
 // memory report treat them like the torch ones), stepped by the fused SIMD
 // kernels of offload/cpu_optimizer.h on host-resident fp32 tensors, whose
-// gradients may be fp32, fp16 or bf16 (the training dtype). Given an
-// UpdateSink, the step writes each updated parameter in the training dtype
-// where the sink says, in the same pass, and tells the sink as each one is
-// done (Note [Offload copies] in master_store.h).
+// gradients may be fp32, fp16 or bf16 (the training dtype). Stepped into
+// the partition's MasterStore (step_into), the step writes each updated
+// bucket in the training dtype where the store says, in the same pass, and
+// sends it on as each one is done (Note [Offload copies] in
+// zero/internal/master_store.h); tensor i is bucket i's master.
 #include <torch/torch.h>
 
 #include <memory>
@@ -31,7 +32,9 @@ class HostOptimizer : public torch::optim::Optimizer {
   HostOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                 std::unique_ptr<torch::optim::OptimizerOptions> defaults, const std::vector<at::Tensor>& elsewhere);
   torch::Tensor step(LossClosure closure = nullptr) override;
-  void set_update_sink(UpdateSink sink) { sink_ = std::move(sink); }
+  // step() that writes each updated tensor i where out->update_target(i)
+  // says and calls out->send_updated(i) as soon as it is done.
+  void step_into(partition::MasterStore* out);
 
   // The state tensors of every parameter, made now (zeros, or what
   // torch::optim starts from) instead of at the first step.
@@ -41,17 +44,19 @@ class HostOptimizer : public torch::optim::Optimizer {
   // (ids[i]: the store ids of flat parameter i's tensors). step() walks
   // sub-groups of about `sub_group_numel` elements, reading the next one and
   // writing back the previous one while it updates the current one.
-  void use_store(offload::SwappedTensors* store, std::vector<std::vector<int>> ids, int64_t sub_group_numel);
+  void use_store(std::unique_ptr<offload::SwappedTensors> store, std::vector<std::vector<int>> ids,
+                 int64_t sub_group_numel);
+  offload::SwappedTensors* nvme_store() { return store_.get(); }
 
   // The factor every gradient element is multiplied by as the next steps
   // read it (the loss scale's inverse times the clipping coefficient).
   void set_grad_scale(double scale) { grad_scale_ = static_cast<float>(scale); }
 
   // Seconds spent in the kernels and waiting for NVMe since the last call.
-  struct Timing {
-    double compute_s = 0, nvme_wait_s = 0;
-  };
-  Timing take_timing();
+  HostTiming take_timing();
+
+  // Whether the host kernels update `p` (its states live in host memory).
+  bool on_host(const at::Tensor& p) const { return elsewhere_.count(p.unsafeGetTensorImpl()) == 0; }
 
  protected:
   // Updates `p` of `group`, writing its new value to `target` when defined.
@@ -59,8 +64,6 @@ class HostOptimizer : public torch::optim::Optimizer {
   // torch::optim's optimizer of this kind over `p` alone (default options):
   // it updates the tensors the host kernels do not.
   virtual std::unique_ptr<torch::optim::Optimizer> optimizer_for(const at::Tensor& p) const = 0;
-  // Whether the host kernels update `p` (its states live in host memory).
-  bool on_host(const at::Tensor& p) const { return elsewhere_.count(p.unsafeGetTensorImpl()) == 0; }
   // A state tensor like `p` filled with `value`, where p's states live.
   at::Tensor state_like(const at::Tensor& p, double value) const;
   float grad_scale_ = 1.0f;
@@ -72,9 +75,9 @@ class HostOptimizer : public torch::optim::Optimizer {
                           const std::vector<size_t>& host);
   std::unordered_set<const void*> elsewhere_;
   std::unordered_map<const void*, std::unique_ptr<torch::optim::Optimizer>> elsewhere_optimizers_;
-  UpdateSink sink_;
-  offload::SwappedTensors* store_ = nullptr;
-  Timing timing_;
+  partition::MasterStore* out_ = nullptr;  // during step_into
+  std::unique_ptr<offload::SwappedTensors> store_;
+  HostTiming timing_;
   std::vector<std::vector<int>> ids_;
   int64_t sub_group_numel_ = 0;
 };

@@ -100,14 +100,16 @@ class TorchOptimizer final : public MasterOptimizer {
   TorchOptimizer(std::unique_ptr<torch::optim::Optimizer> inner, std::vector<std::string> names, HostOptimizer* host)
       : MasterOptimizer(std::move(names), all_params(*inner)), inner_(std::move(inner)), host_(host) {}
 
-  void step(double grad_scale) override {
-    if (host_) {
-      host_->set_grad_scale(grad_scale);  // applied as the kernels read the gradients
-    } else {
+  void update(partition::MasterStore& masters, double grad_scale) override {
+    if (!host_) {
       scale_grads(tensors(), grad_scale);
+      inner_->step();
+      return;
     }
-    inner_->step();
+    host_->set_grad_scale(grad_scale);  // applied as the kernels read the gradients
+    host_->step_into(&masters);         // each bucket sent on as soon as it is updated
   }
+  bool reads_training_dtype() const override { return host_ != nullptr; }
   void set_hyperparameters(double lr, std::optional<double> momentum) override {
     for (auto& group : inner_->param_groups()) {
       auto& options = static_cast<Options&>(group.options());
@@ -139,7 +141,8 @@ class TorchOptimizer final : public MasterOptimizer {
       if (State* s = find(t)) States<State>::set_step(*s, step);
     }
   }
-  HostOptimizer* host() override { return host_; }
+  HostTiming take_timing() override { return host_ ? host_->take_timing() : HostTiming{}; }
+  offload::SwappedTensors* nvme_store() override { return host_ ? host_->nvme_store() : nullptr; }
 
  private:
   State* find(const at::Tensor& t) {
@@ -155,10 +158,11 @@ class LambOptimizer final : public MasterOptimizer {
   explicit LambOptimizer(std::unique_ptr<Lamb> lamb)
       : MasterOptimizer({"exp_avg", "exp_avg_sq"}, all_params(*lamb)), lamb_(std::move(lamb)) {}
 
-  void step(double grad_scale) override {
+  void update(partition::MasterStore& /*masters*/, double grad_scale) override {
     scale_grads(tensors(), grad_scale);
     lamb_->step();
   }
+  bool reads_training_dtype() const override { return false; }
   void set_hyperparameters(double lr, std::optional<double> momentum) override {
     for (auto& group : lamb_->param_groups()) {
       auto& o = static_cast<LambParamOptions&>(group.options()).options;
@@ -200,12 +204,38 @@ std::unique_ptr<MasterOptimizer> torch_optimizer(const std::vector<OptimizerGrou
   return std::make_unique<TorchOptimizer<Options, State>>(std::move(torch), std::move(names), nullptr);
 }
 
+// ZeRO-Infinity: every tensor the host kernels update, and its states, go
+// to files under swap.nvme_path (with partial offload, the others stay with
+// the parameters); the step brings them back sub-group by sub-group.
+void swap_to_nvme(HostOptimizer& host, MasterOptimizer& optimizer, const offload::SwapOptions& swap,
+                  int64_t sub_group_numel) {
+  host.make_states();
+  auto store = std::make_unique<offload::SwappedTensors>(swap);
+  std::vector<std::vector<int>> ids;
+  for (const auto& p : optimizer.tensors()) {
+    const std::string key = "master" + std::to_string(ids.size());
+    if (!host.on_host(p)) {
+      ids.emplace_back();  // Note [Partial offload]: not swapped
+      continue;
+    }
+    ids.push_back({store->add(p, key)});
+    int state = 0;
+    for (const auto& name : optimizer.state_names()) {
+      ids.back().push_back(store->add(optimizer.state(p, name, false), key + ".state" + std::to_string(state++)));
+    }
+  }
+  store->swap_out_all();
+  store->reset_peak();  // initialize held everything once; from here on the pipeline bounds it
+  host.use_store(std::move(store), std::move(ids), sub_group_numel);
+}
+
 template <typename Options, typename State, typename Host, typename... Args>
 std::unique_ptr<MasterOptimizer> host_optimizer(const HostStep& step, std::vector<std::string> names, Args&&... args) {
   auto host = std::make_unique<Host>(std::forward<Args>(args)..., step.elsewhere);
   Host* raw = host.get();
-  raw->set_update_sink(step.sink);
-  return std::make_unique<TorchOptimizer<Options, State>>(std::move(host), std::move(names), raw);
+  auto optimizer = std::make_unique<TorchOptimizer<Options, State>>(std::move(host), std::move(names), raw);
+  if (step.swap) swap_to_nvme(*raw, *optimizer, *step.swap, step.sub_group_numel);
+  return optimizer;
 }
 
 std::unique_ptr<MasterOptimizer> make_host_optimizer(const OptimizerConfig& config, const std::vector<OptimizerGroup>& groups,

@@ -14,36 +14,35 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "core/torch_compat.h"
+#include "offload/swapped_tensors.h"
 #include "zero/config.h"
+#include "zero/internal/partition.h"
 
 namespace zero::engine {
 
-// Note [One optimizer interface]: the engine steps, schedules, checkpoints
-// and measures its optimizer through MasterOptimizer alone: no type names,
-// no casts. The arithmetic of each optimizer exists once per place it runs:
+// Note [One optimizer interface]: the engine schedules, checkpoints and
+// measures its optimizer through MasterOptimizer alone, and the partition
+// steps it as a BucketOptimizer (Note [The step] in zero/step.cpp): no type
+// names, no casts. Its tensors are the master tensors in bucket order. The arithmetic of each optimizer exists once per place it runs:
 // torch::optim's where the parameters are (also for the buckets partial
 // offload keeps there), offload/'s kernels on the host. States are named as
 // torch::optim names them, so checkpoints read the same whichever ran.
-
-class HostOptimizer;
 
 // torch::optim's state is keyed as compat::optimizer_state_key says (Note
 // [LibTorch 1.13 and 2.x] in core/torch_compat.h).
 using compat::optimizer_state_key;
 
-class MasterOptimizer {
- public:
-  virtual ~MasterOptimizer() = default;
+// offload_optimizer: seconds in the host kernels and waiting for NVMe.
+struct HostTiming {
+  double compute_s = 0, nvme_wait_s = 0;
+};
 
-  // Updates every master tensor from its gradient multiplied by
-  // `grad_scale` (the loss scale's inverse times the clipping coefficient).
-  virtual void step(double grad_scale) = 0;
+class MasterOptimizer : public partition::BucketOptimizer {
+ public:
   // Every group's learning rate, and with `momentum` beta1 (Adam, AdamW,
   // Lamb; beta2 becomes LrSchedule::kOneCycleBeta2) or SGD's momentum.
   virtual void set_hyperparameters(double lr, std::optional<double> momentum) = 0;
@@ -62,11 +61,14 @@ class MasterOptimizer {
   virtual void set_step_count(int64_t step) = 0;
   // Bytes of every state tensor that exists.
   int64_t state_bytes();
-  // The master tensors it updates, group by group.
+  // The master tensors it updates, in bucket order (so group by group).
   const std::vector<at::Tensor>& tensors() const { return tensors_; }
-  // offload_optimizer: the host optimizer (its NVMe store and timing);
-  // nullptr without offload.
-  virtual HostOptimizer* host() { return nullptr; }
+  // offload_optimizer: the host kernels' time since the last call (zeros
+  // for torch::optim).
+  virtual HostTiming take_timing() { return {}; }
+  // offload_optimizer "nvme": the store its master weights and states live
+  // in between steps; nullptr otherwise.
+  virtual offload::SwappedTensors* nvme_store() { return nullptr; }
 
  protected:
   MasterOptimizer(std::vector<std::string> state_names, std::vector<at::Tensor> tensors)
@@ -89,23 +91,17 @@ struct ShardLayout {
   std::function<void(at::Tensor&)> all_reduce_sum;        // across the ranks that share the parameters
 };
 
-// Where a host optimizer's step puts the updated parameters (Note [Offload
-// copies] in zero/internal/master_store.h). Tensors are numbered in the
-// groups' order, group by group.
-struct UpdateSink {
-  // The host tensor (fp16, bf16 or fp32, the tensor's numel) that receives
-  // tensor i's updated value in the update's pass; undefined: none.
-  std::function<at::Tensor(size_t i)> target;
-  // Tensor i's update and its target are complete.
-  std::function<void(size_t i)> written;
-};
-
-// offload_optimizer: the optimizer runs on the host.
+// The optimizer runs on the host's fused kernels: with offload_optimizer,
+// or on CPU ranks (Note [Fused step on CPU ranks] in engine/engine_setup.h).
 struct HostStep {
   bool enabled = false;
   // Partial offload: the tensors updated where they live, not by the host kernels.
   std::vector<at::Tensor> elsewhere;
-  UpdateSink sink;
+  // offload_optimizer "nvme" (ZeRO-Infinity): the host tensors and their
+  // states live in files under swap.nvme_path between steps, brought back
+  // sub-group by sub-group of about sub_group_numel elements.
+  std::optional<offload::SwapOptions> swap;
+  int64_t sub_group_numel = 0;
 };
 
 std::unique_ptr<MasterOptimizer> make_optimizer(const OptimizerConfig& config, const std::vector<OptimizerGroup>& groups,

@@ -47,7 +47,7 @@ void MasterStore::publish_bucket(size_t k) {
     torch::NoGradGuard no_grad;
     target.copy_(tensors_[k]);  // converts the fp32 master to the parameters' dtype
   }
-  updated(k);
+  send_updated(k);
 }
 
 void MasterStore::publish() {
@@ -90,7 +90,7 @@ at::Tensor MasterStore::staging_for(size_t k, const at::Tensor& shard) {
   return s.buffer.slice(0, 0, layout_.buckets()[k].shard_numel);
 }
 
-void MasterStore::updated(size_t k) {
+void MasterStore::send_updated(size_t k) {
   torch::NoGradGuard no_grad;
   const at::Tensor& shard = storage_.shard(k);
   for (auto& s : staging_) {
@@ -105,7 +105,7 @@ void MasterStore::updated(size_t k) {
   // A bucket that stays gathered is all-gathered in place, when it has
   // more than one owner; a released one is gathered again when its unit
   // runs (offload_param "nvme": written back first).
-  if (auto work = storage_.written(k)) works_.push_back(std::move(work));
+  if (auto work = storage_.send_shard(k)) works_.push_back(std::move(work));
   sent_[k] = true;
 }
 

@@ -135,10 +135,10 @@ void ParamStorage::release_all() {
 }
 
 void ParamStorage::prepare_write(size_t k) {
-  if (buckets_[k].swap_id >= 0) store_->materialize({buckets_[k].swap_id});  // written back by written()
+  if (buckets_[k].swap_id >= 0) store_->materialize({buckets_[k].swap_id});  // written back by send_shard()
 }
 
-comm::WorkHandle ParamStorage::written(size_t k) {
+comm::WorkHandle ParamStorage::send_shard(size_t k) {
   Bucket& b = buckets_[k];
   if (b.persistent) return owners_ > 1 ? pg_->all_gather_async(b.full, b.shard) : nullptr;
   if (b.swap_id >= 0) {

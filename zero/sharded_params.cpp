@@ -29,17 +29,23 @@ namespace {
 
 // The layout of `groups`' parameters (Note [Flat layout]): stage 0 keeps
 // whole buckets on every rank, stage 3 cuts buckets at unit boundaries.
+// Each parameter's norm weight (Note [Gradient norm]): 1 over the ranks
+// of the norm group holding the same gradient, its replicas outside the
+// data-parallel group and, at stage 0 summed beyond it, the dp ranks too.
 FlatLayout layout_of(const std::vector<ShardedParams::Group>& groups, const comm::ProcessGroup& pg,
                      const Options& options) {
+  const bool sharded = options.stage > 0;
+  const bool beyond_dp = options.norm_group && options.norm_group->size() > pg.size();
+  const double per_holder = !sharded && beyond_dp ? 1.0 / pg.size() : 1.0;
   std::vector<std::vector<ParamSpec>> specs;
   for (const auto& g : groups) {
     specs.emplace_back();
     for (size_t i = 0; i < g.params.size(); ++i) {
+      const int replicas = g.replicas.empty() ? 1 : g.replicas[i];
       specs.back().push_back({g.names[i], g.params[i].numel(), g.units.empty() ? -1 : g.units[i],
-                              g.norm_weights.empty() ? 1.0 : g.norm_weights[i]});
+                              replicas == 1 ? per_holder : per_holder / replicas});
     }
   }
-  const bool sharded = options.stage > 0;
   return FlatLayout(specs, options.bucket_numel, sharded ? pg.size() : 1, sharded ? pg.rank() : 0, options.stage == 3);
 }
 
@@ -164,47 +170,6 @@ void ShardedParams::end_backward() {
     storage_.release_all();  // unused units, prefetched ones
     if (scheduler_) scheduler_->end_step();
   }
-}
-
-// Each bucket's gradient is attached and its squares added once per step
-// (Note [Gradient norm] in zero/internal/grad_norm.h).
-void ShardedParams::attach_master_grads() {
-  squares_.reset();
-  if (host_grads_) host_grads_->wait();  // copies started during backward land before the host reads them
-  for (size_t k = 0; k < num_buckets(); ++k) {
-    const double weight = layout_.buckets()[k].norm_weight;
-    if (host_grads_ && host_grads_->off_device(k)) {  // its host copy is complete
-      masters_.tensors()[k].mutable_grad() = host_grads_->for_step(k);
-      if (host_grads_->device_squares(k).defined()) {
-        squares_.add_device_sum(host_grads_->device_squares(k), weight);
-      } else {
-        squares_.add(masters_.tensors()[k].grad(), weight);
-      }
-      continue;
-    }
-    at::Tensor grad = reducer_->shard_grad(k);
-    if (options_.offload_optimizer) {
-      // The host optimizer reads the gradient in the training dtype (Note
-      // [Offload copies]); stages 2-3 copied it when the bucket was reduced.
-      // A bucket updated on the accelerator (Note [Partial offload]) keeps it
-      // there, in the training dtype too. Squared where it was reduced.
-      squares_.add(grad, weight);
-      if (host_grads_->copied(k)) {
-        if (!host_grads_->holds(k)) host_grads_->copy_from(k, grad, /*non_blocking=*/false);
-        grad = host_grads_->copy(k);
-      }
-      masters_.tensors()[k].mutable_grad() = grad;
-      continue;
-    }
-    if (!options_.host_step && grad.scalar_type() != at::kFloat) grad = grad.to(at::kFloat);
-    masters_.tensors()[k].mutable_grad() = grad;
-    squares_.add(grad, weight);
-  }
-}
-
-void ShardedParams::detach_master_grads() {
-  for (auto m : masters_.tensors()) m.mutable_grad() = at::Tensor();
-  if (host_grads_) host_grads_->clear();
 }
 
 int64_t ShardedParams::offload_buffer_bytes() const {

@@ -3,6 +3,8 @@
 // torch::optim run on the same global batches. Also the per-rank memory the
 // engine holds against the ZeRO formulas, computed here from the model.
 #include <gtest/gtest.h>
+
+#include <chrono>
 #include <torch/torch.h>
 
 #include <map>
@@ -247,6 +249,33 @@ TEST(Parity, SgdStage3OneBigBucket) { run_parity<ToyUnits>({3, 2, 0.0, "SGD", "S
 TEST(Parity, Stage3WithoutUnits) { run_parity<Toy>({3, 1, 0.5, "AdamW", "stage 3, no units"}); }
 TEST(Parity, Stage3OrderChangesBetweenSteps) {
   run_parity<ToyUnits>({3, 1, 0.0, "AdamW", "stage 3, order changes"}, 12, 3, 50, /*swap_order=*/true);
+}
+
+// Engine::take_step_times() and the progress line each count their own
+// window: a progress line every 2 steps leaves take_step_times' count of
+// steps whole.
+TEST(StepTimes, CountTheirOwnWindowBesideTheProgressLine) {
+  Toy model = make_model();
+  zero::InitOptions options;
+  options.group = g_world;
+  const std::string json = R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 2, "wall_clock_breakdown": true,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zero_optimization": {"stage": 2}})";
+  auto engine = zero::initialize(zero::Config::from_json(json), model, options);
+  auto train = [&](int steps) {
+    for (int step = 0; step < steps; ++step) {
+      auto batch = global_batch(step, 2 * g_world->size());
+      engine.backward(loss_of(model, batch.slice(0, 2 * g_world->rank(), 2 * g_world->rank() + 2)));
+      engine.step();
+    }
+  };
+  train(5);
+  const zero::StepTimes t = engine.take_step_times();
+  EXPECT_EQ(t.steps, 5) << "the progress lines at steps 2 and 4 must not drain take_step_times' window";
+  EXPECT_GT(t.forward, 0.0);
+  EXPECT_GT(t.backward, 0.0);
+  EXPECT_GT(t.step, 0.0);
+  train(3);
+  EXPECT_EQ(engine.take_step_times().steps, 3);
 }
 
 // With overlap_comm, stage 2's bucket buffers stay few over many steps:

@@ -109,7 +109,7 @@ TEST(MasterStore, ABucketUpdatedSincePublishIsNotPublishedAgain) {
   p.write_masters();
   // An optimizer writes bucket 0's update itself, with values unlike its master's.
   p.masters.update_target(0).fill_(-3.0);
-  p.masters.updated(0);
+  p.masters.send_updated(0);
   p.masters.publish();
   EXPECT_TRUE(torch::equal(p.fulls[0].to(at::kFloat), torch::full({p.layout.buckets()[0].numel}, -3.0)));
   for (size_t k = 1; k < p.masters.size(); ++k) {

@@ -97,7 +97,7 @@ TEST_P(EachPlace, UpdatedShardsReachEveryRank) {
     at::Tensor mine = torch::empty({kShard[k]});
     for (int64_t i = 0; i < kShard[k]; ++i) mine[i] = value(k, rank * kShard[k] + i, rank + 7);
     storage_->shard(k).copy_(mine);
-    if (auto work = storage_->written(k)) work->wait();
+    if (auto work = storage_->send_shard(k)) work->wait();
   }
   storage_->wait_writes();
   EXPECT_TRUE(torch::equal(fulls_[0], expected_full(0, 7))) << "a bucket that stays gathered is gathered in place";

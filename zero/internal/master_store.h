@@ -12,7 +12,7 @@
 // host memory; the host optimizer widens them and applies the loss scale
 // and clipping as it reads them (no fp32 copy, no pass of their own). The
 // updated parameters go the other way bucket by bucket while the optimizer
-// updates the next bucket (update_target, updated): the optimizer writes a
+// updates the next bucket (update_target, send_updated): the optimizer writes a
 // bucket's shard in the training dtype, in the same pass, straight into the
 // shard when the shard is in host memory (CPU ranks, offload_param), or else
 // into one of two page-locked staging buffers, copied to the accelerator
@@ -75,13 +75,13 @@ class MasterStore {
   // The one way back to the parameters (Note [Offload copies]):
   // update_target(k) is where bucket k's updated shard is to be written in
   // the training dtype (undefined: the master weights are the parameters);
-  // updated(k), once it is written, starts its way on (the bucket's
+  // send_updated(k), once it is written, starts its way on (the bucket's
   // all-gather, or its write to NVMe). A host optimizer does both as it
   // updates each bucket; publish_bucket(k) does both from the master
   // weights. publish() publishes every bucket not yet sent since the last
   // publish() and waits until all of them have arrived.
   at::Tensor update_target(size_t k);
-  void updated(size_t k);
+  void send_updated(size_t k);
   void publish_bucket(size_t k);
   void publish();
 
@@ -103,12 +103,12 @@ class MasterStore {
   struct Staging {
     at::Tensor buffer;
     std::unique_ptr<c10::Event> copied;
-    int bucket = -1;  // the bucket it holds until updated()
+    int bucket = -1;  // the bucket it holds until send_updated()
   };
   std::vector<Staging> staging_;
   size_t next_staging_ = 0;
-  std::vector<comm::WorkHandle> works_;  // all-gathers updated() started
-  std::vector<bool> sent_;               // per bucket: updated() since the last publish()
+  std::vector<comm::WorkHandle> works_;  // all-gathers send_updated() started
+  std::vector<bool> sent_;               // per bucket: send_updated() since the last publish()
 };
 
 }  // namespace zero::partition

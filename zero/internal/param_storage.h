@@ -66,12 +66,13 @@ class ParamStorage {
   void release_all();
 
   // The way back after an update: before bucket k's shard is written, its
-  // memory (offload_param "nvme"); once written, a bucket that stays
-  // gathered is all-gathered in place (the returned work; none with one
-  // rank), a released one's NVMe shard goes back to its file.
+  // memory (offload_param "nvme"); send_shard(k), once it is written,
+  // starts its way on: a bucket that stays gathered is all-gathered in
+  // place (the returned work; none with one rank), a released one's NVMe
+  // shard goes back to its file.
   void prepare_write(size_t k);
-  comm::WorkHandle written(size_t k);
-  void wait_writes();  // the file writes written() started
+  comm::WorkHandle send_shard(size_t k);
+  void wait_writes();  // the file writes send_shard() started
 
   // The parameters' bytes on this rank now: gathered buffers, and the
   // shards kept apart wherever they are; of those, offloaded_bytes() are in

@@ -10,7 +10,8 @@
 // and their way back to the parameters (master_store.h, Notes [Offload
 // copies] and [Partial offload]) and the units' schedule (units.cpp).
 // ShardedParams holds them together: it builds them from the model's
-// parameters and hands each bucket's reduced gradient to its master weights.
+// parameters, and runs the optimizer step of its buckets from their reduced
+// gradients to the new parameters (step.cpp, Note [The step]).
 //
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
@@ -42,13 +43,12 @@ struct Options {
   int64_t persistence_threshold = 100000;  // buckets smaller than this stay gathered
   int64_t prefetch_numel = 50000000;       // stage3_prefetch_bucket_size
   int64_t max_live_numel = 1000000000;     // stage3_max_live_parameters
+  // The ranks whose gradients together make the model's (Note [Gradient
+  // norm]): the world, which is larger than the data-parallel group with
+  // tensor or pipeline parallelism. Null: the data-parallel group.
+  std::shared_ptr<comm::ProcessGroup> norm_group;
   // offload_optimizer (Note [Offload copies])
   bool offload_optimizer = false;
-  // The master weights are stepped by the fused host kernels (offload/
-  // cpu_optimizer.h): with offload_optimizer, or on CPU ranks (Note [Fused
-  // step on CPU ranks] in engine/engine_setup.h). They read the reduced
-  // gradient in the training dtype, so it is not widened to fp32 first.
-  bool host_step = false;
   double offload_ratio = 1.0;              // Note [Partial offload]
   bool pin_memory = false;                 // page-locked host tensors (with CUDA parameters)
   bool offload_master_to_disk = false;     // NVMe: the master weights are not resident, so fp32 gets copies too
@@ -64,6 +64,36 @@ struct Options {
 
 class UnitScheduler;
 
+// What ShardedParams::step hands the update of the master weights to (the
+// engine's optimizer, Note [The step] in step.cpp). Its tensors are the
+// master tensors in bucket order: tensor k is bucket k's.
+class BucketOptimizer {
+ public:
+  virtual ~BucketOptimizer() = default;
+  // Updates every master tensor from its gradient times `grad_scale` (the
+  // loss scale's inverse times the clipping coefficient). One that updates
+  // bucket by bucket on the host writes each updated bucket where
+  // `masters.update_target(k)` says and calls `masters.send_updated(k)` as
+  // soon as it is done; the partition sends the others after.
+  virtual void update(MasterStore& masters, double grad_scale) = 0;
+  // Whether update() reads the gradients in the training dtype (the fused
+  // host kernels widen them as they read); otherwise the partition widens
+  // them to fp32 first.
+  virtual bool reads_training_dtype() const = 0;
+};
+
+// One optimizer step as the engine asks for it.
+struct StepRequest {
+  double loss_scale = 1.0;  // fp16: the gradients carry it; the update divides it out
+  bool skip_if_not_finite = false;  // fp16: an overflow on any rank skips the step on every rank
+  double clip = 0.0;  // gradient_clipping: the bound of the global norm; 0: none
+};
+struct StepResult {
+  bool skipped = false;          // the gradients were not finite: nothing was updated
+  double norm = 0.0;             // the global L2 norm of the unscaled gradients (0 when skipped)
+  double publish_seconds = 0.0;  // of the step, sending the updated parameters on
+};
+
 // The trainable parameters of a model, flattened and sharded (Note [Flat layout]).
 class ShardedParams {
  public:
@@ -71,7 +101,11 @@ class ShardedParams {
     std::vector<std::string> names;
     std::vector<at::Tensor> params;
     std::vector<int> units;  // per parameter: its stage-3 unit, -1 for none
-    std::vector<double> norm_weights;  // per parameter (ParamSpec::norm_weight); empty: all 1
+    // Per parameter: how many ranks of the norm group outside the
+    // data-parallel group hold the same gradient (tp for a parameter every
+    // tensor-parallel rank holds whole, times the pipeline stages sharing
+    // a tie; Note [Gradient norm]). Empty: all 1.
+    std::vector<int> replicas;
   };
   ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::ProcessGroup> pg, Options options);
   ~ShardedParams();
@@ -83,17 +117,15 @@ class ShardedParams {
   void begin_backward(bool boundary);
   void end_backward();
 
+  // The optimizer step of every bucket, from the reduced gradients to the
+  // new parameters (Note [The step] in step.cpp). A collective. The
+  // gradients are cleared after it, skipped or not.
+  StepResult step(BucketOptimizer& optimizer, const StepRequest& request);
+
   // The fp32 tensors the optimizer updates, per bucket this rank's shard
   // (all of it at stage 0), and their way back to the parameters.
   MasterStore& masters() { return masters_; }
   const MasterStore& masters() const { return masters_; }
-  // Gives each master tensor its gradient (the reduced gradient of its
-  // shard): fp32, or with offload in the training dtype (Note [Offload copies]).
-  void attach_master_grads();
-  void detach_master_grads();
-  // This rank's sum of squares of the attached gradients (Note [Gradient
-  // norm]): not finite exactly when one of them is not.
-  double grad_squares() { return squares_.total(); }
   // Host bytes offload keeps besides master weights and states: the
   // gradient shard's copy and the staging buffers.
   int64_t offload_buffer_bytes() const;
@@ -101,8 +133,8 @@ class ShardedParams {
   int64_t offloaded_param_bytes(bool nvme) const { return storage_.offloaded_bytes(nvme); }
   void zero_grads() { reducer_->zero(); }
   // Bucket k's gradient as reduced over the data-parallel group (this rank's
-  // shard; the whole bucket at stage 0), before attach_master_grads; undefined
-  // where offload already moved it to the host.
+  // shard; the whole bucket at stage 0), before step(); undefined where
+  // offload already moved it to the host.
   at::Tensor reduced_grad(size_t k) { return reducer_->shard_grad(k); }
 
   // Stage 3 (Note [Stage 3 storage] in param_storage.h).
@@ -129,7 +161,6 @@ class ShardedParams {
   void restore_accumulated_grads(const at::Tensor& grads) { reducer_->restore(grads); }
 
   int owners() const { return layout_.owners(); }
-  int stage() const { return options_.stage; }
   const Options& options() const { return options_; }
   int64_t numel() const { return layout_.numel(); }            // trainable elements, unpadded
   int64_t partition_numel() const { return layout_.partition_numel(); }
@@ -147,6 +178,10 @@ class ShardedParams {
   };
   void on_grad_ready(int index);
   void build_buckets(const std::vector<at::Tensor>& tensors);
+  // step(): each master tensor's gradient and its squares, and their removal.
+  void attach_master_grads(bool widen);
+  void detach_master_grads();
+  double global_squares();
   std::shared_ptr<comm::ProcessGroup> pg_;
   Options options_;
   FlatLayout layout_;

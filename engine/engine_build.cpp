@@ -1,0 +1,189 @@
+// The training core's construction (engine_impl.h): the partition and the
+// optimizer over the model's parameters, activation checkpointing, and the
+// memory report of what it built.
+#include <torch/torch.h>
+
+#include <sstream>
+
+#include "activations/estimate.h"
+#include "engine/engine_impl.h"
+#include "engine/engine_setup.h"
+#include "zero/activation_checkpointing.h"
+#include "zero/error.h"
+#include "zero/log.h"
+
+namespace zero {
+
+using engine::human_bytes;
+
+std::string MemoryReport::describe() const {
+  std::ostringstream out;
+  out << "params " << human_bytes(params) << ", grads " << human_bytes(gradients) << ", fp32 master "
+      << human_bytes(fp32_master) << ", optimizer " << human_bytes(optimizer_states) << ", buffers "
+      << human_bytes(buffers);
+  if (offload_buffers > 0) out << ", offload buffers " << human_bytes(offload_buffers);
+  out << " (total " << human_bytes(total()) << ")";
+  if (host_offloaded > 0) out << "; offloaded to host " << human_bytes(host_offloaded);
+  if (nvme_offloaded > 0) out << ", to NVMe " << human_bytes(nvme_offloaded);
+  if (nvme_host_peak > 0) out << " (host peak " << human_bytes(nvme_host_peak) << ")";
+  if (activations_peak > 0) out << "; activations (measured peak) " << human_bytes(activations_peak);
+  return out.str();
+}
+
+void Engine::Impl::build_params(InitOptions& options) {
+  engine::ModelParams model_params = engine::model_params(*module, std::move(options.param_groups), config, dtype);
+  frozen_bytes = model_params.frozen_bytes;
+  units = model_params.units;
+  // A pipeline's tied parameters count once over the stages holding them,
+  // each in a group (so a bucket) of its own (PipelineDriver::find_tied_buckets).
+  const std::map<std::string, int> copies = pipeline ? pipeline->tied_copies() : std::map<std::string, int>{};
+  if (pipeline) engine::isolate_params(model_params, copies);
+  engine::set_replicas(model_params, *module, splits, mesh->shape(), copies);
+  const auto& dp = mesh->dp_group();
+  // Before the first collective that assumes it: every rank holds the same
+  // config and model, or every rank stops naming what differs (tp slices
+  // have equal shapes; pipeline stages hold different layers, so the model
+  // is compared over the data-parallel group there).
+  std::string differs;
+  if (mesh->shape().pp > 1) {
+    differs = comm::disagreement(*pg, engine::config_facts(config));
+    if (differs.empty()) differs = comm::disagreement(*dp, engine::model_facts(*module, model_params));
+  } else {
+    comm::Facts facts = engine::config_facts(config);
+    for (auto& f : engine::model_facts(*module, model_params)) facts.push_back(std::move(f));
+    differs = comm::disagreement(*pg, facts);
+  }
+  if (!differs.empty()) {
+    throw EngineError("zero::initialize: " + differs +
+                      "; every rank must start with the same config and the same model");
+  }
+  // Every rank starts from the weights and buffers of its data-parallel
+  // group's rank 0, as DeepSpeed does (tp ranks hold different slices).
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : module->parameters()) dp->broadcast(p.data(), 0);
+    for (auto& b : module->buffers()) dp->broadcast(b, 0);
+  }
+  bool params_on_host = true;
+  for (const auto& g : model_params.groups) {
+    for (const auto& p : g.params) params_on_host = params_on_host && p.is_cpu();
+  }
+  sharded = std::make_unique<partition::ShardedParams>(std::move(model_params.groups), dp,
+                                                       engine::partition_options(config, dtype, pg));
+  if (!units.empty()) sharded->attach_units(units);
+  if (dtype != at::kFloat) {  // frozen weights and buffers follow the training dtype
+    torch::NoGradGuard no_grad;
+    for (auto& p : module->parameters()) {
+      if (!p.requires_grad() && at::isFloatingType(p.scalar_type())) p.set_data(p.to(dtype));
+    }
+    for (auto& b : module->buffers()) {
+      if (at::isFloatingType(b.scalar_type())) b.set_data(b.to(dtype));
+    }
+  }
+  optimizer = engine::master_optimizer(config, *sharded, model_params.weight_decays, dp, pg->rank(), params_on_host);
+  if (pipeline) pipeline->find_tied_buckets(*sharded);
+}
+
+// The config's activation_checkpointing section: the process-wide settings
+// of zero::checkpoint, and which of the model's units recompute.
+void Engine::Impl::setup_activation_checkpointing() {
+  for (const auto& p : module->parameters()) {
+    model_device = p.device();
+    break;
+  }
+  const auto& a = config.activation_checkpointing;
+  ActivationCheckpointOptions options;
+  options.cpu_checkpointing = a.cpu_checkpointing;
+  options.synchronize_boundary = a.synchronize_checkpoint_boundary;
+  options.profile = a.profile;
+  options.contiguous_memory = a.contiguous_memory_optimization;
+  const std::shared_ptr<comm::ProcessGroup>& tp = mesh->tp_group();
+  if (a.partition_activations && tp->size() > 1) {
+    auto partition = std::make_shared<ActivationPartition>();
+    partition->rank = tp->rank();
+    partition->size = tp->size();
+    partition->all_gather = [tp](at::Tensor full, const at::Tensor& shard) { tp->all_gather(full, shard); };
+    options.partition = partition;
+    log::info("activations", "activation_checkpointing.partition_activations: each of the " +
+                                 std::to_string(tp->size()) + " tensor-parallel ranks keeps 1/" +
+                                 std::to_string(tp->size()) + " of the checkpoints' inputs and gathers them back to recompute");
+  } else if (a.partition_activations) {
+    log::info("activations", "activation_checkpointing.partition_activations: there is no tensor-parallel group to "
+                             "split the saved inputs over, so they stay whole on each rank");
+  }
+  configure_activation_checkpointing(options);
+  const std::vector<UnitBase*> all = engine::units_of(*module);
+  const int64_t n = static_cast<int64_t>(all.size());
+  const bool chosen = a.checkpoint_every || a.number_checkpoints;
+  if (chosen && n == 0) {
+    log::warn("activations", "activation_checkpointing selects units, but the model has no zero::Unit; wrap its blocks "
+                             "in zero::Unit or call zero::checkpoint in its forward (include/zero/activation_checkpointing.h)");
+  }
+  int64_t on = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (chosen) {
+      all[i]->set_config_checkpointing(
+          checkpointed_unit(i, n, a.checkpoint_every.value_or(0), a.number_checkpoints.value_or(0)));
+    }
+    on += all[i]->checkpoints_activations() ? 1 : 0;
+  }
+  if (on > 0) {
+    log::info("activations", std::to_string(on) + " of " + std::to_string(n) +
+                                 " unit(s) recompute their activations in backward" +
+                                 (a.cpu_checkpointing ? "; their inputs wait in host memory" : ""));
+  }
+}
+
+Engine::Impl::~Impl() {
+  telemetry.reset();  // the last step's loss is written while the groups are alive
+  if (ActivationCheckpointOptions a = activation_checkpointing_options(); a.partition) {
+    a.partition = nullptr;  // this engine's group: checkpoints after it keep whole inputs
+    configure_activation_checkpointing(a);
+  }
+}
+
+MemoryReport Engine::Impl::memory() const {
+  MemoryReport r;
+  r.params = sharded->param_bytes() + frozen_bytes;
+  r.gradients = sharded->grad_bytes();
+  r.fp32_master = sharded->masters().bytes();
+  r.optimizer_states = optimizer->state_bytes();
+  r.host_offloaded = sharded->offloaded_param_bytes(/*nvme=*/false);
+  r.nvme_offloaded = sharded->offloaded_param_bytes(/*nvme=*/true);
+  r.gathered_params_peak = sharded->gathered_param_peak();
+  r.activations_peak = telemetry ? telemetry->activations_peak() : 0;
+  if (sharded->options().offload_optimizer) {
+    // Of the master weights and states, those of the buckets on the host
+    // (all of them unless partial, Note [Partial offload]). A host master is
+    // always apart from the parameters, so masters().bytes() counts it, fp32 too.
+    r.offload_buffers = sharded->offload_buffer_bytes();
+    r.host_offloaded += r.offload_buffers;
+    if (offload::SwappedTensors* nvme = optimizer->nvme_store()) {  // only the offloaded share is in the store
+      r.nvme_offloaded += nvme->nvme_bytes();
+      r.host_offloaded += nvme->resident_bytes();
+      r.nvme_host_peak = nvme->peak_resident_bytes();
+    } else {
+      for (size_t k = 0; k < sharded->num_buckets(); ++k) {
+        if (!sharded->masters().on_host(k)) continue;
+        const at::Tensor& m = sharded->masters().tensors()[k];
+        r.host_offloaded += m.nbytes();
+        for (const auto& name : optimizer->state_names()) {
+          const at::Tensor state = optimizer->state(m, name, false);
+          if (state.defined()) r.host_offloaded += state.nbytes();
+        }
+      }
+    }
+  }
+  for (const auto& b : module->buffers()) r.buffers += b.nbytes();
+  return r;
+}
+
+engine::TrainingState Engine::Impl::training_state() {
+  engine::TrainingState state{config,   dtype,      gas,   *module,
+                              *pg,      *mesh,      splits, *sharded,
+                              *optimizer, optimizer->nvme_store(), *schedule, scaler.get(), steps};
+  if (pipeline) state.written_elsewhere = pipeline->written_elsewhere(*module);
+  return state;
+}
+
+}  // namespace zero
