@@ -22,6 +22,8 @@ inline std::string host_transport() { return get("ZERO_HOST_TRANSPORT", "auto");
 inline long shm_slot_kib() { return get_int("ZERO_SHM_SLOT_KIB", 1024); }
 // Network interface or host name gloo binds to (default: the host name of MASTER_ADDR's route).
 inline std::string gloo_hostname() { return get("ZERO_GLOO_HOSTNAME", ""); }
+// Progress reports of long operations (core/progress.h): "0" silences them.
+inline bool progress_shown() { return get("ZERO_PROGRESS") != "0"; }
 // CPU optimizers' SIMD path: "portable", "avx2" or "avx512" (default: the best the CPU has).
 inline std::string cpu_optimizer_simd() { return get("ZERO_CPU_OPTIMIZER_SIMD", ""); }
 

@@ -4,8 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
+#include <cstdio>
+
+#include "core/env.h"
 
 namespace zero {
 namespace {
@@ -27,8 +28,7 @@ std::string clock_text(double s) {
 
 Progress::Progress(std::string what, int64_t total, bool show, ProgressOptions options)
     : what_(std::move(what)), total_(std::max<int64_t>(total, 0)), options_(options) {
-  const char* env = std::getenv("ZERO_PROGRESS");
-  show_ = show && !(env && std::strcmp(env, "0") == 0);
+  show_ = show && env::progress_shown();
   terminal_ = options_.terminal >= 0 ? options_.terminal == 1 : ::isatty(::fileno(options_.out)) == 1;
   start_ = last_ = std::chrono::steady_clock::now();
 }

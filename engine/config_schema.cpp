@@ -31,6 +31,12 @@ void visit_offload_optimizer(Fields& f, OffloadOptimizerConfig& o) {
   f.flag("pipeline_write", o.pipeline_write);
   f.flag("fast_init", o.fast_init);
   f.number("ratio", o.ratio, Opt().min(0).max(1));
+  // Kept in the struct, read by nothing yet.
+  if (f.reading()) {
+    if (o.pipeline_read) f.warn(unimplemented_warning(f.path("pipeline_read")));
+    if (o.pipeline_write) f.warn(unimplemented_warning(f.path("pipeline_write")));
+    if (o.fast_init) f.warn(unimplemented_warning(f.path("fast_init")));
+  }
 }
 
 void visit_offload_param(Fields& f, OffloadParamConfig& o) {
@@ -40,6 +46,10 @@ void visit_offload_param(Fields& f, OffloadParamConfig& o) {
   f.integer("buffer_count", o.buffer_count, Opt().min(1));
   f.integer("buffer_size", o.buffer_size, Opt().min(1));
   f.integer("max_in_cpu", o.max_in_cpu, Opt().min(0));
+  // Kept in the struct, read by nothing yet; DeepSpeed's default, as its
+  // docs spell it out, asks for nothing.
+  if (f.reading() && o.max_in_cpu != OffloadParamConfig{}.max_in_cpu)
+    f.warn(unimplemented_warning(f.path("max_in_cpu")));
 }
 
 // MiCS, hpZ and ZeRO++ quantization: kept in the struct, no effect yet.

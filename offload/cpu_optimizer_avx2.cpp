@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "offload/cpu_optimizer_dispatch.h"
 #include "offload/cpu_optimizer_kernels.h"
 
 namespace zero::offload::detail {
@@ -16,18 +17,12 @@ namespace {
 
 #define ZERO_INLINE inline __attribute__((always_inline))
 
-constexpr int kHalf = static_cast<int>(CopyDtype::kHalf);
-constexpr int kBf16 = static_cast<int>(CopyDtype::kBFloat16);
-constexpr int kFloatGrad = static_cast<int>(GradDtype::kFloat);
-constexpr int kHalfGrad = static_cast<int>(GradDtype::kHalf);
-constexpr int kBf16Grad = static_cast<int>(GradDtype::kBFloat16);
-
 // 8 fp32 -> 8 fp16 or bf16 bits (round to nearest even; NaN stays NaN).
 template <int kCopy>
 ZERO_INLINE void store_copy8(uint16_t* dst, __m256 x) {
-  if constexpr (kCopy == kHalf) {
+  if constexpr (kCopy == kHalfCopy) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
-  } else if constexpr (kCopy == kBf16) {
+  } else if constexpr (kCopy == kBf16Copy) {
     const __m256i u = _mm256_castps_si256(x);
     const __m256i hi = _mm256_srli_epi32(u, 16);
     const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
@@ -196,61 +191,30 @@ void adagrad_loop(const AdagradScalars& s, int64_t n, float* p, const void* grad
   if (i < n) adagrad_partial<kL2, kGrad, kCopy>(c, n - i, p + i, g + i, sum + i, kCopy ? copy + i : nullptr);
 }
 
-template <bool kL2, bool kDecay, int kGrad>
-void adam_copy(const AdamScalars& s, int64_t n, float* p, const void* g, float* m, float* v, uint16_t* copy,
-               CopyDtype dt) {
-  switch (dt) {
-    case CopyDtype::kNone: return adam_loop<kL2, kDecay, kGrad, 0>(s, n, p, g, m, v, copy);
-    case CopyDtype::kHalf: return adam_loop<kL2, kDecay, kGrad, kHalf>(s, n, p, g, m, v, copy);
-    case CopyDtype::kBFloat16: return adam_loop<kL2, kDecay, kGrad, kBf16>(s, n, p, g, m, v, copy);
+// The loops, for the dispatch of cpu_optimizer_dispatch.h.
+struct Loops {
+  template <bool kL2, bool kDecay, int kGrad, int kCopy>
+  static void adam(const AdamScalars& s, int64_t n, float* p, const void* g, float* m, float* v, uint16_t* copy) {
+    adam_loop<kL2, kDecay, kGrad, kCopy>(s, n, p, g, m, v, copy);
   }
-}
-
-template <bool kL2, bool kDecay>
-void adam_grad(const AdamScalars& s, int64_t n, float* p, const void* g, GradDtype gt, float* m, float* v,
-               uint16_t* copy, CopyDtype dt) {
-  switch (gt) {
-    case GradDtype::kFloat: return adam_copy<kL2, kDecay, kFloatGrad>(s, n, p, g, m, v, copy, dt);
-    case GradDtype::kHalf: return adam_copy<kL2, kDecay, kHalfGrad>(s, n, p, g, m, v, copy, dt);
-    case GradDtype::kBFloat16: return adam_copy<kL2, kDecay, kBf16Grad>(s, n, p, g, m, v, copy, dt);
+  template <bool kL2, int kGrad, int kCopy>
+  static void adagrad(const AdagradScalars& s, int64_t n, float* p, const void* g, float* sum, uint16_t* copy) {
+    adagrad_loop<kL2, kGrad, kCopy>(s, n, p, g, sum, copy);
   }
-}
-
-template <bool kL2, int kGrad>
-void adagrad_copy(const AdagradScalars& s, int64_t n, float* p, const void* g, float* sum, uint16_t* copy,
-                  CopyDtype dt) {
-  switch (dt) {
-    case CopyDtype::kNone: return adagrad_loop<kL2, kGrad, 0>(s, n, p, g, sum, copy);
-    case CopyDtype::kHalf: return adagrad_loop<kL2, kGrad, kHalf>(s, n, p, g, sum, copy);
-    case CopyDtype::kBFloat16: return adagrad_loop<kL2, kGrad, kBf16>(s, n, p, g, sum, copy);
-  }
-}
-
-template <bool kL2>
-void adagrad_grad(const AdagradScalars& s, int64_t n, float* p, const void* g, GradDtype gt, float* sum,
-                  uint16_t* copy, CopyDtype dt) {
-  switch (gt) {
-    case GradDtype::kFloat: return adagrad_copy<kL2, kFloatGrad>(s, n, p, g, sum, copy, dt);
-    case GradDtype::kHalf: return adagrad_copy<kL2, kHalfGrad>(s, n, p, g, sum, copy, dt);
-    case GradDtype::kBFloat16: return adagrad_copy<kL2, kBf16Grad>(s, n, p, g, sum, copy, dt);
-  }
-}
+};
 
 #undef ZERO_INLINE
 
 }  // namespace
 
 void adam_avx2(const AdamScalars& s, int64_t n, float* p, const void* g, GradDtype gt, float* m, float* v,
-                 uint16_t* copy, CopyDtype dt) {
-  if (s.apply_l2) return adam_grad<true, false>(s, n, p, g, gt, m, v, copy, dt);
-  if (s.apply_decay) return adam_grad<false, true>(s, n, p, g, gt, m, v, copy, dt);
-  adam_grad<false, false>(s, n, p, g, gt, m, v, copy, dt);
+               uint16_t* copy, CopyDtype dt) {
+  dispatch::adam<Loops>(s, n, p, g, gt, m, v, copy, dt);
 }
 
 void adagrad_avx2(const AdagradScalars& s, int64_t n, float* p, const void* g, GradDtype gt, float* sum,
-                    uint16_t* copy, CopyDtype dt) {
-  if (s.apply_l2) return adagrad_grad<true>(s, n, p, g, gt, sum, copy, dt);
-  adagrad_grad<false>(s, n, p, g, gt, sum, copy, dt);
+                  uint16_t* copy, CopyDtype dt) {
+  dispatch::adagrad<Loops>(s, n, p, g, gt, sum, copy, dt);
 }
 
 }  // namespace zero::offload::detail

@@ -8,7 +8,8 @@
 // result does not depend on where the tile starts or ends.
 //
 // The per-ISA files are compiled with their own -m flags: they must include
-// nothing but this header, <cstdint>, <cstring> and <immintrin.h> (an inline
+// nothing but this header, cpu_optimizer_dispatch.h (the dispatch from run-time
+// choices to their loops), <cstdint>, <cstring> and <immintrin.h> (an inline
 // function from a standard header, instantiated there with AVX-512 enabled,
 // could be the copy the linker keeps for everyone).
 #include <cstdint>
@@ -91,13 +92,21 @@ static inline float widen_bf16(uint16_t h) {
   return x;
 }
 
+// GradDtype and CopyDtype as template arguments of the loops.
+constexpr int kFloatGrad = static_cast<int>(GradDtype::kFloat);
+constexpr int kHalfGrad = static_cast<int>(GradDtype::kHalf);
+constexpr int kBf16Grad = static_cast<int>(GradDtype::kBFloat16);
+constexpr int kNoCopy = static_cast<int>(CopyDtype::kNone);
+constexpr int kHalfCopy = static_cast<int>(CopyDtype::kHalf);
+constexpr int kBf16Copy = static_cast<int>(CopyDtype::kBFloat16);
+
 // The element type of a gradient array: float, or the 16-bit bits.
 template <int kGrad>
 struct GradElement {
   using T = uint16_t;
 };
 template <>
-struct GradElement<static_cast<int>(GradDtype::kFloat)> {
+struct GradElement<kFloatGrad> {
   using T = float;
 };
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "offload/cpu_optimizer_dispatch.h"
 #include "offload/cpu_optimizer_kernels.h"
 
 namespace zero::offload::detail {
@@ -57,9 +58,9 @@ inline uint16_t bf16_bits(float x) {
 // A gradient element widened to fp32 and scaled.
 template <int kGrad>
 inline float grad_at(const typename GradElement<kGrad>::T* g, int64_t i, float scale) {
-  if constexpr (kGrad == static_cast<int>(GradDtype::kFloat)) {
+  if constexpr (kGrad == kFloatGrad) {
     return g[i] * scale;
-  } else if constexpr (kGrad == static_cast<int>(GradDtype::kHalf)) {
+  } else if constexpr (kGrad == kHalfGrad) {
     return widen_half(g[i]) * scale;
   } else {
     return widen_bf16(g[i]) * scale;
@@ -73,8 +74,8 @@ inline float mul_add(float a, float b, float c) {
 
 template <int kCopy>
 inline void store_copy(uint16_t* copy, int64_t i, float x) {
-  if constexpr (kCopy == static_cast<int>(CopyDtype::kHalf)) copy[i] = half_bits(x);
-  if constexpr (kCopy == static_cast<int>(CopyDtype::kBFloat16)) copy[i] = bf16_bits(x);
+  if constexpr (kCopy == kHalfCopy) copy[i] = half_bits(x);
+  if constexpr (kCopy == kBf16Copy) copy[i] = bf16_bits(x);
 }
 
 template <bool kL2, bool kDecay, int kGrad, int kCopy>
@@ -118,64 +119,28 @@ void adagrad_loop(const AdagradScalars& s, int64_t n, float* __restrict p, const
   }
 }
 
-template <bool kL2, bool kDecay, int kGrad>
-void adam_copy(const AdamScalars& s, int64_t n, float* p, const void* g, float* m, float* v, uint16_t* copy,
-               CopyDtype dt) {
-  switch (dt) {
-    case CopyDtype::kNone: return adam_loop<kL2, kDecay, kGrad, 0>(s, n, p, g, m, v, copy);
-    case CopyDtype::kHalf: return adam_loop<kL2, kDecay, kGrad, 1>(s, n, p, g, m, v, copy);
-    case CopyDtype::kBFloat16: return adam_loop<kL2, kDecay, kGrad, 2>(s, n, p, g, m, v, copy);
+// The loops, for the dispatch of cpu_optimizer_dispatch.h.
+struct Loops {
+  template <bool kL2, bool kDecay, int kGrad, int kCopy>
+  static void adam(const AdamScalars& s, int64_t n, float* p, const void* g, float* m, float* v, uint16_t* copy) {
+    adam_loop<kL2, kDecay, kGrad, kCopy>(s, n, p, g, m, v, copy);
   }
-}
-
-template <bool kL2, bool kDecay>
-void adam_grad(const AdamScalars& s, int64_t n, float* p, const void* g, GradDtype gt, float* m, float* v,
-               uint16_t* copy, CopyDtype dt) {
-  switch (gt) {
-    case GradDtype::kFloat: return adam_copy<kL2, kDecay, 0>(s, n, p, g, m, v, copy, dt);
-    case GradDtype::kHalf: return adam_copy<kL2, kDecay, 1>(s, n, p, g, m, v, copy, dt);
-    case GradDtype::kBFloat16: return adam_copy<kL2, kDecay, 2>(s, n, p, g, m, v, copy, dt);
+  template <bool kL2, int kGrad, int kCopy>
+  static void adagrad(const AdagradScalars& s, int64_t n, float* p, const void* g, float* sum, uint16_t* copy) {
+    adagrad_loop<kL2, kGrad, kCopy>(s, n, p, g, sum, copy);
   }
-}
-
-template <bool kL2, int kGrad>
-void adagrad_copy(const AdagradScalars& s, int64_t n, float* p, const void* g, float* sum, uint16_t* copy,
-                  CopyDtype dt) {
-  switch (dt) {
-    case CopyDtype::kNone: return adagrad_loop<kL2, kGrad, 0>(s, n, p, g, sum, copy);
-    case CopyDtype::kHalf: return adagrad_loop<kL2, kGrad, 1>(s, n, p, g, sum, copy);
-    case CopyDtype::kBFloat16: return adagrad_loop<kL2, kGrad, 2>(s, n, p, g, sum, copy);
-  }
-}
-
-template <bool kL2>
-void adagrad_grad(const AdagradScalars& s, int64_t n, float* p, const void* g, GradDtype gt, float* sum,
-                  uint16_t* copy, CopyDtype dt) {
-  switch (gt) {
-    case GradDtype::kFloat: return adagrad_copy<kL2, 0>(s, n, p, g, sum, copy, dt);
-    case GradDtype::kHalf: return adagrad_copy<kL2, 1>(s, n, p, g, sum, copy, dt);
-    case GradDtype::kBFloat16: return adagrad_copy<kL2, 2>(s, n, p, g, sum, copy, dt);
-  }
-}
-
-static_assert(static_cast<int>(CopyDtype::kNone) == 0 && static_cast<int>(CopyDtype::kHalf) == 1 &&
-              static_cast<int>(CopyDtype::kBFloat16) == 2);
-static_assert(static_cast<int>(GradDtype::kFloat) == 0 && static_cast<int>(GradDtype::kHalf) == 1 &&
-              static_cast<int>(GradDtype::kBFloat16) == 2);
+};
 
 }  // namespace
 
 void adam_portable(const AdamScalars& s, int64_t n, float* p, const void* g, GradDtype gt, float* m, float* v,
-                 uint16_t* copy, CopyDtype dt) {
-  if (s.apply_l2) return adam_grad<true, false>(s, n, p, g, gt, m, v, copy, dt);
-  if (s.apply_decay) return adam_grad<false, true>(s, n, p, g, gt, m, v, copy, dt);
-  adam_grad<false, false>(s, n, p, g, gt, m, v, copy, dt);
+                   uint16_t* copy, CopyDtype dt) {
+  dispatch::adam<Loops>(s, n, p, g, gt, m, v, copy, dt);
 }
 
 void adagrad_portable(const AdagradScalars& s, int64_t n, float* p, const void* g, GradDtype gt, float* sum,
-                    uint16_t* copy, CopyDtype dt) {
-  if (s.apply_l2) return adagrad_grad<true>(s, n, p, g, gt, sum, copy, dt);
-  adagrad_grad<false>(s, n, p, g, gt, sum, copy, dt);
+                      uint16_t* copy, CopyDtype dt) {
+  dispatch::adagrad<Loops>(s, n, p, g, gt, sum, copy, dt);
 }
 
 }  // namespace zero::offload::detail

@@ -24,34 +24,16 @@
 //
 // File layout: <folder>/<sanitized key>.swp holds the bytes padded with
 // zeros to a multiple of kIoAlignment; the swapper remembers each key's
-// logical size.
+// logical size. The folder and its files: swap_folder.h; the requests:
+// Note [Swapper requests] in swapper.cpp.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "offload/aligned_buffer.h"
+
 namespace zero::offload {
-
-constexpr size_t kIoAlignment = 4096;
-
-// Host memory aligned (and sized) to kIoAlignment, zero-filled. From 2 MiB
-// up it is 2 MiB aligned and asks for transparent huge pages (O_DIRECT pins
-// fewer pages per request).
-class AlignedBuffer {
- public:
-  AlignedBuffer() = default;
-  explicit AlignedBuffer(size_t bytes);  // capacity rounded up to kIoAlignment
-  ~AlignedBuffer();
-  AlignedBuffer(AlignedBuffer&& o) noexcept;
-  AlignedBuffer& operator=(AlignedBuffer&& o) noexcept;
-  void* data() const { return data_; }
-  size_t size() const { return size_; }  // as asked
-  size_t capacity() const { return capacity_; }
-
- private:
-  void* data_ = nullptr;
-  size_t size_ = 0, capacity_ = 0;
-};
 
 struct SwapOptions {
   std::string nvme_path;            // must exist, be a directory and be writable

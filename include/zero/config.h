@@ -60,6 +60,7 @@ struct OffloadOptimizerConfig {
   std::string nvme_path;         // required when device is "nvme"
   bool pin_memory = false;
   int64_t buffer_count = 4;      // NVMe buffers; >= the optimizer's states per parameter
+  // Not implemented: accepted, warned about when true.
   bool pipeline_read = false;
   bool pipeline_write = false;
   bool fast_init = false;
@@ -73,7 +74,9 @@ struct OffloadParamConfig {
   bool pin_memory = false;
   int64_t buffer_count = 5;
   int64_t buffer_size = 100000000;   // elements per NVMe buffer (1e8)
-  int64_t max_in_cpu = 1000000000;   // elements kept in CPU memory with NVMe (1e9)
+  // DeepSpeed's elements kept in CPU memory with NVMe (1e9). Not implemented:
+  // accepted, warned about when set to anything but this default.
+  int64_t max_in_cpu = 1000000000;
 };
 
 // "zero_optimization". Sizes count elements, not bytes.

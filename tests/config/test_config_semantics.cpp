@@ -240,6 +240,33 @@ TEST(ConfigUnimplemented, NestedKeysWarnWithTheirPath) {
   EXPECT_EQ(c.zero_optimization.mics_shard_size, 8);   // kept for whoever implements it
 }
 
+// Offload keys zero reads into the struct but nothing acts on: a value
+// other than DeepSpeed's default warns, the default or no key does not.
+TEST(ConfigUnimplemented, OffloadKeysZeroDoesNotActOnWarn) {
+  struct Key {
+    const char* section;
+    const char* name;
+    const char* value;          // one that asks for something
+    const char* default_value;  // DeepSpeed's, spelled out
+  };
+  for (const Key& k : {Key{"offload_optimizer", "pipeline_read", "true", "false"},
+                       Key{"offload_optimizer", "pipeline_write", "true", "false"},
+                       Key{"offload_optimizer", "fast_init", "true", "false"},
+                       Key{"offload_param", "max_in_cpu", "2e9", "1e9"}}) {
+    const std::string path = std::string("zero_optimization.") + k.section + "." + k.name;
+    const auto config = [&](const std::string& entry) {
+      return parse(std::string(R"({"zero_optimization": {"stage": 3, ")") + k.section +
+                   R"(": {"device": "nvme", "nvme_path": "/tmp")" + entry + "}}}");
+    };
+    Config set = config(std::string(", \"") + k.name + "\": " + k.value);
+    ASSERT_EQ(set.warnings().size(), 1u) << path;
+    EXPECT_EQ(set.warnings()[0],
+              "known DeepSpeed key " + path + " is accepted but not implemented by zero; it has no effect");
+    EXPECT_TRUE(config("").warnings().empty()) << path;
+    EXPECT_TRUE(config(std::string(", \"") + k.name + "\": " + k.default_value).warnings().empty()) << path;
+  }
+}
+
 TEST(ConfigActivationCheckpointing, EveryKeyIsReadWithoutAWarning) {
   Config c = parse(R"({"activation_checkpointing": {"partition_activations": true, "cpu_checkpointing": true,
                                                     "number_checkpoints": 4, "checkpoint_every": 2,

@@ -6,9 +6,10 @@
 //   * resolves PROGRAM through PATH (like execvp) and finds a free
 //     MASTER_PORT when none was given;
 //   * forks one child per local rank, each in its own process group, with
-//     torchrun's environment variables (see Note [Launch environment]);
+//     torchrun's environment variables (see Note [Launch environment] in
+//     environment.cpp);
 //   * relays every line of each rank's stdout/stderr, prefixed with
-//     "[rank r] ", from one poll() loop (see Note [Line relay]);
+//     "[rank r] ", from one poll() loop (see Note [Line relay] in relay.cpp);
 //   * forwards SIGINT/SIGTERM/SIGHUP (and job-control stops) to every rank's
 //     process group, stops all ranks when one fails, and escalates to SIGKILL
 //     after a grace period (see Note [Stopping the ranks]).
