@@ -37,7 +37,7 @@
 #include "gpt/corpus.h"
 #include "gpt/gpt.h"
 #include "gpt_bench.h"
-#include "zero/internal/estimate.h"
+#include "partition/estimate.h"
 #include "zero/zero.h"
 
 using namespace zero_examples;

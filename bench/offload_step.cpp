@@ -243,7 +243,7 @@ void merge(Result& into, const Result& r, int rounds_before) {
 
 // References for the parts of "step" the engine does not time apart, each
 // the median of 5 on one rank's partition (numel elements) in this process,
-// as the partition does them without offload (ShardedParams::step, zero/step.cpp):
+// as the partition does them without offload (ShardedParams::step, partition/step.cpp):
 struct HostRefs {
   double copy = 0;   // the gradient copy into the fp32 master gradient
   double norm = 0;   // the local squared norm: grad.pow(2).sum(kDouble)

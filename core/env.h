@@ -28,7 +28,7 @@ inline bool progress_shown() { return get("ZERO_PROGRESS") != "0"; }
 inline std::string cpu_optimizer_simd() { return get("ZERO_CPU_OPTIMIZER_SIMD", ""); }
 
 // Test hook: "1" makes CPU ranks copy offloaded gradients to host buffers
-// as an accelerator does (Note [Offload copies] in zero/internal/master_store.h).
+// as an accelerator does (Note [Offload copies] in partition/master_store.h).
 inline bool offload_host_grad_copies() { return get("ZERO_OFFLOAD_HOST_GRAD_COPIES") == "1"; }
 
 // Test hook: "<point>:<rank>[:<n>]" kills that rank at a point of a save,

@@ -1,7 +1,7 @@
 // The Engine's training core: DeepSpeed's training loop over ShardedParams
-// (zero/). backward() and step(), or a pipeline's train_batch(), with
+// (partition/). backward() and step(), or a pipeline's train_batch(), with
 // gradient accumulation, the fp16 loss scale and clipping; the step itself
-// is the partition's (Note [The step] in zero/step.cpp). Construction is in
+// is the partition's (Note [The step] in partition/step.cpp). Construction is in
 // engine_build.cpp, what is measured in telemetry.cpp.
 #include "zero/engine.h"
 

@@ -17,7 +17,7 @@
 #include "engine/telemetry.h"
 #include "engine/training_state.h"
 #include "zero/engine.h"
-#include "zero/internal/partition.h"
+#include "partition/partition.h"
 #include "zero/tensor_parallel.h"
 
 namespace zero {

@@ -262,8 +262,9 @@ ShardLayout shard_layout(const partition::ShardedParams& params, std::shared_ptr
   return layout;
 }
 
-// Note [Partial offload]: the master tensors updated where they live; the
-// split falls at bucket boundaries, so the log says where.
+// The master tensors updated where they live (Note [Partial offload] in
+// partition/master_store.h); the split falls at bucket boundaries, so the
+// log says where.
 std::vector<at::Tensor> kept_on_device(const partition::ShardedParams& params, double ratio) {
   std::vector<at::Tensor> elsewhere;
   int64_t offloaded = 0;
@@ -307,7 +308,7 @@ std::unique_ptr<MasterOptimizer> master_optimizer(const Config& config, partitio
   const bool offloaded = params.options().offload_optimizer;
   HostStep host;
   host.enabled = offloaded || fused_step_on_host(config, params_on_host);
-  // Note [Fused step on CPU ranks]: without offload every master is already in host memory.
+  // Without offload every master is already in host memory (Note [Fused step on CPU ranks]).
   if (offloaded) host.elsewhere = kept_on_device(params, params.options().offload_ratio);
   if (offload.device == "nvme") {
     offload::SwapOptions swap;

@@ -12,7 +12,7 @@
 #include "zero/comm.h"
 #include "zero/config.h"
 #include "zero/engine.h"
-#include "zero/internal/partition.h"
+#include "partition/partition.h"
 #include "zero/tensor_parallel.h"
 #include "zero/unit.h"
 

@@ -7,7 +7,7 @@
 // the partition's MasterStore (step_into), the step writes each updated
 // bucket in the training dtype where the store says, in the same pass, and
 // sends it on as each one is done (Note [Offload copies] in
-// zero/internal/master_store.h); tensor i is bucket i's master.
+// partition/master_store.h); tensor i is bucket i's master.
 #include <torch/torch.h>
 
 #include <memory>
@@ -23,7 +23,7 @@ namespace zero::engine {
 // What CpuAdam and CpuAdagrad share: the targets, the walk over the tensors
 // and, with NVMe offload, the pipeline over sub-groups.
 //
-// Partial offload (Note [Partial offload] in zero/internal/master_store.h): the tensors
+// Partial offload (Note [Partial offload] in partition/master_store.h): the tensors
 // listed in `elsewhere` stay where they are (usually the accelerator) and
 // are updated there by torch::optim's own optimizer of the same kind, before
 // the host kernels update the rest, so that both run at once.

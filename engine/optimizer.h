@@ -20,14 +20,15 @@
 #include "core/torch_compat.h"
 #include "offload/swapped_tensors.h"
 #include "zero/config.h"
-#include "zero/internal/partition.h"
+#include "partition/partition.h"
 
 namespace zero::engine {
 
 // Note [One optimizer interface]: the engine schedules, checkpoints and
 // measures its optimizer through MasterOptimizer alone, and the partition
-// steps it as a BucketOptimizer (Note [The step] in zero/step.cpp): no type
-// names, no casts. Its tensors are the master tensors in bucket order. The arithmetic of each optimizer exists once per place it runs:
+// steps it as a BucketOptimizer (Note [The step] in partition/step.cpp): no
+// type names, no casts. Its tensors are the master tensors in bucket order.
+// The arithmetic of each optimizer exists once per place it runs:
 // torch::optim's where the parameters are (also for the buckets partial
 // offload keeps there), offload/'s kernels on the host. States are named as
 // torch::optim names them, so checkpoints read the same whichever ran.

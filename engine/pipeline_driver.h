@@ -16,7 +16,7 @@
 #include "engine/telemetry.h"
 #include "parallel/pipe_links.h"
 #include "zero/engine.h"
-#include "zero/internal/partition.h"
+#include "partition/partition.h"
 #include "zero/mesh.h"
 #include "zero/pipeline.h"
 

@@ -14,7 +14,7 @@
 #include "zero/comm.h"
 #include "zero/config.h"
 #include "zero/engine.h"
-#include "zero/internal/partition.h"
+#include "partition/partition.h"
 #include "zero/mesh.h"
 #include "zero/tensor_parallel.h"
 

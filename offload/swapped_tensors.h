@@ -5,7 +5,7 @@
 // A tensor keeps its TensorImpl (so optimizer states and master weights
 // stay registered where they are); only the memory behind it comes and
 // goes, as with stage-3 parameters (Note [Stage 3 storage] in
-// zero/internal/param_storage.h). Resident
+// partition/param_storage.h). Resident
 // memory is 4 KiB-aligned so that O_DIRECT reads and writes go straight
 // to and from it. Used from one thread.
 #include <torch/torch.h>

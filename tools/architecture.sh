@@ -45,7 +45,7 @@ mapfile -t sources < "$tmp/sources"
 # ---- includes --------------------------------------------------------------
 # Each #include "a/b.h" (or <a/b.h>) of a project header, resolved to a file:
 # include/a/b.h when that exists (the public headers: "zero/comm.h"), else
-# a/b.h when `a` is a top-level folder ("zero/internal/partition.h"), else
+# a/b.h when `a` is a top-level folder ("partition/partition.h"), else
 # the one file whose path ends in /a/b.h ("gpt/gpt.h": examples/gpt/gpt.h).
 # Anything else (torch/, gtest/, a header of the same folder) is not the
 # project's or not another folder's. Output: "including-file<TAB>header".

@@ -10,7 +10,7 @@
 // written for DeepSpeed means the same here. Each struct below mirrors one
 // JSON object; its members carry the JSON key names.
 //
-// Parsing rules (see engine/config*.cpp):
+// Parsing rules (see config/config*.cpp):
 //  - Every key must be known. A misspelled or misplaced key is an error that
 //    names its JSON path and the nearest known key; a key DeepSpeed knows but
 //    zero does not implement is accepted with one warning ("it has no effect").
@@ -376,7 +376,7 @@ class Config {
   ZeroEngineConfig zero;
 
  private:
-  friend struct ConfigAccess;   // engine/config*.cpp
+  friend struct ConfigAccess;   // config/config*.cpp
   std::vector<std::string> warnings_;
   std::string source_;
   int world_size_ = 0;

@@ -72,7 +72,8 @@ struct MemoryReport {
 };
 
 // Where the time of the steps went (wall_clock_breakdown), in seconds
-// summed since the last take_step_times() or progress line.
+// summed since the last take_step_times() (the progress line keeps a window
+// of its own).
 struct StepTimes {
   int64_t steps = 0;
   double forward = 0;    // from the end of one step() or backward() to the next backward()

@@ -1,4 +1,4 @@
-// The model-state memory estimate (zero/internal/estimate.h) against the formulas of
+// The model-state memory estimate (partition/estimate.h) against the formulas of
 // zero's accounting, and `zero-config --estimate` run as a user would.
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,7 +11,7 @@
 
 #include "config_test_util.h"
 #include "activations/estimate.h"
-#include "zero/internal/estimate.h"
+#include "partition/estimate.h"
 
 namespace {
 

@@ -215,8 +215,8 @@ TEST(Parity, AdamWStage2) { run_parity({2, 1, 0.0, "AdamW", "stage 2"}); }
 TEST(Parity, AdamWStage0AccumulationClipping) { run_parity({0, 3, 0.5, "AdamW", "stage 0, gas 3, clip"}); }
 TEST(Parity, AdamWStage1AccumulationClipping) { run_parity({1, 3, 0.5, "AdamW", "stage 1, gas 3, clip"}); }
 TEST(Parity, AdamWStage2AccumulationClipping) { run_parity({2, 3, 0.5, "AdamW", "stage 2, gas 3, clip"}); }
-// Note [Fused step on CPU ranks]: Adam and AdamW run on the fused host
-// kernels unless torch_adam asks for torch::optim's; both match it.
+// Adam and AdamW run on the fused host kernels unless torch_adam asks for
+// torch::optim's; both match it (Note [Fused step on CPU ranks]).
 TEST(Parity, CpuRanksStepAdamWOnTheFusedKernelsUnlessTorchAdam) {
   for (int stage : {0, 2, 3}) {
     const zero::StepTimes fused = run_parity<ToyUnits>({stage, 1, 0.5, "AdamW", "fused, stage " + std::to_string(stage)});

@@ -11,7 +11,7 @@
 #include <map>
 #include <sstream>
 
-#include "zero/internal/estimate.h"
+#include "partition/estimate.h"
 #include "zero/zero.h"
 
 namespace {
@@ -227,7 +227,7 @@ TEST(OffloadParity, ParamCpuStage3) { expect_parity({3, "fp32", 2, 0.0, kAdamW},
 TEST(OffloadParity, ParamNvmeStage3Bf16) { expect_parity({3, "bf16", 1, 0.5, kAdamW}, "param nvme bf16", "param_nvme"); }
 TEST(OffloadParity, ParamAndOptimizerNvmeStage3) { expect_parity({3, "fp32", 2, 0.0, kAdamW}, "all nvme", "all_nvme"); }
 
-// Partial offload (Note [Partial offload] in zero/internal/master_store.h): whole
+// Partial offload (Note [Partial offload] in partition/master_store.h): whole
 // buckets in flat order go to the host, the nearest split to the ratio. The
 // model's buckets, in flat order (reverse registration, a parameter above
 // reduce_bucket_size 300 alone): out.bias, out.weight, fc2.bias, fc2.weight,

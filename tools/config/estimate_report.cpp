@@ -1,5 +1,5 @@
 // zero-config --estimate: the model-state memory per rank at each stage
-// (zero/internal/estimate.h) and, given a model shape, its activations
+// (partition/estimate.h) and, given a model shape, its activations
 // (activations/estimate.h), as a table or JSON.
 #include <algorithm>
 #include <cstdio>
@@ -13,7 +13,7 @@
 #include "tools/config/options.h"
 #include "zero/config.h"
 #include "zero/error.h"
-#include "zero/internal/estimate.h"
+#include "partition/estimate.h"
 #include "zero/mesh.h"
 
 namespace zero_config_tool {

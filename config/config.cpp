@@ -1,0 +1,148 @@
+// zero::Config: load (file or text), resolve for a world size, print.
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/json_depth.h"
+#include "core/regular_file.h"
+#include "config/config_detail.h"
+#include "zero/error.h"
+#include "zero/mesh.h"
+
+namespace zero {
+namespace {
+
+using config_detail::Json;
+
+// Follows the parser's events to name the path of a duplicated key, which
+// the parser itself would silently overwrite.
+class DuplicateFinder {
+ public:
+  void on(Json::parse_event_t event, const Json& parsed) {
+    switch (event) {
+      case Json::parse_event_t::object_start: stack_.push_back({true, {}, "", 0}); break;
+      case Json::parse_event_t::array_start: stack_.push_back({false, {}, "", 0}); break;
+      case Json::parse_event_t::key: on_key(parsed.get<std::string>()); break;
+      case Json::parse_event_t::object_end:
+      case Json::parse_event_t::array_end:
+        if (!stack_.empty()) stack_.pop_back();
+        advance();
+        break;
+      case Json::parse_event_t::value: advance(); break;
+    }
+  }
+  const std::optional<std::string>& duplicate() const { return duplicate_; }
+
+ private:
+  struct Frame {
+    bool object;
+    std::vector<std::string> keys;
+    std::string key;
+    size_t index;
+  };
+
+  void on_key(const std::string& key) {
+    if (stack_.empty()) return;
+    Frame& top = stack_.back();
+    top.key = key;
+    bool seen = std::find(top.keys.begin(), top.keys.end(), key) != top.keys.end();
+    if (seen && !duplicate_) duplicate_ = path();
+    top.keys.push_back(key);
+  }
+  void advance() {
+    if (!stack_.empty() && !stack_.back().object) ++stack_.back().index;
+  }
+  std::string path() const {
+    std::string p;
+    for (const Frame& f : stack_) {
+      if (f.object) p += (p.empty() ? "" : ".") + f.key;
+      else p += "[" + std::to_string(f.index) + "]";
+    }
+    return p;
+  }
+
+  std::vector<Frame> stack_;
+  std::optional<std::string> duplicate_;
+};
+
+Json parse(const std::string& text) {
+  if (core::json_nests_deeper_than(text))
+    throw ConfigError("invalid JSON: nested deeper than " + std::to_string(core::kMaxJsonDepth) +
+                      " levels (a ds_config nests a few)");
+  DuplicateFinder finder;
+  Json root;
+  try {
+    auto callback = [&finder](int, Json::parse_event_t event, Json& parsed) {
+      finder.on(event, parsed);
+      return true;
+    };
+    root = Json::parse(text, callback, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+  } catch (const Json::parse_error& e) {
+    std::string what = e.what();   // "[json.exception.parse_error.101] parse error at line 3, column 5: ..."
+    size_t start = what.find("] ");
+    throw ConfigError("invalid JSON: " + (start == std::string::npos ? what : what.substr(start + 2)));
+  }
+  if (finder.duplicate())
+    throw ConfigError(*finder.duplicate() + ": duplicate key (a key may appear once per object)");
+  if (!root.is_object()) throw ConfigError("a ds_config must be a JSON object; found " + config_detail::show(root));
+  return root;
+}
+
+}  // namespace
+
+Config Config::from_json(const std::string& json_text) {
+  try {
+    Json root = parse(json_text);
+    Config c;
+    config_detail::map_deprecated(root, ConfigAccess::warnings(c));
+    config_detail::read_config(root, c);
+    return c;
+  } catch (const nlohmann::json::exception& e) {   // a slip in the reader: still a ConfigError
+    throw ConfigError(std::string("cannot read the config: ") + e.what());
+  }
+}
+
+Config Config::from_file(const std::string& path) {
+  // A ds_config is a few KB; 64 MiB leaves room for generated ones.
+  std::string text, error;
+  if (!core::read_regular_file(path, uint64_t{64} << 20, text, error))
+    throw ConfigError("cannot read config file: " + error);
+  try {
+    Config c = from_json(text);
+    c.source_ = path;
+    return c;
+  } catch (const ConfigError& e) {
+    throw ConfigError(path + ": " + e.what());
+  }
+}
+
+void Config::resolve(int world_size) {
+  if (world_size < 1) throw ConfigError("world size must be >= 1; got " + std::to_string(world_size));
+  config_detail::check_resolvable(*this);
+  // Read our own output back: fields a program changed after parsing get
+  // the same checks as a file, and spellings are made canonical.
+  Config checked = from_json(to_json());
+  checked.warnings_ = std::move(warnings_);
+  checked.source_ = std::move(source_);
+  *this = std::move(checked);
+  MeshShape mesh;
+  try {
+    mesh = mesh_shape(world_size, static_cast<int>(parallelism.tensor_parallel()),
+                      static_cast<int>(parallelism.pipeline_parallel()));
+  } catch (const ConfigError& e) {
+    throw ConfigError(std::string(e.what()) +
+                      " (sizes from tensor_parallel.autotp_size or tensor_parallel.tp.tp_size, and pipeline.stages)");
+  }
+  config_detail::resolve_batch(batch, mesh.dp);
+  world_size_ = world_size;
+  data_parallel_size_ = mesh.dp;
+}
+
+std::string Config::to_json(int indent) const {
+  return config_detail::write_config(*this).dump(indent, ' ', false, Json::error_handler_t::replace);
+}
+
+}  // namespace zero

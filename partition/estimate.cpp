@@ -1,0 +1,156 @@
+// Model-state memory per rank (partition/estimate.h). Torch-free.
+#include "partition/estimate.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "zero/error.h"
+
+namespace zero {
+
+namespace {
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw PartitionError("memory estimate: " + message);
+}
+
+bool known_device(const std::string& d) { return d == "none" || d == "cpu" || d == "nvme"; }
+
+}  // namespace
+
+MemoryBytes MemoryEstimate::all() const {
+  MemoryBytes a;
+  for (const MemoryBytes* m : {&device, &host, &nvme}) {
+    a.params += m->params;
+    a.gradients += m->gradients;
+    a.fp32_master += m->fp32_master;
+    a.optimizer_states += m->optimizer_states;
+  }
+  return a;
+}
+
+bool offload_optimizer_allowed(const std::string& device, int stage) {
+  return device == "none" || (device == "cpu" && stage >= 1) || (device == "nvme" && stage == 3);
+}
+
+bool offload_param_allowed(const std::string& device, int stage) { return device == "none" || stage == 3; }
+
+int optimizer_state_bytes(const std::string& type, bool amsgrad, double momentum) {
+  if (type == "Adam" || type == "AdamW") return amsgrad ? 12 : 8;   // exp_avg, exp_avg_sq (+ max_exp_avg_sq)
+  if (type == "SGD") return momentum > 0.0 ? 4 : 0;                   // momentum_buffer
+  if (type == "Adagrad") return 4;                                    // sum
+  if (type == "Lamb") return 8;                                       // exp_avg, exp_avg_sq
+  throw PartitionError("memory estimate: unknown optimizer type \"" + type +
+                       "\"; known: Adam, AdamW, SGD, Adagrad, Lamb");
+}
+
+namespace {
+
+// Every field in its range, and the offload devices the stage allows.
+void validate(const EstimateInput& in) {
+  // 1e15 parameters at 32 bytes each stay far below INT64_MAX.
+  require(in.params >= 0 && in.params <= 1000000000000000, "params must be in [0, 1e15]; got " + std::to_string(in.params));
+  require(in.world_size >= 1 && in.world_size <= 1000000,
+          "world_size must be in [1, 1000000]; got " + std::to_string(in.world_size));
+  require(in.stage >= 0 && in.stage <= 3, "stage must be 0, 1, 2 or 3; got " + std::to_string(in.stage));
+  require(in.dtype_bytes == 2 || in.dtype_bytes == 4,
+          "dtype_bytes must be 2 (fp16/bf16) or 4 (fp32); got " + std::to_string(in.dtype_bytes));
+  require(in.state_bytes_per_element >= 0 && in.state_bytes_per_element <= 16,
+          "state_bytes_per_element must be in [0, 16]; got " + std::to_string(in.state_bytes_per_element));
+  require(in.reduce_bucket_size >= 1, "reduce_bucket_size must be positive");
+  require(in.stage3_max_live_parameters >= 0, "stage3_max_live_parameters must not be negative");
+  require(in.sub_group_size >= 1, "sub_group_size must be positive");
+  require(in.offload_optimizer_buffer_count >= 0 && in.offload_optimizer_buffer_count <= 1024 &&
+              in.offload_param_buffer_count >= 0 && in.offload_param_buffer_count <= 1024,
+          "the NVMe buffer counts must be in [0, 1024]");
+  require(in.offload_param_buffer_size >= 0 && in.offload_param_buffer_size <= 1000000000000,
+          "offload_param_buffer_size must be in [0, 1e12]");
+  require(in.offload_optimizer_ratio >= 0 && in.offload_optimizer_ratio <= 1,
+          "offload_optimizer_ratio must be in [0, 1]");
+  require(known_device(in.offload_optimizer), "offload_optimizer must be none, cpu or nvme; got \"" + in.offload_optimizer + "\"");
+  require(known_device(in.offload_param), "offload_param must be none, cpu or nvme; got \"" + in.offload_param + "\"");
+  require(offload_optimizer_allowed(in.offload_optimizer, in.stage),
+          "offload_optimizer \"" + in.offload_optimizer + "\" is not available at stage " + std::to_string(in.stage) +
+              " (cpu needs stage 1-3, nvme stage 3)");
+  require(offload_param_allowed(in.offload_param, in.stage),
+          "offload_param \"" + in.offload_param + "\" needs stage 3; got stage " + std::to_string(in.stage));
+}
+
+// Without offload, everything lives on the device.
+void on_device(const EstimateInput& in, MemoryEstimate& m) {
+  const int64_t n = in.world_size, b = in.dtype_bytes, k = in.state_bytes_per_element;
+  const int64_t owners = in.stage == 0 ? 1 : n;
+  m.padded_params = (in.params + owners - 1) / owners * owners;
+  m.shard_params = m.padded_params / owners;
+  const int64_t p = m.padded_params, s = m.shard_params;
+  const bool sharded = in.stage >= 1;
+  const int64_t held = sharded ? s : p;   // elements of master and optimizer states a rank holds
+  MemoryBytes& d = m.device;
+  d.params = (in.stage == 3 ? s : p) * b;
+  if (in.stage >= 2) {
+    m.reduce_buffer_count = in.overlap_comm ? 2 : 1;
+    m.reduce_buffers = m.reduce_buffer_count * std::min(in.reduce_bucket_size, p) * b;
+    d.gradients = s * b + m.reduce_buffers;
+  } else {
+    d.gradients = p * b;
+  }
+  d.fp32_master = in.mixed_precision ? held * 4 : 0;
+  d.optimizer_states = held * k;
+  if (in.stage == 3) m.gathered_params_max = std::min(in.params, in.stage3_max_live_parameters) * b;
+}
+
+// offload_optimizer (stages 1-3): the offloaded share of the master shard,
+// its states and gradient copies move to the host or NVMe.
+void optimizer_offloaded(const EstimateInput& in, MemoryEstimate& m) {
+  const int64_t b = in.dtype_bytes, k = in.state_bytes_per_element;
+  const int64_t owners = in.stage == 0 ? 1 : in.world_size;
+  const int64_t p = m.padded_params, s = m.shard_params;
+  MemoryBytes& d = m.device;
+  const bool nvme = in.offload_optimizer == "nvme";
+  MemoryBytes& to = nvme ? m.nvme : m.host;
+  // Partial offload: the host share of the shard (the engine splits at bucket boundaries).
+  const int64_t off = std::llround(in.offload_optimizer_ratio * static_cast<double>(s));
+  to.fp32_master = off * 4;   // with fp32 training too: the CPU optimizer's copy of the shard
+  to.optimizer_states = off * k;
+  // The reduced gradient shard the CPU optimizer reads, in the training dtype.
+  if (in.accelerator) m.host.gradients = off * b;
+  // With an accelerator, the CPU optimizer writes each bucket's updated
+  // shard into one of two page-locked staging buffers on its way there
+  // (without one, straight into the parameters).
+  if (in.accelerator && off > 0) m.host.params += 2 * ((std::min(in.reduce_bucket_size, p) + owners - 1) / owners) * b;
+  d.fp32_master = in.mixed_precision ? (s - off) * 4 : 0;
+  d.optimizer_states = (s - off) * k;
+  // The offloaded share's gradients leave the device partition (the
+  // reduced bucket goes straight to the host).
+  if (in.accelerator && in.stage >= 2) d.gradients -= off * b;
+  if (nvme) {
+    // The step's sub-groups in host memory: read-ahead, current, write-behind.
+    const int64_t sub = std::min(in.sub_group_size, off);
+    const int64_t resident = std::min<int64_t>(3, sub > 0 ? (off + sub - 1) / sub : 0);
+    m.host.fp32_master = resident * sub * 4;
+    m.host.optimizer_states = resident * sub * k;
+  }
+}
+
+// offload_param (stage 3): the parameter shard leaves the device.
+void params_offloaded(const EstimateInput& in, MemoryEstimate& m) {
+  const int64_t b = in.dtype_bytes, s = m.shard_params;
+  MemoryBytes& d = m.device;
+  MemoryBytes& to = in.offload_param == "cpu" ? m.host : m.nvme;
+  to.params += s * b;
+  d.params = 0;
+  if (in.offload_param == "nvme") m.host.params += in.offload_param_buffer_count * in.offload_param_buffer_size * b;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const EstimateInput& in) {
+  validate(in);
+  MemoryEstimate m;
+  on_device(in, m);
+  if (in.offload_optimizer != "none") optimizer_offloaded(in, m);
+  if (in.offload_param != "none") params_offloaded(in, m);
+  return m;
+}
+
+}  // namespace zero

@@ -1,0 +1,135 @@
+#pragma once
+// Model-state memory per rank, estimated before training: what zero's
+// engine holds for a model of `params` trainable parameters at each ZeRO
+// stage (the figures of DeepSpeed's estimate_zero{2,3}_model_states_mem_needs,
+// in zero's own accounting). Torch-free; `zero-config FILE --estimate` prints it.
+//
+//   zero::EstimateInput in;
+//   in.params = 7'000'000'000;  in.world_size = 8;  in.stage = 2;
+//   zero::MemoryEstimate m = zero::estimate_memory(in);   // m.device.total(), ...
+//
+// Ψ = params, N = world_size, b = dtype_bytes, K = state_bytes_per_element.
+// Padding: every bucket is padded to a multiple of its owners (Note [Flat
+// layout] in partition/flat_layout.h), so the estimate pads Ψ once:
+//   P = ceil(Ψ/N)*N at stages 1-3 (Ψ at stage 0, where nothing is sharded),
+//   S = P/N, the shard of one rank.
+// This is a lower bound of the engine's padding (each bucket adds its own).
+//
+// Bytes held per rank, without offload:
+//   params       stages 0-2: P*b            stage 3: S*b
+//   gradients    stages 0-1: P*b            stages 2-3: S*b + the reduce buffers,
+//                                           min(reduce_bucket_size, P)*b each:
+//                                           one, two with overlap_comm
+//   fp32 master  mixed precision only:      stage 0: P*4, stages 1-3: S*4
+//   optimizer    stage 0: P*K               stages 1-3: S*K
+// Mixed-precision Adam, Ψ divisible by N, reduce buffers left out: 16Ψ, 4Ψ + 12Ψ/N,
+// 2Ψ + 14Ψ/N, 16Ψ/N, DeepSpeed's figures.
+// Not counted: activations, the module's buffers, temporaries, and at stage 3
+// the parameters of the units being gathered (stage3_prefetch_bucket_size /
+// stage3_max_live_parameters): MemoryEstimate::gathered_params_max bounds them.
+//
+// Offload (each valid only where the config allows it; anything else throws):
+//   offload_optimizer "cpu" (stages 1-3): the fp32 master shard, the optimizer
+//     states and a copy of the reduced gradient shard S*b (in the training
+//     dtype, as the CPU optimizer reads it) live in host memory, and two
+//     page-locked staging buffers of a bucket's shard carry the updated
+//     parameters to the device (2*ceil(min(reduce_bucket_size, P)/N)*b,
+//     reported as host params). At stages 2-3 the device's gradient
+//     partition holds none of the offloaded share: each reduced bucket goes
+//     straight to the host (with gradient accumulation the sum builds up
+//     there, through the device), so the device keeps the reduce buffers.
+//     With fp32 training the host still keeps an fp32 copy of the shard S*4
+//     for the CPU optimizer to update (reported as fp32_master). Without an
+//     accelerator (EstimateInput::accelerator false: CPU ranks) the
+//     optimizer reads the gradients and writes the parameters where they
+//     are: no host gradient shard, no staging.
+//     Partial offload (offload_optimizer_ratio r < 1): the host holds
+//     round(r*S) elements of master weights, states and gradient copies; the
+//     device keeps the rest of the master weights (mixed precision) and
+//     states. The engine splits at bucket boundaries, so its share differs
+//     from r*S by up to half a bucket's shard.
+//   offload_optimizer "nvme" (stage 3): master shard and states on NVMe; the
+//     host keeps the gradient shard and staging buffers as with "cpu", and
+//     the step's sub-groups in flight: up to 3 (read-ahead, current,
+//     write-behind) of min(sub_group_size, S) elements of master weights and
+//     states (host fp32_master and optimizer_states; the engine makes a
+//     sub-group of whole buckets, so a bucket larger than sub_group_size is
+//     one sub-group). offload_optimizer_buffer_count is not used. Partial
+//     offload likewise: round(r*S) elements on NVMe, the rest on the device.
+//   offload_param "cpu" (stage 3): the parameter shard S*b lives in host memory.
+//   offload_param "nvme" (stage 3): the shard on NVMe; the host keeps
+//     offload_param_buffer_count buffers of offload_param_buffer_size
+//     elements of b bytes (reported as host params).
+#include <cstdint>
+#include <string>
+
+namespace zero {
+
+struct EstimateInput {
+  int64_t params = 0;                  // Ψ, trainable parameters
+  int64_t world_size = 1;              // N, data-parallel ranks
+  int stage = 0;                       // 0..3
+  int dtype_bytes = 4;                 // b: 2 (fp16, bf16) or 4 (fp32)
+  int state_bytes_per_element = 8;     // K: see optimizer_state_bytes()
+  bool mixed_precision = false;        // fp16/bf16 with an fp32 master copy
+  int64_t reduce_bucket_size = 500000000;          // elements
+  // Stages 2-3 reduce a bucket while backward fills the next: two reduce
+  // buffers instead of one (a bucket that fills before an earlier one is
+  // reduced can borrow a third; not counted).
+  bool overlap_comm = false;
+  int64_t stage3_max_live_parameters = 1000000000;  // elements
+  std::string offload_optimizer = "none";  // "none" | "cpu" | "nvme"
+  double offload_optimizer_ratio = 1.0;    // partial offload ("cpu"): the share on the host
+  std::string offload_param = "none";      // "none" | "cpu" | "nvme"
+  // The parameters live on an accelerator (the usual case). With CPU ranks
+  // the offload optimizer reads the gradient shard where it was reduced, so
+  // the host holds no second copy of it.
+  bool accelerator = true;
+  // NVMe staging buffers in host memory (DeepSpeed's defaults).
+  int64_t sub_group_size = 1000000000;             // elements
+  int64_t offload_optimizer_buffer_count = 4;
+  int64_t offload_param_buffer_count = 5;
+  int64_t offload_param_buffer_size = 100000000;   // elements
+};
+
+// Bytes of each kind of model state in one place.
+struct MemoryBytes {
+  int64_t params = 0;
+  int64_t gradients = 0;
+  int64_t fp32_master = 0;
+  int64_t optimizer_states = 0;
+  int64_t total() const { return params + gradients + fp32_master + optimizer_states; }
+};
+
+struct MemoryEstimate {
+  int64_t padded_params = 0;   // P
+  int64_t shard_params = 0;    // S
+  MemoryBytes device;          // accelerator memory of one rank
+  MemoryBytes host;            // host memory for one rank (pinned when offloading)
+  MemoryBytes nvme;            // NVMe space for one rank
+  // Stages 2-3: the reduce buffers inside device.gradients, each the size
+  // of a bucket, min(reduce_bucket_size, P)*b.
+  int64_t reduce_buffers = 0;       // bytes, all of them
+  int reduce_buffer_count = 0;      // 1, or 2 with overlap_comm
+  // Stage 3: up to this many more device bytes for the parameters of the
+  // units being gathered, min(Ψ, stage3_max_live_parameters)*b; not in device.
+  int64_t gathered_params_max = 0;
+  // Each kind summed over the three places.
+  MemoryBytes all() const;
+};
+
+// Throws zero::PartitionError naming the field when the input is out of range
+// or asks for an offload its stage does not allow.
+MemoryEstimate estimate_memory(const EstimateInput& in);
+
+// K for an optimizer type as the config spells it ("Adam", "AdamW", "SGD",
+// "Adagrad", "Lamb"): Adam/AdamW 8 (12 with amsgrad), SGD 4 with momentum
+// else 0, Adagrad 4, Lamb 8. Throws zero::PartitionError for another type.
+int optimizer_state_bytes(const std::string& type, bool amsgrad, double momentum);
+
+// Whether `device` ("none", "cpu", "nvme") may be used for the optimizer or
+// the parameters at `stage`, as the config checks allow ("none" always).
+bool offload_optimizer_allowed(const std::string& device, int stage);
+bool offload_param_allowed(const std::string& device, int stage);
+
+}  // namespace zero

@@ -1,0 +1,174 @@
+// ParamStorage: stage 3's release and gather of buckets (Note [Stage 3
+// storage] in param_storage.h), with offload_param's shards read from host
+// memory or NVMe.
+#include "partition/param_storage.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "offload/host_tensors.h"
+
+namespace zero::partition {
+namespace {
+
+// The bucket's tensor and the parameters' views stay; only the memory
+// behind them comes and goes (Note [Stage 3 storage]).
+void empty_storage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  storage->set_nbytes(0);
+}
+void refill_storage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  const size_t bytes = t.numel() * t.element_size();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
+}  // namespace
+
+ParamStorage::ParamStorage(std::shared_ptr<comm::ProcessGroup> pg, int owners, StorageOptions options)
+    : pg_(std::move(pg)), owners_(owners), options_(std::move(options)) {}
+
+ParamStorage::~ParamStorage() {
+  for (auto& b : buckets_) {  // gathers a failed step left in flight
+    try {
+      if (b.gather_work) b.gather_work->wait();
+    } catch (...) {
+    }
+  }
+}
+
+void ParamStorage::add(const at::Tensor& full, int64_t shard_start, int64_t shard_numel, bool persistent) {
+  Bucket b;
+  b.full = full;
+  b.persistent = persistent;
+  const at::Tensor mine = full.slice(0, shard_start, shard_start + shard_numel);
+  b.shard = persistent ? mine : mine.clone();
+  if (!persistent && options_.offload_param != "none") {
+    // Host tensors copied to the accelerator for every gather are
+    // page-locked when the config asks (pin_memory).
+    b.shard = offload::host_copy(b.shard, b.shard.scalar_type(), options_.pin_memory && !full.is_cpu());
+    if (options_.offload_param == "nvme") {
+      if (!store_) store_ = std::make_unique<offload::SwappedTensors>(options_.swap);
+      b.swap_id = store_->add(b.shard, "params" + std::to_string(buckets_.size()));
+    }
+  }
+  if (!persistent) gathered_now_ += full.numel() * full.element_size();  // gathered until the first release
+  gathered_peak_ = std::max(gathered_peak_, gathered_now_);
+  buckets_.push_back(std::move(b));
+}
+
+void ParamStorage::seal() {
+  if (store_) store_->swap_out_all();
+}
+
+void ParamStorage::gather(size_t k, bool async) {
+  Bucket& b = buckets_[k];
+  if (b.gathered) return;
+  refill_storage(b.full);
+  b.gathered = true;
+  if (!b.persistent) gathered_now_ += b.full.numel() * b.full.element_size();
+  gathered_peak_ = std::max(gathered_peak_, gathered_now_);
+  if (b.swap_id >= 0) {
+    // offload_param "nvme": the shard is read back first.
+    // Note [NVMe read-ahead]: a shard read ahead has had a unit's compute to
+    // arrive, so a prefetch starts its all-gather at once (it overlaps the
+    // compute before the unit runs); otherwise a prefetch only starts the
+    // read and the all-gather follows when the unit waits for it.
+    const bool was_read_ahead = b.read_ahead;
+    b.read_ahead = false;
+    store_->swap_in({b.swap_id});
+    b.read_pending = true;
+    if (async && !was_read_ahead) return;
+  }
+  start_gather(b);
+  if (!async) wait_gathered(k);
+}
+
+void ParamStorage::read_ahead(size_t k) {
+  Bucket& b = buckets_[k];
+  if (b.gathered || b.read_ahead || b.swap_id < 0) return;
+  store_->swap_in({b.swap_id});
+  b.read_ahead = true;
+}
+
+void ParamStorage::start_gather(Bucket& b) {
+  if (b.read_pending) {
+    store_->wait_in({b.swap_id});
+    b.read_pending = false;
+  }
+  b.gather_input = b.shard.device() == b.full.device() ? b.shard : b.shard.to(b.full.device(), /*non_blocking=*/true);
+  b.gather_work = pg_->all_gather_async(b.full, b.gather_input);
+}
+
+void ParamStorage::wait_gathered(size_t k) {
+  Bucket& b = buckets_[k];
+  if (!b.read_pending && !b.gather_work) return;
+  const auto start = std::chrono::steady_clock::now();
+  if (b.read_pending) start_gather(b);
+  b.gather_work->wait();
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  b.gather_work.reset();
+  b.gather_input = at::Tensor();
+  if (b.swap_id >= 0) store_->drop({b.swap_id});  // the file still holds it
+}
+
+void ParamStorage::release(size_t k) {
+  Bucket& b = buckets_[k];
+  if (b.persistent || !b.gathered) return;
+  wait_gathered(k);
+  empty_storage(b.full);
+  b.gathered = false;
+  gathered_now_ -= b.full.numel() * b.full.element_size();
+}
+
+void ParamStorage::release_all() {
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    Bucket& b = buckets_[k];
+    if (!b.persistent && b.gathered) release(k);
+    if (b.read_ahead) {  // read for a prefetch that did not come
+      store_->drop({b.swap_id});
+      b.read_ahead = false;
+    }
+  }
+}
+
+void ParamStorage::prepare_write(size_t k) {
+  if (buckets_[k].swap_id >= 0) store_->materialize({buckets_[k].swap_id});  // written back by send_shard()
+}
+
+comm::WorkHandle ParamStorage::send_shard(size_t k) {
+  Bucket& b = buckets_[k];
+  if (b.persistent) return owners_ > 1 ? pg_->all_gather_async(b.full, b.shard) : nullptr;
+  if (b.swap_id >= 0) {
+    store_->swap_out({b.swap_id});
+    writes_.push_back(b.swap_id);
+  }
+  return nullptr;
+}
+
+void ParamStorage::wait_writes() {
+  if (store_) store_->wait_out(writes_);
+  writes_.clear();
+}
+
+int64_t ParamStorage::bytes() const {
+  int64_t bytes = 0;
+  for (const auto& b : buckets_) {
+    if (!b.persistent) bytes += b.shard.nbytes();
+    if (b.gathered) bytes += b.full.numel() * b.full.element_size();
+  }
+  return bytes;
+}
+
+int64_t ParamStorage::offloaded_bytes(bool nvme) const {
+  int64_t bytes = 0;
+  for (const auto& b : buckets_) {
+    if (b.persistent || options_.offload_param == "none") continue;
+    if ((b.swap_id >= 0) == nvme) bytes += b.shard.nbytes();
+  }
+  return bytes;
+}
+
+}  // namespace zero::partition

@@ -1,0 +1,228 @@
+#pragma once
+// The partition's main header: the trainable parameters of a model,
+// flattened into buckets and sharded across the data-parallel ranks.
+//
+// The pieces, each in its own file: the flat layout (flat_layout.h, Note
+// [Flat layout]: buckets, offsets, shards), the gradient strategy of each
+// stage (grad_reducer.h), the host copies of offloaded gradients
+// (host_grads.h), the gradient norm (grad_norm.h), the parameters' memory
+// with stage 3's release and gather (param_storage.h), the master weights
+// and their way back to the parameters (master_store.h, Notes [Offload
+// copies] and [Partial offload]) and the units' schedule (units.cpp).
+// ShardedParams holds them together: it builds them from the model's
+// parameters, and runs the optimizer step of its buckets from their reduced
+// gradients to the new parameters (step.cpp, Note [The step]).
+//
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/torch_compat.h"
+#include "offload/swapped_tensors.h"
+#include "zero/comm.h"
+#include "partition/flat_layout.h"
+#include "partition/grad_norm.h"
+#include "partition/grad_reducer.h"
+#include "partition/host_grads.h"
+#include "partition/master_store.h"
+#include "partition/param_storage.h"
+#include "zero/unit.h"
+
+namespace zero::partition {
+
+struct Options {
+  int stage = 0;
+  int64_t bucket_numel = 500000000;
+  at::ScalarType dtype = at::kFloat;  // training dtype of the parameters
+  bool overlap_comm = false;          // reduce buckets while backward goes on
+  // Stage 3
+  int64_t persistence_threshold = 100000;  // buckets smaller than this stay gathered
+  int64_t prefetch_numel = 50000000;       // stage3_prefetch_bucket_size
+  int64_t max_live_numel = 1000000000;     // stage3_max_live_parameters
+  // The ranks whose gradients together make the model's (Note [Gradient
+  // norm]): the world, which is larger than the data-parallel group with
+  // tensor or pipeline parallelism. Null: the data-parallel group.
+  std::shared_ptr<comm::ProcessGroup> norm_group;
+  // offload_optimizer (Note [Offload copies])
+  bool offload_optimizer = false;
+  double offload_ratio = 1.0;              // Note [Partial offload]
+  bool pin_memory = false;                 // page-locked host tensors (with CUDA parameters)
+  bool offload_master_to_disk = false;     // NVMe: the master weights are not resident, so fp32 gets copies too
+  // Copy the reduced gradients of offloaded buckets to host tensors even
+  // when the parameters are in host memory (CPU ranks), as an accelerator
+  // needs: the same bookkeeping runs, and is tested, without one.
+  bool host_grad_copies = false;
+  // offload_param (stage 3): "none", "cpu" (the shards of released buckets
+  // live in host memory) or "nvme" (in files, read back for each gather).
+  std::string offload_param = "none";
+  offload::SwapOptions param_swap;         // with "nvme"
+};
+
+class UnitScheduler;
+
+// What ShardedParams::step hands the update of the master weights to (the
+// engine's optimizer, Note [The step] in step.cpp). Its tensors are the
+// master tensors in bucket order: tensor k is bucket k's.
+class BucketOptimizer {
+ public:
+  virtual ~BucketOptimizer() = default;
+  // Updates every master tensor from its gradient times `grad_scale` (the
+  // loss scale's inverse times the clipping coefficient). One that updates
+  // bucket by bucket on the host writes each updated bucket where
+  // `masters.update_target(k)` says and calls `masters.send_updated(k)` as
+  // soon as it is done; the partition sends the others after.
+  virtual void update(MasterStore& masters, double grad_scale) = 0;
+  // Whether update() reads the gradients in the training dtype (the fused
+  // host kernels widen them as they read); otherwise the partition widens
+  // them to fp32 first.
+  virtual bool reads_training_dtype() const = 0;
+};
+
+// One optimizer step as the engine asks for it.
+struct StepRequest {
+  double loss_scale = 1.0;  // fp16: the gradients carry it; the update divides it out
+  bool skip_if_not_finite = false;  // fp16: an overflow on any rank skips the step on every rank
+  double clip = 0.0;  // gradient_clipping: the bound of the global norm; 0: none
+};
+struct StepResult {
+  bool skipped = false;          // the gradients were not finite: nothing was updated
+  double norm = 0.0;             // the global L2 norm of the unscaled gradients (0 when skipped)
+  double publish_seconds = 0.0;  // of the step, sending the updated parameters on
+};
+
+// The trainable parameters of a model, flattened and sharded (Note [Flat layout]).
+class ShardedParams {
+ public:
+  struct Group {
+    std::vector<std::string> names;
+    std::vector<at::Tensor> params;
+    std::vector<int> units;  // per parameter: its stage-3 unit, -1 for none
+    // Per parameter: how many ranks of the norm group outside the
+    // data-parallel group hold the same gradient (tp for a parameter every
+    // tensor-parallel rank holds whole, times the pipeline stages sharing
+    // a tie; Note [Gradient norm]). Empty: all 1.
+    std::vector<int> replicas;
+  };
+  ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::ProcessGroup> pg, Options options);
+  ~ShardedParams();
+  ShardedParams(const ShardedParams&) = delete;
+  ShardedParams& operator=(const ShardedParams&) = delete;
+
+  // Brackets each micro-step's backward. `boundary`: the last micro-step
+  // before an optimizer step (stages 0-1 reduce only then).
+  void begin_backward(bool boundary);
+  void end_backward();
+
+  // The optimizer step of every bucket, from the reduced gradients to the
+  // new parameters (Note [The step] in step.cpp). A collective. The
+  // gradients are cleared after it, skipped or not.
+  StepResult step(BucketOptimizer& optimizer, const StepRequest& request);
+
+  // The fp32 tensors the optimizer updates, per bucket this rank's shard
+  // (all of it at stage 0), and their way back to the parameters.
+  MasterStore& masters() { return masters_; }
+  const MasterStore& masters() const { return masters_; }
+  // Host bytes offload keeps besides master weights and states: the
+  // gradient shard's copy and the staging buffers.
+  int64_t offload_buffer_bytes() const;
+  // offload_param: bytes of parameter shards in host memory, and on NVMe.
+  int64_t offloaded_param_bytes(bool nvme) const { return storage_.offloaded_bytes(nvme); }
+  void zero_grads() { reducer_->zero(); }
+  // Bucket k's gradient as reduced over the data-parallel group (this rank's
+  // shard; the whole bucket at stage 0), before step(); undefined where
+  // offload already moved it to the host.
+  at::Tensor reduced_grad(size_t k) { return reducer_->shard_grad(k); }
+
+  // Stage 3 (Note [Stage 3 storage] in param_storage.h).
+  // Gathers the released buckets holding any of `tensors`; returns them.
+  std::vector<int> gather_buckets_of(const std::vector<at::Tensor>& tensors);
+  void release_buckets(const std::vector<int>& buckets);
+  // Installs the unit hooks on `units` (index = unit id).
+  void attach_units(const std::vector<UnitBase*>& units);
+
+  const FlatLayout& layout() const { return layout_; }
+  // For optimizers that need whole-parameter norms (Lamb): per master tensor
+  // (bucket by bucket, so group by group as masters().by_group() lists them) the
+  // pieces of parameters in it.
+  std::vector<std::vector<FlatLayout::Piece>> master_pieces() const { return layout_.shard_pieces(); }
+  int64_t num_params() const { return static_cast<int64_t>(params_.size()); }
+  const std::string& param_name(int64_t i) const { return layout_.params()[i].name; }
+
+  // Note [Checkpoint layout] (ckpt/checkpoint.h): the pieces of parameters
+  // in this rank's master tensors, in model space.
+  std::vector<FlatLayout::Fragment> fragments() const { return layout_.fragments(); }
+  // Mid-accumulation checkpoints: the gradient accumulated so far, as this
+  // rank holds it, and its restoration (GradReducer::accumulated).
+  at::Tensor accumulated_grads() { return reducer_->accumulated(); }
+  void restore_accumulated_grads(const at::Tensor& grads) { reducer_->restore(grads); }
+
+  int owners() const { return layout_.owners(); }
+  const Options& options() const { return options_; }
+  int64_t numel() const { return layout_.numel(); }            // trainable elements, unpadded
+  int64_t partition_numel() const { return layout_.partition_numel(); }
+  size_t num_buckets() const { return layout_.buckets().size(); }
+  int64_t param_bytes() const { return storage_.bytes(); }
+  int64_t gathered_param_peak() const { return storage_.gathered_peak(); }  // stage 3's units, since construction
+  double gather_wait_seconds() const { return storage_.wait_seconds(); }    // stage 3's units, since construction
+  int64_t grad_bytes() const { return reducer_->bytes(); }
+
+ private:
+  friend struct GradReadyHook;
+  struct Param {
+    at::Tensor tensor;  // the model's parameter (a view into its bucket's buffer)
+    compat::GradAccumulatorPtr accumulator;  // keeps the hook alive (Note [LibTorch 1.13 and 2.x])
+  };
+  void on_grad_ready(int index);
+  void build_buckets(const std::vector<at::Tensor>& tensors);
+  // step(): each master tensor's gradient and its squares, and their removal.
+  void attach_master_grads(bool widen);
+  void detach_master_grads();
+  double global_squares();
+  std::shared_ptr<comm::ProcessGroup> pg_;
+  Options options_;
+  FlatLayout layout_;
+  std::vector<Param> params_;    // in the layout's order
+  ParamStorage storage_;         // the buckets' memory
+  MasterStore masters_;
+  std::unique_ptr<HostGrads> host_grads_;  // offload_optimizer: the host copies of reduced gradients
+  std::unique_ptr<GradReducer> reducer_;   // the stage's strategy
+  GradSquares squares_;                    // of the attached gradients
+  std::shared_ptr<UnitScheduler> scheduler_;  // stage 3
+  std::vector<UnitBase*> units_;
+  bool in_backward_ = false;
+};
+
+// Stage 3: gathers and releases units around their forward and backward,
+// with prefetch along the order recorded in the previous step (units.cpp).
+class UnitScheduler : public UnitHooks, public std::enable_shared_from_this<UnitScheduler> {
+ public:
+  UnitScheduler(ParamStorage& storage, const FlatLayout& layout, const Options& options, int units);
+  void pre_forward(int unit) override;
+  void post_forward(int unit, const at::Tensor& output) override;
+  void pre_backward(int unit);
+  void begin_backward();
+  void end_step();  // after backward: the recorded order becomes the prefetch plan
+
+ private:
+  void gather_unit(int unit, bool async);
+  void release_unit(int unit);
+  void prefetch_after(int position, bool backward);
+  int64_t unit_numel(int unit) const;
+
+  ParamStorage& storage_;
+  const FlatLayout& layout_;
+  const Options& options_;
+  std::vector<std::vector<int>> buckets_of_;  // unit -> its buckets
+  std::vector<int> plan_;       // forward order of the previous step
+  std::vector<int> trace_;      // forward order of this step
+  std::vector<bool> backward_seen_;  // per forward position: its backward has started
+  bool in_backward_ = false;         // forwards now are recomputes (activation checkpointing)
+  bool plan_valid_ = false;
+  bool warned_ = false;
+};
+
+}  // namespace zero::partition

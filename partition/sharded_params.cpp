@@ -1,0 +1,179 @@
+// ShardedParams: the parameters flattened (flat_layout.h) into their
+// buckets' memory (param_storage.h), the master weights beside them
+// (master_store.h), and each master tensor's gradient from the stage's
+// GradReducer (grad_reducer.h) or the host copies (host_grads.h).
+#include <torch/csrc/autograd/variable.h>
+
+#include "offload/host_tensors.h"
+#include "zero/error.h"
+#include "partition/partition.h"
+
+namespace zero::partition {
+
+using offload::empty_with_huge_pages;
+
+// Runs after a parameter's AccumulateGrad: its gradient for this backward
+// is complete (checked on LibTorch 1.13 and 2.11, ARCHITECTURE.md).
+struct GradReadyHook : torch::autograd::FunctionPostHook {
+  GradReadyHook(ShardedParams* owner, int index) : owner(owner), index(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    owner->on_grad_ready(index);
+    return outputs;
+  }
+  ShardedParams* owner;
+  int index;
+};
+
+namespace {
+
+// The layout of `groups`' parameters (Note [Flat layout]): stage 0 keeps
+// whole buckets on every rank, stage 3 cuts buckets at unit boundaries.
+// Each parameter's norm weight (Note [Gradient norm]): 1 over the ranks
+// of the norm group holding the same gradient, its replicas outside the
+// data-parallel group and, at stage 0 summed beyond it, the dp ranks too.
+FlatLayout layout_of(const std::vector<ShardedParams::Group>& groups, const comm::ProcessGroup& pg,
+                     const Options& options) {
+  const bool sharded = options.stage > 0;
+  const bool beyond_dp = options.norm_group && options.norm_group->size() > pg.size();
+  const double per_holder = !sharded && beyond_dp ? 1.0 / pg.size() : 1.0;
+  std::vector<std::vector<ParamSpec>> specs;
+  for (const auto& g : groups) {
+    specs.emplace_back();
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      const int replicas = g.replicas.empty() ? 1 : g.replicas[i];
+      specs.back().push_back({g.names[i], g.params[i].numel(), g.units.empty() ? -1 : g.units[i],
+                              replicas == 1 ? per_holder : per_holder / replicas});
+    }
+  }
+  return FlatLayout(specs, options.bucket_numel, sharded ? pg.size() : 1, sharded ? pg.rank() : 0, options.stage == 3);
+}
+
+// Per bucket, its master weights live on the host (Note [Partial offload]).
+std::vector<bool> masters_on_host(const FlatLayout& layout, const Options& options) {
+  if (!options.offload_optimizer) return std::vector<bool>(layout.buckets().size(), false);
+  return layout.offloaded_buckets(options.offload_ratio);
+}
+
+StorageOptions storage_options(const Options& options) {
+  StorageOptions o;
+  o.offload_param = options.offload_param;
+  o.swap = options.param_swap;
+  o.pin_memory = options.pin_memory;
+  return o;
+}
+
+}  // namespace
+
+ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::ProcessGroup> pg, Options options)
+    : pg_(std::move(pg)),
+      options_(options),
+      layout_(layout_of(groups, *pg_, options)),
+      storage_(pg_, layout_.owners(), storage_options(options)),
+      masters_(layout_, storage_, masters_on_host(layout_, options), groups.size()) {
+  // The parameters in the layout's order: reverse registration order, group by group.
+  std::vector<at::Tensor> tensors;
+  for (const auto& g : groups) tensors.insert(tensors.end(), g.params.rbegin(), g.params.rend());
+  const size_t n = layout_.buckets().size();
+  const bool accelerator = !tensors.empty() && !tensors.front().device().is_cpu();
+  if (options_.offload_optimizer) {
+    // The reduced gradients of offloaded buckets are copied to the host
+    // when the parameters are elsewhere; at stages 2-3 they then skip the
+    // device's partition (Note [Offload copies]).
+    std::vector<bool> copied(n, false);
+    for (size_t k = 0; k < n; ++k) copied[k] = masters_.on_host(k) && (accelerator || options_.host_grad_copies);
+    host_grads_ = std::make_unique<HostGrads>(layout_, copied, options_.stage >= 2, options_.dtype,
+                                              options_.pin_memory && accelerator);
+  }
+  params_.resize(tensors.size());
+  build_buckets(tensors);
+  storage_.seal();
+
+  ReducerOptions reducer;
+  reducer.stage = options_.stage;
+  reducer.overlap_comm = options_.overlap_comm;
+  const auto device = tensors.empty() ? at::Device(at::kCPU) : tensors.front().device();
+  reducer.grad_options = torch::TensorOptions().dtype(options_.dtype).device(device);
+  reducer_ = GradReducer::for_stage(layout_, pg_, host_grads_.get(), reducer);
+
+  for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(params_[i].tensor);
+    if (!acc) throw PartitionError("parameter " + param_name(i) + " is not a leaf that requires grad");
+    acc->add_post_hook(std::make_unique<GradReadyHook>(this, i));
+    params_[i].accumulator = std::move(acc);
+  }
+}
+
+// Each bucket's buffer, filled from the parameters, which become views into
+// it; the master weights beside it. Mixed-precision master weights start
+// from the model's exact fp32 values.
+void ShardedParams::build_buckets(const std::vector<at::Tensor>& tensors) {
+  const bool mixed = options_.dtype != at::kFloat;
+  for (size_t k = 0; k < layout_.buckets().size(); ++k) {
+    const LayoutBucket& span = layout_.buckets()[k];
+    const auto device = tensors[span.params.front()].device();
+    at::Tensor values = empty_with_huge_pages(span.numel, torch::TensorOptions().dtype(at::kFloat).device(device)).zero_();
+    auto in_bucket = [&](const at::Tensor& t, int i) {
+      const int64_t start = layout_.params()[i].offset - span.offset;
+      return t.slice(0, start, start + layout_.params()[i].numel);
+    };
+    for (int i : span.params) in_bucket(values, i).copy_(tensors[i].detach().reshape(-1));
+    at::Tensor full = mixed ? empty_with_huge_pages(span.numel, values.options().dtype(options_.dtype)).copy_(values) : values;
+    for (int i : span.params) {
+      torch::NoGradGuard no_grad;
+      at::Tensor p = tensors[i];
+      p.set_data(in_bucket(full, i).view(p.sizes()));
+      params_[i].tensor = p;
+    }
+    const int64_t start = layout_.rank() * span.shard_numel;
+    const bool persistent = options_.stage < 3 || span.unit < 0 || span.numel < options_.persistence_threshold;
+    storage_.add(full, start, span.shard_numel, persistent);
+    // Mixed-precision master weights, and those of a shard that leaves for
+    // the host or disk, are apart from the parameters.
+    const bool shard_offloaded = !persistent && options_.offload_param != "none";
+    masters_.add(values.slice(0, start, start + span.shard_numel), mixed || shard_offloaded);
+    storage_.release(k);  // stage 3: until its unit runs (a no-op for buckets that stay gathered)
+  }
+}
+
+ShardedParams::~ShardedParams() {
+  for (auto* unit : units_) unit->detach();
+  if (reducer_) reducer_->settle();  // an error was raised already, if any
+}
+
+void ShardedParams::begin_backward(bool boundary) {
+  in_backward_ = true;
+  if (scheduler_) scheduler_->begin_backward();
+  reducer_->begin_backward(boundary);
+}
+
+void ShardedParams::on_grad_ready(int index) {
+  if (!in_backward_) {
+    throw PartitionError("gradient of " + param_name(index) +
+                         " arrived outside engine.backward(); call engine.backward(loss) instead of loss.backward()");
+  }
+  at::Tensor& grad = params_[index].tensor.mutable_grad();
+  if (!grad.defined()) return;
+  const bool bucket_complete = reducer_->add(index, grad);
+  grad = at::Tensor();  // the reducer holds it now
+  if (bucket_complete) {
+    storage_.release(layout_.params()[index].bucket);  // stage 3: its backward is done (a no-op for buckets that stay gathered)
+    reducer_->launch_ready();
+  }
+}
+
+void ShardedParams::end_backward() {
+  reducer_->end_backward();
+  for (auto& p : params_) p.tensor.mutable_grad() = at::Tensor();
+  in_backward_ = false;
+  if (options_.stage == 3) {
+    storage_.release_all();  // unused units, prefetched ones
+    if (scheduler_) scheduler_->end_step();
+  }
+}
+
+int64_t ShardedParams::offload_buffer_bytes() const {
+  return (host_grads_ ? host_grads_->bytes() : 0) + masters_.staging_bytes();
+}
+
+}  // namespace zero::partition

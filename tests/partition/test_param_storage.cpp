@@ -1,0 +1,154 @@
+// ParamStorage (Note [Stage 3 storage] in partition/param_storage.h) on
+// the world group (run by ctest on 1-3 ranks through zero-run), for each
+// place a released shard can live: the bytes each bucket's buffer holds
+// after release, gather, prefetch and read-ahead, checked against the
+// values every rank wrote, read back element by element.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "world_main.h"
+#include "zero/comm.h"
+#include "partition/param_storage.h"
+
+namespace {
+
+using zero::partition::ParamStorage;
+using zero::partition::StorageOptions;
+
+// Bucket k's shard numel; bucket 0 stays gathered ("persistent").
+constexpr int64_t kShard[] = {7, 5, 12};
+constexpr int kBuckets = 3;
+
+// Element i of bucket k as written by `writer` (-1: the first values, the same on every rank).
+float value(int k, int64_t i, int writer) { return static_cast<float>(1000 * k + i + 100000 * (writer + 1)); }
+
+at::Tensor expected_full(int k, int writer_offset) {
+  const int n = g_world->size();
+  at::Tensor t = torch::empty({kShard[k] * n});
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const int owner = static_cast<int>(i / kShard[k]);
+    t[i] = value(k, i, writer_offset < 0 ? -1 : owner + writer_offset);
+  }
+  return t;
+}
+
+class EachPlace : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    StorageOptions options;
+    options.offload_param = GetParam();
+    if (options.offload_param == "nvme") {
+      dir_ = std::filesystem::temp_directory_path() /
+             ("zero_param_storage_" + std::to_string(::getpid()));
+      std::filesystem::create_directories(dir_);
+      options.swap.nvme_path = dir_.string();
+      options.swap.rank = g_world->rank();
+      options.swap.block_size = 4096;
+    }
+    storage_ = std::make_unique<ParamStorage>(g_world, g_world->size(), options);
+    for (int k = 0; k < kBuckets; ++k) {
+      fulls_.push_back(expected_full(k, -1));
+      views_.push_back(fulls_.back().slice(0, 1, 4));  // as a parameter would be
+      storage_->add(fulls_.back(), g_world->rank() * kShard[k], kShard[k], /*persistent=*/k == 0);
+    }
+    for (int k = 0; k < kBuckets; ++k) storage_->release(k);
+    storage_->seal();
+  }
+  void TearDown() override {
+    storage_.reset();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  int64_t released_shard_bytes() const { return (kShard[1] + kShard[2]) * static_cast<int64_t>(sizeof(float)); }
+
+  std::filesystem::path dir_;
+  std::vector<at::Tensor> fulls_, views_;
+  std::unique_ptr<ParamStorage> storage_;
+};
+
+TEST_P(EachPlace, ReleaseEmptiesTheBufferAndGatherRefillsItExactly) {
+  EXPECT_TRUE(storage_->gathered(0));
+  EXPECT_TRUE(torch::equal(fulls_[0], expected_full(0, -1)));
+  for (int k = 1; k < kBuckets; ++k) {
+    EXPECT_FALSE(storage_->gathered(k));
+    EXPECT_EQ(fulls_[k].storage().nbytes(), 0u) << k;
+  }
+  // The shards kept apart count wherever they are (offloaded_bytes says where).
+  EXPECT_EQ(storage_->bytes(), static_cast<int64_t>(fulls_[0].nbytes()) + released_shard_bytes());
+  storage_->gather(1, /*async=*/false);
+  storage_->gather(2, /*async=*/true);
+  storage_->wait_gathered(2);
+  for (int k = 1; k < kBuckets; ++k) {
+    ASSERT_TRUE(storage_->gathered(k));
+    EXPECT_TRUE(torch::equal(fulls_[k], expected_full(k, -1))) << k;
+    EXPECT_TRUE(torch::equal(views_[k], expected_full(k, -1).slice(0, 1, 4))) << "the parameter's view sees it";
+  }
+  storage_->release_all();
+  EXPECT_FALSE(storage_->gathered(1));
+  EXPECT_TRUE(storage_->gathered(0));
+}
+
+TEST_P(EachPlace, UpdatedShardsReachEveryRank) {
+  const int rank = g_world->rank();
+  for (int k = 0; k < kBuckets; ++k) {
+    storage_->prepare_write(k);
+    at::Tensor mine = torch::empty({kShard[k]});
+    for (int64_t i = 0; i < kShard[k]; ++i) mine[i] = value(k, rank * kShard[k] + i, rank + 7);
+    storage_->shard(k).copy_(mine);
+    if (auto work = storage_->send_shard(k)) work->wait();
+  }
+  storage_->wait_writes();
+  EXPECT_TRUE(torch::equal(fulls_[0], expected_full(0, 7))) << "a bucket that stays gathered is gathered in place";
+  for (int k = 1; k < kBuckets; ++k) {
+    EXPECT_FALSE(storage_->gathered(k));
+    storage_->gather(k, /*async=*/false);
+    EXPECT_TRUE(torch::equal(fulls_[k], expected_full(k, 7))) << k;
+  }
+}
+
+TEST_P(EachPlace, ReadAheadIsUsedByTheNextGatherOrDropped) {
+  storage_->read_ahead(1);
+  storage_->release_all();  // the read was for nothing
+  storage_->read_ahead(2);
+  storage_->gather(2, /*async=*/true);
+  storage_->wait_gathered(2);
+  EXPECT_TRUE(torch::equal(fulls_[2], expected_full(2, -1)));
+  storage_->gather(1, /*async=*/true);
+  storage_->wait_gathered(1);
+  EXPECT_TRUE(torch::equal(fulls_[1], expected_full(1, -1)));
+}
+
+TEST_P(EachPlace, CountsOffloadedBytesWhereTheyAre) {
+  const std::string place = GetParam();
+  EXPECT_EQ(storage_->offloaded_bytes(/*nvme=*/false), place == "cpu" ? released_shard_bytes() : 0);
+  EXPECT_EQ(storage_->offloaded_bytes(/*nvme=*/true), place == "nvme" ? released_shard_bytes() : 0);
+}
+
+// memory_report().gathered_params_peak: what is gathered of the buckets that
+// are released between uses, now and at most, against the buckets' sizes.
+TEST_P(EachPlace, CountsGatheredBytesAndTheirPeak) {
+  auto full_bytes = [](int k) { return kShard[k] * g_world->size() * static_cast<int64_t>(sizeof(float)); };
+  const int64_t setup_peak = storage_->gathered_peak();  // SetUp held buckets 1 and 2 before releasing them
+  EXPECT_EQ(setup_peak, full_bytes(1) + full_bytes(2));
+  EXPECT_EQ(storage_->gathered_bytes(), 0);
+  storage_->gather(0, /*async=*/false);  // persistent: never counted
+  storage_->gather(2, /*async=*/false);
+  EXPECT_EQ(storage_->gathered_bytes(), full_bytes(2));
+  storage_->release(2);
+  storage_->release(2);  // a second release changes nothing
+  EXPECT_EQ(storage_->gathered_bytes(), 0);
+  storage_->gather(1, /*async=*/true);
+  storage_->gather(1, /*async=*/true);  // nor a second gather
+  storage_->wait_gathered(1);
+  EXPECT_EQ(storage_->gathered_bytes(), full_bytes(1));
+  storage_->release_all();
+  EXPECT_EQ(storage_->gathered_bytes(), 0);
+  EXPECT_EQ(storage_->gathered_peak(), setup_peak) << "the peak is a high-water mark";
+}
+
+INSTANTIATE_TEST_SUITE_P(Places, EachPlace, ::testing::Values("none", "cpu", "nvme"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
