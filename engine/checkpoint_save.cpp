@@ -74,7 +74,7 @@ void discard_staging(const fs::path& staging, const fs::path& saving_root) {
 // at a time).
 class RankFile {
  public:
-  RankFile(TrainingState& s) : window_(s.nvme, s.optimizer, s.params.masters().tensors(), /*write_back=*/false) {}
+  RankFile(TrainingState& s) : window_(s.optimizer.nvme_store(), s.optimizer, s.params.masters().tensors(), /*write_back=*/false) {}
 
   void add_whole(const std::string& name, const at::Tensor& t) {
     at::Tensor cpu = t.detach().to(at::kCPU).contiguous();

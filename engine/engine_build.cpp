@@ -181,7 +181,7 @@ MemoryReport Engine::Impl::memory() const {
 engine::TrainingState Engine::Impl::training_state() {
   engine::TrainingState state{config,   dtype,      gas,   *module,
                               *pg,      *mesh,      splits, *sharded,
-                              *optimizer, optimizer->nvme_store(), *schedule, scaler.get(), steps};
+                              *optimizer, *schedule, scaler.get(), steps};
   if (pipeline) state.written_elsewhere = pipeline->written_elsewhere(*module);
   return state;
 }

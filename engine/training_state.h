@@ -10,7 +10,6 @@
 #include "engine/loss_scaler.h"
 #include "engine/lr_schedule.h"
 #include "engine/optimizer.h"
-#include "offload/swapped_tensors.h"
 #include "zero/comm.h"
 #include "zero/config.h"
 #include "zero/engine.h"
@@ -41,8 +40,7 @@ struct TrainingState {
   // shapes and write their slices in full coordinates.
   const std::map<std::string, tp::Split>& splits;
   partition::ShardedParams& params;
-  MasterOptimizer& optimizer;
-  offload::SwappedTensors* nvme;  // offload_optimizer "nvme": the master weights and states, on disk between steps
+  MasterOptimizer& optimizer;  // with offload_optimizer "nvme", its nvme_store() holds the master weights and states
   const LrSchedule& schedule;
   LossScaler* scaler;  // fp16 only
   StepCounters& counters;
