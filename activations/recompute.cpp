@@ -302,9 +302,9 @@ class Recompute : public torch::autograd::Function<Recompute> {
     now.restore();
     double recompute_s = std::chrono::duration<double>(Clock::now() - start).count();
     if (outputs.size() != grad_outputs.size()) {
-      throw Error("zero::checkpoint: the recompute returned " + std::to_string(outputs.size()) +
-                  " outputs, the forward " + std::to_string(grad_outputs.size()) +
-                  "; the checkpointed function must return the same outputs each time it runs");
+      throw EngineError("zero::checkpoint: the recompute returned " + std::to_string(outputs.size()) +
+                        " outputs, the forward " + std::to_string(grad_outputs.size()) +
+                        "; the checkpointed function must return the same outputs each time it runs");
     }
     variable_list roots, grads;
     for (size_t i = 0; i < outputs.size(); ++i) {
@@ -373,7 +373,7 @@ ActivationCheckpointStats take_activation_checkpoint_stats() {
 
 std::vector<at::Tensor> checkpoint_tensors(CheckpointBody body, const std::vector<at::Tensor>& inputs,
                                            const std::vector<at::Tensor>& params) {
-  if (!body) throw Error("zero::checkpoint: no function to run");
+  if (!body) throw EngineError("zero::checkpoint: no function to run");
   // Evaluation: nothing is kept for backward anyway.
   if (!at::GradMode::is_enabled()) return body(inputs);
   auto saved = c10::make_intrusive<Saved>();

@@ -171,6 +171,7 @@ class GlooBackend : public HostBackend {
         GlooStore gloo_store(store, group.timeout);
         context->connectFullMesh(gloo_store, device);
         if (fault::fires("comm.connected", group.global_ranks[group.rank])) {
+          // not a zero::Error: the injected fault is what gloo itself throws
           throw std::runtime_error("Connection closed by peer (injected by ZERO_FAULT)");
         }
         context_ = context;

@@ -47,7 +47,7 @@ Key optimizer_state_key(const at::Tensor& t) {
 inline void keep_group_options(torch::optim::Optimizer& optimizer,
                                const std::vector<torch::optim::OptimizerParamGroup>& given) {
   auto& groups = optimizer.param_groups();
-  TORCH_CHECK(groups.size() == given.size(), "keep_group_options: ", groups.size(), " groups, ", given.size(), " given");
+  TORCH_CHECK(groups.size() == given.size(), "keep_group_options: ", groups.size(), " groups, ", given.size(), " given");  // not a zero::Error: zero's own calls break this, no input can
   for (size_t g = 0; g < groups.size(); ++g) {
     const torch::optim::OptimizerOptions& options = given[g].options();
     groups[g].set_options(options.clone());

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# The two rules about layers that ARCHITECTURE.md states, checked on the code.
+#
+#  1. Public headers. include/zero/ holds three kinds: the foundation every
+#     layer may use, the public types a layer below the engine implements,
+#     and the façade a program includes. Below the engine no folder includes
+#     a façade header (except the one it implements), and no foundation or
+#     public-type header includes one, so none arrives indirectly either.
+#  2. Errors. Every throw in the library throws the subclass of zero::Error
+#     that names what the user must look at to fix it, from the set its
+#     folder is allowed. A throw of anything else (a rethrow `throw;` aside)
+#     carries `// not a zero::Error: <why>` on its line or the line above.
+#
+#   bash tools/layer_rules.sh           checks both; exit 1 naming each line at fault
+#   bash tools/layer_rules.sh --tables  prints both tables as ARCHITECTURE.md shows them
+#
+# ctest's docs.layer_rules runs the check. The tables below are the rules;
+# change them here, then run tools/architecture.sh, which copies them into
+# ARCHITECTURE.md. Plain grep and awk under LC_ALL=C.
+set -euo pipefail
+export LC_ALL=C
+cd "$(dirname "$0")/.."
+
+# ---- rule 1: the kinds of public header ------------------------------------
+# header  kind  folder that implements it ("-": none, header-only or umbrella)
+headers='error.h foundation -
+log.h foundation core
+comm.h foundation comm
+launch_info.h foundation comm
+mesh.h type parallel
+tensor_parallel.h type parallel
+pipeline.h type parallel
+activation_checkpointing.h type activations
+unit.h type partition
+config.h facade config
+launch_config.h facade accelerate
+engine.h facade engine
+accelerate.h facade accelerate
+zero.h facade -'
+# The library's folders below the engine (engine/ and accelerate/ are above).
+below_engine='core comm offload partition activations parallel ckpt monitor profile config'
+
+# ---- rule 2: which errors each library folder throws --------------------------
+# Each class names what is at fault, whichever file notices it:
+errors_meaning="ConfigError the configuration: a ds_config, a launch config, or the options a program gives in their place
+CommError another rank, the link between ranks, or the launch environment
+PartitionError the model as partitioned: its parameters' shapes, units and splits
+OffloadError offload's host memory, the CPU optimizer's inputs, the NVMe folder
+CheckpointError a checkpoint's files, read or written
+EngineError the program's calls at run time (their order and arguments) and what the engine writes as it trains (monitors)"
+# folder  the classes it may throw (what it can meet); "none": it throws nothing
+errors_allowed='core none
+comm CommError
+offload OffloadError
+partition PartitionError
+activations EngineError
+parallel ConfigError CommError PartitionError EngineError
+ckpt CheckpointError
+monitor EngineError
+profile none
+config ConfigError
+engine ConfigError OffloadError CheckpointError EngineError
+accelerate ConfigError CheckpointError EngineError'
+
+if [ "${1:-}" = --tables ]; then
+  echo "| public header | kind | implemented in |"
+  echo "|---|---|---|"
+  while read -r h kind where; do
+    case "$kind" in
+      foundation) kind="foundation: any folder" ;;
+      type) kind="public type: any folder" ;;
+      facade) kind="façade: engine/, accelerate/ and programs" ;;
+    esac
+    echo "| \`zero/$h\` | $kind | $([ "$where" = - ] && echo "header only" || echo "\`$where/\`") |"
+  done <<< "$headers"
+  echo
+  echo "| error | what is at fault |"
+  echo "|---|---|"
+  while read -r class meaning; do
+    echo "| \`$class\` | $meaning |"
+  done <<< "$errors_meaning"
+  echo
+  echo "| folder | throws |"
+  echo "|---|---|"
+  while read -r folder classes; do
+    echo "| \`$folder/\` | $([ "$classes" = none ] && echo "nothing" || sed 's/\([A-Za-z]*\)/`\1`/g; s/` `/`, `/g' <<< "$classes") |"
+  done <<< "$errors_allowed"
+  exit 0
+fi
+[ $# -eq 0 ] || { echo "usage: bash tools/layer_rules.sh [--tables]" >&2; exit 2; }
+
+faults=0
+fault() { echo "$*" >&2; faults=$((faults + 1)); }
+
+# ---- check rule 1 ----------------------------------------------------------------
+kind_of() { awk -v h="$1" '$1 == h { print $2 }' <<< "$headers"; }
+implementer_of() { awk -v h="$1" '$1 == h { print $3 }' <<< "$headers"; }
+for h in include/zero/*.h; do
+  [ -n "$(kind_of "${h#include/zero/}")" ] ||
+    fault "$h: a public header of no kind; give it one in tools/layer_rules.sh (foundation, type or facade)"
+done
+# Lines `file:line:#include "zero/x.h"` of the given files.
+public_includes() { grep -nHE '^[[:space:]]*#[[:space:]]*include[[:space:]]*["<]zero/[^">]+[">]' "$@" || true; }
+for folder in $below_engine; do
+  files=$(grep -rlE --include='*.h' --include='*.cpp' --include='*.cu' 'include' "$folder" || true)
+  [ -n "$files" ] || continue
+  while IFS= read -r hit; do
+    header=$(sed -E 's/^[^"<]*#[[:space:]]*include[[:space:]]*["<]zero\/([^">]+)[">].*/\1/' <<< "${hit#*:*:}")
+    kind=$(kind_of "$header")
+    if [ "$kind" = facade ] && [ "$(implementer_of "$header")" != "$folder" ]; then
+      fault "${hit%%:#*}: $folder/ is below the engine and includes the façade header zero/$header;" \
+        "take what it needs from a foundation header or a public type, or pass it in from the engine"
+    fi
+  done <<< "$(public_includes $files)"
+done
+for h in include/zero/*.h; do
+  kind=$(kind_of "${h#include/zero/}")
+  [ "$kind" = foundation ] || [ "$kind" = type ] || continue
+  while IFS= read -r hit; do
+    [ -n "$hit" ] || continue
+    header=$(sed -E 's/^[^"<]*#[[:space:]]*include[[:space:]]*["<]zero\/([^">]+)[">].*/\1/' <<< "${hit#*:*:}")
+    [ "$(kind_of "$header")" = facade ] &&
+      fault "${hit%%:#*}: the $kind header ${h#include/} includes the façade header zero/$header, which every layer below the engine would then see"
+  done <<< "$(public_includes "$h")"
+done
+
+# ---- check rule 2 ----------------------------------------------------------------
+# A throw site: `throw X(` or `throw X{`, TORCH_CHECK (c10::Error), or an
+# exception object built for later (std::make_exception_ptr). Comment lines
+# are not code.
+while read -r folder classes; do
+  [ -d "$folder" ] || { echo "tools/layer_rules.sh: no folder $folder/; mend errors_allowed"; continue; }
+  files=$(grep -rlE --include='*.h' --include='*.cpp' --include='*.cu' '(throw|TORCH_CHECK|make_exception_ptr)' "$folder" || true)
+  [ -n "$files" ] || continue
+  awk -v allowed=" $classes " '
+    FNR == 1 { prev = "" }
+    {
+      text = $0; code = text; sub(/\/\/.*$/, "", code)
+      word = "(^|[^A-Za-z_])"
+      if (code ~ (word "(throw|TORCH_CHECK|make_exception_ptr)([^A-Za-z_]|$)") && code !~ (word "throw[ \t]*;")) {
+        marked = (text ~ /not a zero::Error:/ || prev ~ /not a zero::Error:/)
+        class = "?"
+        if (match(code, word "throw[ \t]+(zero::)?[A-Za-z_:]+[ \t]*[({]")) {
+          class = substr(code, RSTART, RLENGTH)
+          sub(/^[^A-Za-z_]?throw[ \t]+(zero::)?/, "", class); sub(/[ \t]*[({]$/, "", class)
+        } else if (code ~ /TORCH_CHECK/) class = "c10::Error"
+        if (index(allowed, " " class " ") == 0 && !marked) {
+          if (class == "?") why = "a throw whose class this check cannot read; write it as throw SomeError(...) on one line"
+          else if (allowed == " none ") why = "throws " class ", but this folder throws nothing"
+          else why = "throws " class ", not one of" allowed "(tools/layer_rules.sh, errors_allowed)"
+          print FILENAME ":" FNR ": " why
+        }
+      }
+      prev = text
+    }' $files
+done <<< "$errors_allowed" > "${TMPDIR:-/tmp}/layer_rules.$$"
+while IFS= read -r f; do [ -n "$f" ] && fault "$f"; done < "${TMPDIR:-/tmp}/layer_rules.$$"
+rm -f "${TMPDIR:-/tmp}/layer_rules.$$"
+
+if [ "$faults" -gt 0 ]; then
+  echo "tools/layer_rules.sh: $faults line(s) break the layer rules of ARCHITECTURE.md (above)" >&2
+  exit 1
+fi
