@@ -60,9 +60,7 @@ std::vector<zero::pipe::Layer> gpt_layers(const zero_examples::GPTOptions& o) {
   layers.push_back(zero::pipe::Layer::tied("embed", [o] { return torch::nn::AnyModule(Embeddings(o)); }));
   for (int64_t i = 0; i < o.depth; ++i) {
     layers.emplace_back([o] {
-      zero_examples::Block block(o);
-      block->init_weights(0.02, 0.02 / std::sqrt(2.0 * o.depth));
-      return torch::nn::AnyModule(block);
+      return torch::nn::AnyModule(zero_examples::Block(o));  // it sets its own weights
     });
   }
   layers.emplace_back([o] { return torch::nn::AnyModule(torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.width}))); });

@@ -152,6 +152,42 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// Weights as Hugging Face writes them, or as zero consolidates them: one
+// safetensors file, a model.safetensors.index.json ({"weight_map": {tensor:
+// shard file}}) and the shards it names in its folder, or a folder holding
+// one of the two. Headers only are read at opening (each checked as
+// SafetensorsFile does); a tensor is then read by element range, so a rank
+// reads the bytes of its own shards only. Throws CheckpointError naming the
+// path and what is wrong: no weights found, an index that names a file
+// outside its folder, a tensor the index places in a file without it, a
+// tensor in two files.
+class WeightFiles {
+ public:
+  explicit WeightFiles(const std::string& path);
+  ~WeightFiles();
+  WeightFiles(const WeightFiles&) = delete;
+  WeightFiles& operator=(const WeightFiles&) = delete;
+
+  struct Tensor {
+    DType dtype;
+    std::vector<int64_t> shape;
+    std::string file;  // the path of the file holding it
+  };
+  const std::map<std::string, Tensor>& tensors() const { return tensors_; }
+  const std::string& path() const { return path_; }
+  // Elements [start, start + length) of flattened tensor `name` as F32 (a
+  // floating dtype converted, through a bounded buffer).
+  void read_f32(const std::string& name, int64_t start, int64_t length, float* dst) const;
+  // Bytes [byte_offset, byte_offset + bytes) of tensor `name` as stored.
+  void read(const std::string& name, uint64_t byte_offset, uint64_t bytes, void* dst) const;
+
+ private:
+  std::string path_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, Tensor> tensors_;
+  std::map<std::string, const SafetensorsFile*> holder_;
+};
+
 struct ParamInfo {
   std::string name;
   std::vector<int64_t> shape;

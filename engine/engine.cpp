@@ -12,9 +12,9 @@
 #include <tbb/task_arena.h>
 
 #include "core/blas_kernels.h"
-#include "core/env.h"
 #include "core/heap.h"
 #include "engine/engine_impl.h"
+#include "engine/engine_setup.h"
 #include "zero/error.h"
 #include "zero/log.h"
 
@@ -39,12 +39,6 @@ std::string torch_message(const c10::Error& e, at::ScalarType dtype) {
   return text;
 }
 
-std::shared_ptr<comm::ProcessGroup> join(const Config& config) {
-  comm::GroupOptions options;
-  if (!env::is_set("ZERO_COMM_TIMEOUT")) options.timeout = std::chrono::seconds(config.zero.comm_timeout_s);
-  if (!env::is_set("ZERO_CUDA_BACKEND")) options.cuda_backend = config.zero.cuda_comm_backend;
-  return comm::init_process_group(options);
-}
 
 }  // namespace
 
@@ -54,7 +48,12 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
   s.config = config;
   s.module = std::move(module);
   if (!s.module) throw EngineError("zero::initialize got no model");
-  s.pg = options.mesh ? options.mesh->world() : options.group ? options.group : join(config);
+  // A model partitioned as it was built (zero::Init) continues on the group it was built over.
+  const std::shared_ptr<partition::ConstructionParts> parts = engine::construction_parts_of(*s.module);
+  s.pg = options.mesh    ? options.mesh->world()
+         : options.group ? options.group
+         : parts         ? parts->group()
+                         : engine::join(config);
   if (!s.config.resolved() || s.config.world_size() != s.pg->size()) s.config.resolve(s.pg->size());
   for (const auto& w : s.config.warnings()) log::warn_once("config:" + w, "config", w);
   const auto& sizes = s.config.parallelism;

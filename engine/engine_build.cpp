@@ -40,6 +40,9 @@ void Engine::Impl::build_params(InitOptions& options) {
   if (pipeline) engine::isolate_params(model_params, copies);
   engine::set_replicas(model_params, *module, splits, mesh->shape(), copies);
   const auto& dp = mesh->dp_group();
+  // Units partitioned as they were built (zero::Init) are laid out from their parts.
+  const std::shared_ptr<partition::ConstructionParts> parts = engine::construction_parts_of(*module);
+  if (parts) engine::check_partitioned(*module, *parts, mesh->shape(), *pg);
   // Before the first collective that assumes it: every rank holds the same
   // config and model, or every rank stops naming what differs (tp slices
   // have equal shapes; pipeline stages hold different layers, so the model
@@ -61,15 +64,18 @@ void Engine::Impl::build_params(InitOptions& options) {
   // group's rank 0, as DeepSpeed does (tp ranks hold different slices).
   {
     torch::NoGradGuard no_grad;
-    for (auto& p : module->parameters()) dp->broadcast(p.data(), 0);
+    for (auto& p : module->parameters()) {
+      if (!parts || !parts->holds(p)) dp->broadcast(p.data(), 0);  // parts are rank 0's already
+    }
     for (auto& b : module->buffers()) dp->broadcast(b, 0);
   }
   bool params_on_host = true;
   for (const auto& g : model_params.groups) {
-    for (const auto& p : g.params) params_on_host = params_on_host && p.is_cpu();
+    for (const auto& p : g.params) params_on_host = params_on_host && (parts ? parts->device_of(p) : p.device()).is_cpu();
   }
-  sharded = std::make_unique<partition::ShardedParams>(std::move(model_params.groups), dp,
-                                                       engine::partition_options(config, dtype, pg));
+  partition::Options partition_options = engine::partition_options(config, dtype, pg);
+  partition_options.parts = parts;
+  sharded = std::make_unique<partition::ShardedParams>(std::move(model_params.groups), dp, partition_options);
   if (!units.empty()) sharded->attach_units(units);
   if (dtype != at::kFloat) {  // frozen weights and buffers follow the training dtype
     torch::NoGradGuard no_grad;

@@ -84,6 +84,57 @@ void group_params(ModelParams& out, const std::vector<ParamGroup>& param_groups,
 
 }  // namespace
 
+std::shared_ptr<comm::ProcessGroup> join(const Config& config) {
+  comm::GroupOptions options;
+  if (!env::is_set("ZERO_COMM_TIMEOUT")) options.timeout = std::chrono::seconds(config.zero.comm_timeout_s);
+  if (!env::is_set("ZERO_CUDA_BACKEND")) options.cuda_backend = config.zero.cuda_comm_backend;
+  return comm::init_process_group(options);
+}
+
+std::shared_ptr<partition::ConstructionParts> construction_parts_of(torch::nn::Module& module) {
+  const auto live = partition::ConstructionParts::live();
+  if (live.empty()) return nullptr;
+  std::shared_ptr<partition::ConstructionParts> found;
+  for (const auto& p : module.parameters()) {
+    for (const auto& parts : live) {
+      if (!parts->holds(p)) continue;
+      if (found && found != parts) {
+        throw EngineError("zero::initialize: the model's units were built under two zero::Init; build them under one");
+      }
+      found = parts;
+    }
+  }
+  return found;
+}
+
+void check_partitioned(torch::nn::Module& module, const partition::ConstructionParts& parts, const MeshShape& mesh,
+                       const comm::ProcessGroup& pg) {
+  if (mesh.tp > 1 || mesh.pp > 1) {
+    throw ConfigError("zero::initialize: the model was partitioned as it was built (zero::Init), which works with "
+                      "data parallelism alone, but the config asks for tensor parallel " + std::to_string(mesh.tp) +
+                      " and pipeline " + std::to_string(mesh.pp) + "; build the model without zero::Init");
+  }
+  if (parts.group().get() != &pg) {
+    throw EngineError("zero::initialize: the model was partitioned over the group of its zero::Init, not the one "
+                      "given; pass InitOptions::group = init.group(), or none");
+  }
+  for (const auto& named : module.named_modules("", /*include_self=*/false)) {
+    auto* unit = dynamic_cast<UnitBase*>(named.value().get());
+    if (!unit) continue;
+    bool trains = false, held = false;
+    for (const auto& p : unit->parameters()) {
+      if (!p.requires_grad() || p.numel() == 0) continue;
+      trains = true;
+      held = held || parts.holds(p);
+    }
+    if (trains && !held) {
+      throw EngineError("zero::initialize: unit " + named.key() +
+                        " was built outside zero::Init, but other units of the model were partitioned as they were "
+                        "built; build every unit under one zero::Init (or none)");
+    }
+  }
+}
+
 std::vector<UnitBase*> units_of(torch::nn::Module& module) {
   std::vector<UnitBase*> units;
   for (const auto& m : module.modules(/*include_self=*/true)) {

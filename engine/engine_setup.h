@@ -12,6 +12,7 @@
 #include "zero/comm.h"
 #include "zero/config.h"
 #include "zero/engine.h"
+#include "partition/construction.h"
 #include "partition/partition.h"
 #include "zero/tensor_parallel.h"
 #include "zero/unit.h"
@@ -24,6 +25,20 @@ struct ModelParams {
   std::vector<UnitBase*> units;                         // stage 3: the model's zero::Units
   int64_t frozen_bytes = 0;                             // parameters that do not train, in the training dtype
 };
+// The ranks joined from the launch environment, with the config's comm
+// timeout and CUDA backend unless the environment sets them.
+std::shared_ptr<comm::ProcessGroup> join(const Config& config);
+
+// Partitioned construction (zero::Init, Note [Partitioned construction]):
+// the parts holding the model's parameters, or none. Throws when they come
+// from two zero::Init.
+std::shared_ptr<partition::ConstructionParts> construction_parts_of(torch::nn::Module& module);
+// Checks a model partitioned as built before initialize lays it out: every
+// unit built under zero::Init, data parallelism alone, the group it was
+// built over.
+void check_partitioned(torch::nn::Module& module, const partition::ConstructionParts& parts, const MeshShape& mesh,
+                       const comm::ProcessGroup& pg);
+
 // The model's zero::Units, in module order (outer before inner).
 std::vector<UnitBase*> units_of(torch::nn::Module& module);
 

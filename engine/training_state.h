@@ -54,5 +54,7 @@ void save_checkpoint(TrainingState& state, const std::string& dir, const std::st
                      const std::string& client_state);
 std::string load_checkpoint(TrainingState& state, const std::string& dir, const std::string& tag,
                             const LoadOptions& options);
+// Engine::load_weights (engine/weights_load.cpp).
+void load_weights(TrainingState& state, const std::string& path, const WeightsLoadOptions& options);
 
 }  // namespace zero::engine

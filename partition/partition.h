@@ -34,6 +34,8 @@
 
 namespace zero::partition {
 
+class ConstructionParts;
+
 struct Options {
   int stage = 0;
   int64_t bucket_numel = 500000000;
@@ -60,6 +62,10 @@ struct Options {
   // live in host memory) or "nvme" (in files, read back for each gather).
   std::string offload_param = "none";
   offload::SwapOptions param_swap;         // with "nvme"
+  // Parameters partitioned as they were built (zero::Init, Note
+  // [Partitioned construction]): each is gathered from its parts when its
+  // bucket is filled. None: every parameter is whole.
+  std::shared_ptr<ConstructionParts> parts;
 };
 
 class UnitScheduler;
@@ -178,6 +184,7 @@ class ShardedParams {
   };
   void on_grad_ready(int index);
   void build_buckets(const std::vector<at::Tensor>& tensors);
+  at::Device device_of(const at::Tensor& param) const;  // where it was built (zero::Init leaves no memory behind it)
   // step(): each master tensor's gradient and its squares, and their removal.
   void attach_master_grads(bool widen);
   void detach_master_grads();

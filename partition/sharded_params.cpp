@@ -6,6 +6,7 @@
 
 #include "offload/host_tensors.h"
 #include "zero/error.h"
+#include "partition/construction.h"
 #include "partition/partition.h"
 
 namespace zero::partition {
@@ -75,7 +76,7 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
   std::vector<at::Tensor> tensors;
   for (const auto& g : groups) tensors.insert(tensors.end(), g.params.rbegin(), g.params.rend());
   const size_t n = layout_.buckets().size();
-  const bool accelerator = !tensors.empty() && !tensors.front().device().is_cpu();
+  const bool accelerator = !tensors.empty() && !device_of(tensors.front()).is_cpu();
   if (options_.offload_optimizer) {
     // The reduced gradients of offloaded buckets are copied to the host
     // when the parameters are elsewhere; at stages 2-3 they then skip the
@@ -92,7 +93,7 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
   ReducerOptions reducer;
   reducer.stage = options_.stage;
   reducer.overlap_comm = options_.overlap_comm;
-  const auto device = tensors.empty() ? at::Device(at::kCPU) : tensors.front().device();
+  const auto device = tensors.empty() ? at::Device(at::kCPU) : device_of(tensors.front());
   reducer.grad_options = torch::TensorOptions().dtype(options_.dtype).device(device);
   reducer_ = GradReducer::for_stage(layout_, pg_, host_grads_.get(), reducer);
 
@@ -111,13 +112,17 @@ void ShardedParams::build_buckets(const std::vector<at::Tensor>& tensors) {
   const bool mixed = options_.dtype != at::kFloat;
   for (size_t k = 0; k < layout_.buckets().size(); ++k) {
     const LayoutBucket& span = layout_.buckets()[k];
-    const auto device = tensors[span.params.front()].device();
+    const auto device = device_of(tensors[span.params.front()]);
     at::Tensor values = empty_with_huge_pages(span.numel, torch::TensorOptions().dtype(at::kFloat).device(device)).zero_();
     auto in_bucket = [&](const at::Tensor& t, int i) {
       const int64_t start = layout_.params()[i].offset - span.offset;
       return t.slice(0, start, start + layout_.params()[i].numel);
     };
-    for (int i : span.params) in_bucket(values, i).copy_(tensors[i].detach().reshape(-1));
+    for (int i : span.params) {
+      const bool parted = options_.parts && options_.parts->holds(tensors[i]);  // Note [Partitioned construction]
+      in_bucket(values, i).copy_(parted ? options_.parts->gather(tensors[i], layout_.params()[i].name)
+                                        : tensors[i].detach().reshape(-1));
+    }
     at::Tensor full = mixed ? empty_with_huge_pages(span.numel, values.options().dtype(options_.dtype)).copy_(values) : values;
     for (int i : span.params) {
       torch::NoGradGuard no_grad;
@@ -134,6 +139,10 @@ void ShardedParams::build_buckets(const std::vector<at::Tensor>& tensors) {
     masters_.add(values.slice(0, start, start + span.shard_numel), mixed || shard_offloaded);
     storage_.release(k);  // stage 3: until its unit runs (a no-op for buckets that stay gathered)
   }
+}
+
+at::Device ShardedParams::device_of(const at::Tensor& param) const {
+  return options_.parts ? options_.parts->device_of(param) : param.device();
 }
 
 ShardedParams::~ShardedParams() {

@@ -35,6 +35,7 @@ unit.h type partition
 config.h facade config
 launch_config.h facade accelerate
 engine.h facade engine
+init.h facade engine
 accelerate.h facade accelerate
 zero.h facade -'
 # The library's folders below the engine (engine/ and accelerate/ are above).
@@ -52,7 +53,7 @@ EngineError the program's calls at run time (their order and arguments) and what
 errors_allowed='core none
 comm CommError
 offload OffloadError
-partition PartitionError
+partition PartitionError OffloadError
 activations EngineError
 parallel ConfigError CommError PartitionError EngineError
 ckpt CheckpointError

@@ -17,6 +17,11 @@ torch::nn::LayerNorm layer_norm(int64_t width) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({width}));
 }
 
+// GPT-2's initialisation: N(0, 0.02), residual projections scaled by
+// 1/sqrt(number of residual adds).
+constexpr double kInitStd = 0.02;
+double residual_std(const GPTOptions& o) { return kInitStd / std::sqrt(2.0 * static_cast<double>(o.depth)); }
+
 void init_linear(torch::nn::LinearImpl& linear, double std) {
   torch::nn::init::normal_(linear.weight, 0.0, std);
   if (linear.bias.defined()) torch::nn::init::zeros_(linear.bias);
@@ -94,6 +99,9 @@ BlockImpl::BlockImpl(const GPTOptions& o) {
   attn = register_module("attn", CausalSelfAttention(o));
   ln2 = register_module("ln2", layer_norm(o.width));
   mlp = register_module("mlp", MLP(o));
+  // A block sets its own weights, so that it is whole when its constructor
+  // returns: under zero::Init (include/zero/init.h) it is partitioned then.
+  init_weights(kInitStd, residual_std(o));
 }
 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
@@ -136,14 +144,11 @@ GPTImpl::GPTImpl(const GPTOptions& o) : options_(o) {
 
 void GPTImpl::init_weights() {
   torch::NoGradGuard no_grad;
-  const double std = 0.02;
-  // GPT-2: residual projections scaled by 1/sqrt(number of residual adds).
-  const double residual_std = std / std::sqrt(2.0 * static_cast<double>(options_.depth));
-  torch::nn::init::normal_(wte->weight, 0.0, std);
-  torch::nn::init::normal_(wpe->weight, 0.0, std);
-  for (size_t i = 0; i < blocks->size(); ++i) block(i)->inner()->init_weights(std, residual_std);
+  // The blocks have set theirs (BlockImpl's constructor).
+  torch::nn::init::normal_(wte->weight, 0.0, kInitStd);
+  torch::nn::init::normal_(wpe->weight, 0.0, kInitStd);
   init_layer_norm(ln_f);
-  if (lm_head) init_linear(*lm_head, std);
+  if (lm_head) init_linear(*lm_head, kInitStd);
 }
 
 at::Tensor GPTImpl::forward(const at::Tensor& tokens) {

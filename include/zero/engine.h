@@ -117,6 +117,13 @@ struct LoadOptions {
   bool load_module_only = false;         // weights, frozen parameters and buffers only
 };
 
+// What Engine::load_weights takes from weight files.
+struct WeightsLoadOptions {
+  // The name in the files of each of the model's parameters and buffers
+  // (e.g. add "model." for a Hugging Face checkpoint). None: the same name.
+  std::function<std::string(const std::string&)> name_in_files;
+};
+
 class Engine {
  public:
   Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, InitOptions options);
@@ -182,6 +189,17 @@ class Engine {
   // Loads <dir>/<tag> (empty: the tag <dir>/latest names), saved at any
   // world size and stage, and returns its client_state JSON text. A collective.
   std::string load_checkpoint(const std::string& dir, const std::string& tag = "", const LoadOptions& options = {});
+
+  // Weights from safetensors files into the model as it is partitioned: one
+  // file (Hugging Face's model.safetensors, or what `zero-ckpt consolidate`
+  // writes), a model.safetensors.index.json with the shards it names, or a
+  // folder holding either. Each rank reads only the byte ranges of its own
+  // shards (F16, BF16 and F64 converted to the fp32 master weights), one
+  // bucket at a time; frozen parameters and buffers are read whole. Names
+  // and shapes are checked first: a tensor missing, left over or of another
+  // shape is a CheckpointError naming it, and nothing is loaded. Optimizer
+  // states and counters stay as they are. A collective.
+  void load_weights(const std::string& path, const WeightsLoadOptions& options = {});
 
   torch::nn::Module& module();
   std::shared_ptr<torch::nn::Module> module_ptr();

@@ -31,6 +31,16 @@
 
 namespace zero {
 
+class UnitBase;
+// Partitioned construction (zero::Init, init.h): what a unit built on this
+// thread hands its parameters to as its constructor returns. Internal: set
+// by zero::Init while it lives, null otherwise.
+using UnitBuiltHook = void (*)(UnitBase& unit);
+inline UnitBuiltHook& unit_built_hook() {
+  static thread_local UnitBuiltHook hook = nullptr;  // one per thread in the whole program (an inline function's static)
+  return hook;
+}
+
 // What the engine does around a unit's forward (internal; set by initialize).
 class UnitHooks {
  public:
@@ -83,7 +93,10 @@ class UnitBase : public torch::nn::Module {
 template <typename Inner>  // Inner: a module holder such as Block (TORCH_MODULE)
 class UnitImpl : public UnitBase {
  public:
-  explicit UnitImpl(Inner inner) : inner_(std::move(inner)) { adopt(*inner_); }
+  explicit UnitImpl(Inner inner) : inner_(std::move(inner)) {
+    adopt(*inner_);
+    if (UnitBuiltHook hook = unit_built_hook()) hook(*this);  // under zero::Init: partitioned now
+  }
 
   // x = unit(x): LibTorch's ModuleHolder needs one non-template forward.
   at::Tensor forward(const at::Tensor& x) { return call(x); }

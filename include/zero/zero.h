@@ -6,6 +6,7 @@
 #include "zero/config.h"
 #include "zero/engine.h"
 #include "zero/error.h"
+#include "zero/init.h"
 #include "zero/log.h"
 #include "zero/mesh.h"
 #include "zero/tensor_parallel.h"

@@ -1,0 +1,161 @@
+// Engine::load_weights: weights from safetensors files (Hugging Face's
+// layout, or zero's consolidated file) streamed into the partition, each
+// rank reading the byte ranges of its own shards (ckpt::WeightFiles).
+#include <torch/torch.h>
+
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "core/progress.h"
+#include "engine/checkpoint_io.h"
+#include "engine/engine_impl.h"
+#include "engine/training_state.h"
+#include "zero/error.h"
+#include "zero/log.h"
+
+namespace zero {
+namespace engine {
+namespace {
+
+std::string listing(const std::vector<std::string>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size() && i < 20; ++i) out += "\n  " + v[i];
+  if (v.size() > 20) out += "\n  ... and " + std::to_string(v.size() - 20) + " more";
+  return out;
+}
+
+// Every tensor of the model in the files, of its shape, and (with the
+// whole model here) nothing else in them: checked before anything is read.
+void check_matches(const ckpt::WeightFiles& files, const ModelTensors& model,
+                   const std::function<std::string(const std::string&)>& in_files, bool whole) {
+  std::vector<std::string> missing, reshaped, unused;
+  std::set<std::string> used;
+  auto check = [&](const std::string& name, const std::vector<int64_t>& shape, bool floating) {
+    const std::string file_name = in_files(name);
+    used.insert(file_name);
+    const std::string shown = file_name == name ? name : name + " (\"" + file_name + "\" in the files)";
+    auto it = files.tensors().find(file_name);
+    if (it == files.tensors().end()) {
+      missing.push_back(shown);
+    } else if (it->second.shape != shape) {
+      reshaped.push_back(shown + " " + nlohmann::json(it->second.shape).dump() + " in " + it->second.file + ", " +
+                         nlohmann::json(shape).dump() + " in the model");
+    } else if (floating && !ckpt::dtype_is_floating(it->second.dtype)) {
+      reshaped.push_back(shown + " is " + ckpt::dtype_name(it->second.dtype) + " in " + it->second.file +
+                         ", not a floating dtype");
+    }
+  };
+  for (const auto& p : model.params) check(p.name, p.shape, true);
+  for (const auto& [name, t] : model.buffers) check(name, t.sizes().vec(), at::isFloatingType(t.scalar_type()));
+  if (whole) {
+    for (const auto& [name, t] : files.tensors()) {
+      if (!used.count(name)) unused.push_back(name + " (" + t.file + ")");
+    }
+  }
+  if (missing.empty() && reshaped.empty() && unused.empty()) return;
+  std::string message = "load_weights: " + files.path() + " does not match the model:";
+  if (!missing.empty()) message += "\nin the model, not in the files:" + listing(missing);
+  if (!unused.empty()) message += "\nin the files, not in the model:" + listing(unused);
+  if (!reshaped.empty()) message += "\ndiffering:" + listing(reshaped);
+  message += "\nnothing was loaded; map the model's names to the files' with WeightsLoadOptions::name_in_files";
+  throw CheckpointError(message);
+}
+
+// Bucket k's master weights from the files (a host copy for a master
+// elsewhere: one bucket at a time).
+void read_bucket(TrainingState& s, const ckpt::WeightFiles& files, size_t k,
+                 const std::vector<partition::FlatLayout::Fragment>& fragments,
+                 const std::function<std::string(const std::string&)>& in_files) {
+  const at::Tensor& master = s.params.masters().tensors()[k];
+  const bool direct = master.is_cpu() && master.is_contiguous();
+  at::Tensor cpu = direct ? master : master.to(at::kCPU).contiguous();
+  for (const auto& f : fragments) {
+    if (f.bucket != static_cast<int64_t>(k)) continue;
+    const std::string& name = s.params.param_name(f.param);
+    for (const auto& piece : full_pieces(s.splits, name, f.param_offset, f.length)) {
+      float* dst = cpu.data_ptr<float>() + f.start + (piece.offset - f.param_offset);
+      files.read_f32(in_files(name), piece.full_offset, piece.length, dst);
+    }
+  }
+  if (!direct) {
+    torch::NoGradGuard no_grad;
+    master.copy_(cpu);
+  }
+}
+
+// Frozen parameters and buffers, whole, in the dtype the model holds them.
+void read_module(const ckpt::WeightFiles& files, const ModelTensors& model,
+                 const std::function<std::string(const std::string&)>& in_files) {
+  torch::NoGradGuard no_grad;
+  auto read = [&](const std::string& name, const at::Tensor& t) {
+    if (at::isFloatingType(t.scalar_type())) {
+      at::Tensor values = torch::empty({t.numel()}, at::kFloat);
+      files.read_f32(in_files(name), 0, t.numel(), values.data_ptr<float>());
+      t.copy_(values.view(t.sizes()));
+      return;
+    }
+    const auto& stored = files.tensors().at(in_files(name));
+    if (from_ckpt(stored.dtype) != t.scalar_type()) {
+      throw CheckpointError("load_weights: buffer " + name + " is " + ckpt::dtype_name(stored.dtype) + " in " +
+                            stored.file + " and " + std::string(c10::toString(t.scalar_type())) + " in the model");
+    }
+    at::Tensor values = torch::empty(t.sizes(), t.options().device(at::kCPU));
+    files.read(in_files(name), 0, values.nbytes(), values.data_ptr());
+    t.copy_(values);
+  };
+  for (const auto& [name, t] : model.frozen) read(name, t);
+  for (const auto& [name, t] : model.buffers) read(name, t);
+}
+
+}  // namespace
+
+void load_weights(TrainingState& s, const std::string& path, const WeightsLoadOptions& options) {
+  const auto in_files = options.name_in_files ? options.name_in_files
+                                              : std::function<std::string(const std::string&)>(
+                                                    [](const std::string& name) { return name; });
+  const ckpt::WeightFiles files(path);  // headers only; every rank reads the same ones
+  const ModelTensors model = describe(s.module, s.splits);
+  check_matches(files, model, in_files, /*whole=*/s.mesh.shape().pp == 1);
+
+  // From here every rank runs the same collectives (each bucket's publish)
+  // whatever fails on it; the first failure is kept and the ranks agree.
+  std::string error;
+  auto attempt = [&](const auto& part) {
+    if (!error.empty()) return;
+    try {
+      part();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  };
+  const auto& masters = s.params.masters().tensors();
+  const auto fragments = s.params.fragments();
+  int64_t total = 0;
+  for (const at::Tensor& m : masters) total += static_cast<int64_t>(m.nbytes());
+  Progress progress("loading weights from " + path, total, s.pg.rank() == 0);
+  NvmeWindow window(s.optimizer.nvme_store(), s.optimizer, masters, /*write_back=*/true);
+  for (size_t k = 0; k < masters.size(); ++k) {
+    progress.advance(static_cast<int64_t>(masters[k].nbytes()));
+    attempt([&] { window.enter(k); });  // NVMe offload: the bucket comes back, and goes back after
+    attempt([&] { read_bucket(s, files, k, fragments, in_files); });
+    s.params.masters().publish_bucket(k);  // the master weights become the parameters
+  }
+  s.params.masters().publish();
+  attempt([&] { read_module(files, model, in_files); });
+  attempt([&] { window.finish(); });
+  error = comm::agreed_error(s.pg, error, "load_weights: " + path);
+  if (!error.empty()) {
+    throw CheckpointError(error + "; the weights are partly loaded: load them again (or a checkpoint) before training");
+  }
+  log::info("ckpt", "loaded the weights of " + path + " (" + std::to_string(files.tensors().size()) + " tensors)");
+}
+
+}  // namespace engine
+
+void Engine::load_weights(const std::string& path, const WeightsLoadOptions& options) {
+  engine::TrainingState state = impl_->training_state();
+  engine::load_weights(state, path, options);
+}
+
+}  // namespace zero
