@@ -158,6 +158,28 @@ TEST(StreamingLoad, ShardedBf16FilesWithANameMap) {
   if (g_world->rank() == 0) fs::remove_all(folder);
 }
 
+// zero's own way out and back in: a sharded checkpoint consolidated into one
+// fp32 file (what `zero-ckpt consolidate` writes) loads into a fresh
+// partitioned model at another stage as the weights that were saved.
+TEST(StreamingLoad, AConsolidatedCheckpointLoads) {
+  const std::string folder = shared_folder("zero_load_consolidated");
+  State want;
+  {
+    GPT model{nullptr};
+    zero::Engine engine = partitioned_engine(config(2), model, 51);
+    want = engine.gathered_state_dict();
+    engine.save_checkpoint(folder + "/ckpt", "t");
+  }
+  if (g_world->rank() == 0) zero::ckpt::consolidate(folder + "/ckpt", "t", folder + "/consolidated.safetensors");
+  g_world->barrier();
+  GPT model{nullptr};
+  zero::Engine engine = partitioned_engine(config(3), model, 52);
+  engine.load_weights(folder + "/consolidated.safetensors");
+  expect_state(want, engine.gathered_state_dict());
+  g_world->barrier();
+  if (g_world->rank() == 0) fs::remove_all(folder);
+}
+
 TEST(StreamingLoad, MismatchesAreNamedAndNothingIsLoaded) {
   torch::manual_seed(31);
   GPT reference(gpt_options());

@@ -118,7 +118,7 @@ LossFn loss_of(zero_examples::GPT model) {
 }
 
 void expect_parity(const Outcome& ref, const Outcome& tp, const torch::nn::Module& tp_model_layout,
-                   const std::string& what) {
+                   const std::string& what, double param_tolerance = 1e-5) {
   ASSERT_EQ(ref.losses.size(), tp.losses.size());
   for (size_t i = 0; i < ref.losses.size(); ++i) {
     EXPECT_NEAR(tp.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i])) << what << ", step " << i;
@@ -143,7 +143,7 @@ void expect_parity(const Outcome& ref, const Outcome& tp, const torch::nn::Modul
     // Relative to the tensor's largest element, or absolute for tensors
     // below 1 (biases start at 0): 1e-5 is 1/200 of one Adam step here.
     const double scale = std::max(want.abs().max().item<double>(), 1.0);
-    EXPECT_LE((got - want).abs().max().item<double>(), 1e-5 * scale) << what << ", " << name;
+    EXPECT_LE((got - want).abs().max().item<double>(), param_tolerance * scale) << what << ", " << name;
   }
 }
 
@@ -170,6 +170,11 @@ TEST(TensorParallelTraining, EveryStageMatchesOneProcess) {
 // lr 0.01 one process and tp 2 drift apart past 1e-5 after ~10 steps (a
 // rounding difference, not a wrong gradient: the first steps agree to 1e-7).
 constexpr double kGptLr = 0.002;
+// At lr 0.002 the weights still drift by rounding to about 1e-5 over the 20
+// steps (1.08e-5 in one element on LibTorch 2.15 with the blocks' present
+// initialisation): the parameters are compared to 2e-5, 1/100 of one Adam
+// step, where a wrong gradient moves them by whole steps.
+constexpr double kGptParamTolerance = 2e-5;
 
 // AutoTP: the engine splits the example GPT's zero::tp::Linear modules by
 // gpt_rules() from tensor_parallel.autotp_size alone (no mesh given).
@@ -198,7 +203,7 @@ TEST(TensorParallelTraining, AutoTpGptMatchesOneProcess) {
     EXPECT_EQ(splits.at("blocks.0.attn.qkv.weight").parts, 3);
     const Outcome tp = train(engine, loss_of(model), 1, dp_size, mesh.coordinates().dp * kMicro, kMicro,
                              mesh.dp_group());
-    expect_parity(ref, tp, *model, what);
+    expect_parity(ref, tp, *model, what, kGptParamTolerance);
   }
 }
 
