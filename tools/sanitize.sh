@@ -32,7 +32,7 @@ case "$kind" in
     flags="-fsanitize=address,undefined -fno-sanitize=vptr -fno-omit-frame-pointer"
     # The torch-free half: config parser, checkpoint format and tools, fuzz corpora.
     quick_targets=(test_config test_ckpt_format zero-ckpt zero-config fuzz_replay)
-    quick_tests='^(config\.|ckpt\.(CkptTest|Manifest|Dtypes|python_reader)|fuzz\.)'
+    quick_tests='^(config\.|ckpt\.(CkptTest|Manifest|Dtypes|WeightFilesTest|python_reader)|fuzz\.)'
     ;;
   thread)
     dir="${ZERO_SANITIZE_DIR:-$prefix-tsan}"
