@@ -1,0 +1,242 @@
+// Larger than memory: a GPT whose training state (16 bytes a parameter:
+// fp32 weights, gradients and Adam's two moments) is --state-vs-ram times
+// this machine's RAM, built under zero::Init straight onto NVMe and trained
+// at stage 3 with offload_param and offload_optimizer on NVMe and every
+// block recomputing its activations, on a repeated batch.
+// bench/run_larger_than_memory.sh measures the disk with fio and runs it:
+//
+//   zero-run --nproc 2 bench_larger_than_memory --state-vs-ram 2 --steps 3 --nvme DIR
+//       --disk-read-bps B --disk-write-bps B
+//
+// The model is sized from /proc/meminfo (or --ram-bytes) and refused, with
+// the bytes it needs and the bytes free, when the disk under --nvme cannot
+// hold its state. Per step: the wall time on the slowest rank (median), the
+// bytes this job read and wrote (/proc/self/io, every rank), and the bound:
+// the larger of the compute time (one block's forward, recompute and
+// backward measured alone, times the depth) and the I/O time (those bytes
+// over the disk's bandwidth). Prints a report, then one JSON line.
+#include <sys/statvfs.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "gpt/gpt.h"
+#include "gpt_bench.h"
+#include "zero/zero.h"
+
+using namespace zero_examples;
+using nlohmann::json;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+int64_t meminfo_bytes(const std::string& field) {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
+  }
+  return -1;
+}
+
+// Bytes this process has read from and written to storage (O_DIRECT included).
+std::pair<int64_t, int64_t> io_bytes() {
+  std::ifstream in("/proc/self/io");
+  std::string key;
+  int64_t value = 0, read = 0, written = 0;
+  while (in >> key >> value) {
+    if (key == "read_bytes:") read = value;
+    if (key == "write_bytes:") written = value;
+  }
+  return {read, written};
+}
+
+// A GPT of about `params` parameters: blocks of 12 w^2 (width w, 64 per
+// head), about 48 of them.
+GPTOptions sized(int64_t params, int64_t context) {
+  GPTOptions o;
+  o.vocab_size = 256;
+  o.context = context;
+  const double width = std::sqrt(static_cast<double>(params) / (12.0 * 48.0));
+  o.width = std::clamp<int64_t>(static_cast<int64_t>(std::llround(width / 128.0)) * 128, 128, 8192);
+  o.heads = o.width / 64;
+  o.depth = std::max<int64_t>(2, std::llround(static_cast<double>(params) / (12.0 * o.width * o.width + 13.0 * o.width)));
+  return o;
+}
+
+std::string ds_config(const std::string& nvme, int64_t micro, int64_t bucket) {
+  json offload = {{"device", "nvme"}, {"nvme_path", nvme}};
+  json c = {{"train_micro_batch_size_per_gpu", micro},
+            {"gradient_accumulation_steps", 1},
+            {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"weight_decay", 0.0}}}}},
+            {"gradient_clipping", 1.0},
+            {"steps_per_print", 1000000000},
+            {"activation_checkpointing", {{"checkpoint_every", 1}}},
+            {"zero_optimization",
+             {{"stage", 3},
+              {"reduce_bucket_size", bucket},
+              {"sub_group_size", bucket},
+              {"stage3_param_persistence_threshold", 0},
+              {"offload_param", offload},
+              {"offload_optimizer", offload}}}};
+  return c.dump();
+}
+
+// One block's forward, recompute and backward, alone in memory: the compute
+// of a step per block on this rank.
+double block_seconds(const GPTOptions& o, int64_t micro) {
+  Block block(o);
+  at::Tensor x = torch::randn({micro, o.context, o.width});
+  double best = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    const auto t = Clock::now();
+    {
+      torch::NoGradGuard no_grad;
+      block->forward(x);  // the forward whose activations are not kept
+    }
+    at::Tensor y = block->forward(x.detach().requires_grad_());  // the recompute
+    y.sum().backward();
+    best = std::min(best, since(t));
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const zero_bench::Flags flags(argc, argv,
+                                  {{"state-vs-ram", "2"}, {"steps", "3"}, {"nvme", ""}, {"ram-bytes", "0"},
+                                   {"context", "64"}, {"micro", "1"}, {"bucket", "50000000"},
+                                   {"disk-read-bps", "0"}, {"disk-write-bps", "0"}, {"out", ""}});
+    auto world = zero::comm::init_process_group();
+    const int rank = world->rank(), ranks = world->size();
+    at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks));
+    const std::string nvme = flags.str("nvme");
+    if (nvme.empty()) throw std::invalid_argument("--nvme DIR: the folder on the disk to offload to");
+    const int64_t ram = flags.num("ram-bytes") > 0 ? flags.num("ram-bytes") : meminfo_bytes("MemTotal");
+    const double ratio = std::stod(flags.str("state-vs-ram"));
+    const int64_t micro = flags.num("micro");
+    const GPTOptions options = sized(static_cast<int64_t>(ratio * static_cast<double>(ram) / 16.0), flags.num("context"));
+    const int64_t block_params = 12 * options.width * options.width + 13 * options.width;
+    const int64_t params = options.depth * block_params + (options.vocab_size + options.context + 2) * options.width;
+    // On disk: fp32 parameter shards, master weights and two moments (16
+    // bytes a parameter); the parts of construction (4) are gone by the time
+    // the optimizer's files are written. A tenth spare.
+    const int64_t needed = static_cast<int64_t>(1.1 * 16.0 * static_cast<double>(params));
+    struct statvfs disk {};
+    if (statvfs(nvme.c_str(), &disk) != 0) throw std::invalid_argument("--nvme " + nvme + ": no such folder");
+    const int64_t free_bytes = static_cast<int64_t>(disk.f_bavail) * static_cast<int64_t>(disk.f_frsize);
+    if (free_bytes < needed) {
+      if (rank == 0) {
+        std::fprintf(stderr,
+                     "bench_larger_than_memory: a state %.2fx RAM (%lld parameters) needs %lld bytes under %s, "
+                     "which has %lld free; free space there, point --nvme at a larger disk, or lower --state-vs-ram\n",
+                     ratio, static_cast<long long>(params), static_cast<long long>(needed), nvme.c_str(),
+                     static_cast<long long>(free_bytes));
+      }
+      return 2;
+    }
+    if (rank == 0) {
+      std::fprintf(stderr, "model: %lld parameters (depth %lld, width %lld), state %.1f GB = %.2fx RAM %.1f GB; disk needs %.1f of %.1f GB free\n",
+                   static_cast<long long>(params), static_cast<long long>(options.depth),
+                   static_cast<long long>(options.width), 16e-9 * params, 16.0 * params / ram, 1e-9 * ram, 1e-9 * needed,
+                   1e-9 * free_bytes);
+    }
+    const zero::Config config = zero::Config::from_json(ds_config(nvme, micro, flags.num("bucket")));
+
+    const auto t_build = Clock::now();
+    torch::manual_seed(0);
+    GPT model{nullptr};
+    {
+      zero::PartitionedInitOptions init;
+      init.group = world;
+      init.remote_device = "nvme";
+      zero::Init partitioned(config, init);
+      model = GPT(options);
+    }
+    const double build_s = since(t_build);
+    const auto t_init = Clock::now();
+    zero::InitOptions init_options;
+    init_options.group = world;
+    zero::Engine engine = zero::initialize(config, model, init_options);
+    const double init_s = since(t_init);
+    if (rank == 0) std::fprintf(stderr, "built in %.1f s, initialized in %.1f s\n", build_s, init_s);
+
+    auto gen = at::detail::createCPUGenerator(1234 + rank);
+    const at::Tensor tokens = torch::randint(0, options.vocab_size, {micro, options.context + 1}, gen, torch::kLong);
+    std::vector<double> times, losses;
+    int64_t read = 0, written = 0;
+    for (int64_t step = 0; step < flags.num("steps"); ++step) {
+      world->barrier();
+      const auto [r0, w0] = io_bytes();
+      const auto t = Clock::now();
+      at::Tensor loss = model->loss(tokens.slice(1, 0, options.context), tokens.slice(1, 1, options.context + 1));
+      engine.backward(loss);
+      engine.step();
+      at::Tensor slowest = torch::tensor({since(t)}, torch::kDouble);
+      world->all_reduce(slowest, zero::comm::ReduceOp::Max);
+      const auto [r1, w1] = io_bytes();
+      at::Tensor io = torch::tensor({static_cast<double>(r1 - r0), static_cast<double>(w1 - w0)}, torch::kDouble);
+      world->all_reduce(io, zero::comm::ReduceOp::Sum);
+      at::Tensor mean_loss = torch::tensor({loss.item<double>()}, torch::kDouble);
+      world->all_reduce(mean_loss, zero::comm::ReduceOp::Sum);
+      times.push_back(slowest.item<double>());
+      losses.push_back(mean_loss.item<double>() / ranks);
+      read += static_cast<int64_t>(io[0].item<double>());
+      written += static_cast<int64_t>(io[1].item<double>());
+      if (rank == 0) std::fprintf(stderr, "step %lld: %.1f s, loss %.4f\n", static_cast<long long>(step), times.back(), losses.back());
+    }
+    const int64_t steps = static_cast<int64_t>(times.size());
+    std::vector<double> sorted = times;
+    std::sort(sorted.begin(), sorted.end());
+    const double step_s = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];
+    at::Tensor peak = torch::tensor({static_cast<double>(zero_bench::peak_rss_bytes())}, torch::kDouble);
+    world->all_reduce(peak, zero::comm::ReduceOp::Max);
+
+    const double compute_s = block_seconds(options, micro) * static_cast<double>(options.depth);
+    const double read_bps = static_cast<double>(flags.num("disk-read-bps"));
+    const double write_bps = static_cast<double>(flags.num("disk-write-bps"));
+    const double read_per_step = steps ? static_cast<double>(read) / steps : 0.0;
+    const double written_per_step = steps ? static_cast<double>(written) / steps : 0.0;
+    const double io_s = (read_bps > 0 ? read_per_step / read_bps : 0.0) + (write_bps > 0 ? written_per_step / write_bps : 0.0);
+    const double bound_s = std::max(compute_s, io_s);
+    if (rank == 0) {
+      const zero::MemoryReport held = engine.memory_report();
+      std::printf("Larger than memory: %lld parameters, state %.1f GB on %d ranks, RAM %.1f GB\n",
+                  static_cast<long long>(params), 16e-9 * params, ranks, 1e-9 * ram);
+      std::printf("  held by rank 0: %s\n", held.describe().c_str());
+      std::printf("  step %.1f s (median of %lld); bound %.1f s (compute %.1f s, I/O %.1f s); step/bound %.2f\n", step_s,
+                  static_cast<long long>(steps), bound_s, compute_s, io_s, bound_s > 0 ? step_s / bound_s : 0.0);
+      std::printf("  NVMe per step: read %.2f GB, written %.2f GB; peak RSS per rank %.2f GB\n", 1e-9 * read_per_step,
+                  1e-9 * written_per_step, 1e-9 * peak.item<double>());
+      const json result = {{"params", params},
+                           {"state_bytes", 16 * params},
+                           {"ram_bytes", ram},
+                           {"peak_rss_per_rank", static_cast<int64_t>(peak.item<double>())},
+                           {"step_s", step_s},
+                           {"bound_s", bound_s},
+                           {"nvme_read_bytes_per_step", static_cast<int64_t>(read_per_step)},
+                           {"nvme_write_bytes_per_step", static_cast<int64_t>(written_per_step)},
+                           {"loss_first", losses.empty() ? 0.0 : losses.front()},
+                           {"loss_last", losses.empty() ? 0.0 : losses.back()}};
+      std::printf("%s\n", result.dump().c_str());
+      if (!flags.str("out").empty()) std::ofstream(flags.str("out"), std::ios::app) << result.dump() << "\n";
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_larger_than_memory: %s\n", e.what());
+    return 1;
+  }
+}
