@@ -1,5 +1,6 @@
 #include "engine/engine_setup.h"
 
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -85,10 +86,19 @@ void group_params(ModelParams& out, const std::vector<ParamGroup>& param_groups,
 }  // namespace
 
 std::shared_ptr<comm::ProcessGroup> join(const Config& config) {
+  // One rendezvous while the ranks are joined: a zero::Init and the
+  // initialize after it, or an engine and a zero::Init beside it, share the
+  // group joined first for as long as anything holds it.
+  static std::mutex mutex;
+  static std::weak_ptr<comm::ProcessGroup> joined;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (std::shared_ptr<comm::ProcessGroup> world = joined.lock()) return world;
   comm::GroupOptions options;
   if (!env::is_set("ZERO_COMM_TIMEOUT")) options.timeout = std::chrono::seconds(config.zero.comm_timeout_s);
   if (!env::is_set("ZERO_CUDA_BACKEND")) options.cuda_backend = config.zero.cuda_comm_backend;
-  return comm::init_process_group(options);
+  std::shared_ptr<comm::ProcessGroup> world = comm::init_process_group(options);
+  joined = world;
+  return world;
 }
 
 std::shared_ptr<partition::ConstructionParts> construction_parts_of(torch::nn::Module& module) {

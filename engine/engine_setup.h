@@ -26,7 +26,8 @@ struct ModelParams {
   int64_t frozen_bytes = 0;                             // parameters that do not train, in the training dtype
 };
 // The ranks joined from the launch environment, with the config's comm
-// timeout and CUDA backend unless the environment sets them.
+// timeout and CUDA backend unless the environment sets them; while a group
+// joined here is alive, that group (its timeout and backend) again.
 std::shared_ptr<comm::ProcessGroup> join(const Config& config);
 
 // Partitioned construction (zero::Init, Note [Partitioned construction]):
