@@ -56,6 +56,13 @@ std::string fragment_name(const std::string& kind, const std::string& param, int
   return kind + "/" + param + "/" + std::to_string(offset);
 }
 
+std::string listing(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < 20; ++i) out += "\n  " + names[i];
+  if (names.size() > 20) out += "\n  ... and " + std::to_string(names.size() - 20) + " more";
+  return out;
+}
+
 ModelTensors describe(torch::nn::Module& module, const std::map<std::string, tp::Split>& splits) {
   ModelTensors out;
   std::set<const void*> seen;

@@ -54,6 +54,9 @@ struct ModelTensors {
 };
 ModelTensors describe(torch::nn::Module& module, const std::map<std::string, tp::Split>& splits);
 
+// Names for an error message, one per line, the first 20 and a count of the rest.
+std::string listing(const std::vector<std::string>& names);
+
 // The pieces of fragment `f` (of parameter `name`) in the full parameter's
 // coordinates: one piece, f itself, unless the parameter is split.
 std::vector<tp::FullRange> full_pieces(const std::map<std::string, tp::Split>& splits, const std::string& name,

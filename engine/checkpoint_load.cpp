@@ -24,13 +24,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string listing(const std::vector<std::string>& v) {
-  std::string out;
-  for (size_t i = 0; i < v.size() && i < 20; ++i) out += "\n  " + v[i];
-  if (v.size() > 20) out += "\n  ... and " + std::to_string(v.size() - 20) + " more";
-  return out;
-}
-
 // The model must match the checkpoint by names and shapes.
 // `whole`: the model is all of it (a pipeline stage holds a part, so what
 // the checkpoint has beyond it is the other stages').

@@ -78,7 +78,7 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
   const auto& z = s.config.zero_optimization;
   s.dtype = training_dtype(s.config);
   s.gas = *s.config.batch.gradient_accumulation_steps;
-  s.build_params(options);
+  s.build_params(options, parts);
   s.setup_activation_checkpointing();
   s.telemetry = std::make_unique<engine::Telemetry>(s.config, s.pg, *s.module, s.model_device, s.dtype,
                                                     s.pipeline && s.pipeline->has_links(), [&s] { return s.memory(); });

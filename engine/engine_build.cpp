@@ -30,7 +30,7 @@ std::string MemoryReport::describe() const {
   return out.str();
 }
 
-void Engine::Impl::build_params(InitOptions& options) {
+void Engine::Impl::build_params(InitOptions& options, const std::shared_ptr<partition::ConstructionParts>& parts) {
   engine::ModelParams model_params = engine::model_params(*module, std::move(options.param_groups), config, dtype);
   frozen_bytes = model_params.frozen_bytes;
   units = model_params.units;
@@ -41,7 +41,6 @@ void Engine::Impl::build_params(InitOptions& options) {
   engine::set_replicas(model_params, *module, splits, mesh->shape(), copies);
   const auto& dp = mesh->dp_group();
   // Units partitioned as they were built (zero::Init) are laid out from their parts.
-  const std::shared_ptr<partition::ConstructionParts> parts = engine::construction_parts_of(*module);
   if (parts) engine::check_partitioned(*module, *parts, mesh->shape(), *pg);
   // Before the first collective that assumes it: every rank holds the same
   // config and model, or every rank stops naming what differs (tp slices

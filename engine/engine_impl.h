@@ -44,7 +44,8 @@ struct Engine::Impl {
   ~Impl();
 
   // Construction (engine_build.cpp).
-  void build_params(InitOptions& options);
+  // `parts`: the model's units partitioned as they were built (zero::Init), or none.
+  void build_params(InitOptions& options, const std::shared_ptr<partition::ConstructionParts>& parts);
   void setup_activation_checkpointing();
   MemoryReport memory() const;
   engine::TrainingState training_state();

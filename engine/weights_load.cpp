@@ -18,13 +18,6 @@ namespace zero {
 namespace engine {
 namespace {
 
-std::string listing(const std::vector<std::string>& v) {
-  std::string out;
-  for (size_t i = 0; i < v.size() && i < 20; ++i) out += "\n  " + v[i];
-  if (v.size() > 20) out += "\n  ... and " + std::to_string(v.size() - 20) + " more";
-  return out;
-}
-
 // Every tensor of the model in the files, of its shape, and (with the
 // whole model here) nothing else in them: checked before anything is read.
 void check_matches(const ckpt::WeightFiles& files, const ModelTensors& model,
@@ -65,13 +58,12 @@ void check_matches(const ckpt::WeightFiles& files, const ModelTensors& model,
 // Bucket k's master weights from the files (a host copy for a master
 // elsewhere: one bucket at a time).
 void read_bucket(TrainingState& s, const ckpt::WeightFiles& files, size_t k,
-                 const std::vector<partition::FlatLayout::Fragment>& fragments,
+                 const std::vector<partition::FlatLayout::Fragment>& fragments_of_k,
                  const std::function<std::string(const std::string&)>& in_files) {
   const at::Tensor& master = s.params.masters().tensors()[k];
   const bool direct = master.is_cpu() && master.is_contiguous();
   at::Tensor cpu = direct ? master : master.to(at::kCPU).contiguous();
-  for (const auto& f : fragments) {
-    if (f.bucket != static_cast<int64_t>(k)) continue;
+  for (const auto& f : fragments_of_k) {
     const std::string& name = s.params.param_name(f.param);
     for (const auto& piece : full_pieces(s.splits, name, f.param_offset, f.length)) {
       float* dst = cpu.data_ptr<float>() + f.start + (piece.offset - f.param_offset);
@@ -130,7 +122,8 @@ void load_weights(TrainingState& s, const std::string& path, const WeightsLoadOp
     }
   };
   const auto& masters = s.params.masters().tensors();
-  const auto fragments = s.params.fragments();
+  std::vector<std::vector<partition::FlatLayout::Fragment>> by_bucket(masters.size());
+  for (const auto& f : s.params.fragments()) by_bucket[f.bucket].push_back(f);
   int64_t total = 0;
   for (const at::Tensor& m : masters) total += static_cast<int64_t>(m.nbytes());
   Progress progress("loading weights from " + path, total, s.pg.rank() == 0);
@@ -138,7 +131,7 @@ void load_weights(TrainingState& s, const std::string& path, const WeightsLoadOp
   for (size_t k = 0; k < masters.size(); ++k) {
     progress.advance(static_cast<int64_t>(masters[k].nbytes()));
     attempt([&] { window.enter(k); });  // NVMe offload: the bucket comes back, and goes back after
-    attempt([&] { read_bucket(s, files, k, fragments, in_files); });
+    attempt([&] { read_bucket(s, files, k, by_bucket[k], in_files); });
     s.params.masters().publish_bucket(k);  // the master weights become the parameters
   }
   s.params.masters().publish();

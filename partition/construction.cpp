@@ -155,7 +155,7 @@ at::Tensor ConstructionParts::gather(const at::Tensor& param, const std::string&
   const int world = group_->size();
   at::Tensor whole;
   if (world == 1) {
-    whole = part.values.clone();
+    whole = part.swap_id >= 0 ? part.values.clone() : part.values;  // the store frees its own memory at drop
   } else {
     whole = torch::empty({part.values.numel() * world}, part.values.options());
     group_->all_gather(whole, part.values);
