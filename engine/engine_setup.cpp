@@ -241,6 +241,17 @@ bool fused_step_on_host(const Config& config, bool params_on_host) {
   const auto& o = config.optimizer;
   return params_on_host && (o.type == "Adam" || o.type == "AdamW") && !o.params.torch_adam && !o.params.amsgrad;
 }
+
+// offload_optimizer "nvme": where the master weights and states go.
+offload::SwapOptions optimizer_swap(const Config& config, const OffloadOptimizerConfig& offload, int rank) {
+  offload::SwapOptions swap;
+  swap.nvme_path = offload.nvme_path;
+  swap.rank = rank;
+  swap.block_size = config.aio.block_size;
+  swap.queue_depth = config.aio.queue_depth;
+  swap.buffer_count = offload.buffer_count;
+  return swap;
+}
 }  // namespace
 
 partition::Options partition_options(const Config& config, at::ScalarType dtype, std::shared_ptr<comm::ProcessGroup> world) {
@@ -258,8 +269,8 @@ partition::Options partition_options(const Config& config, at::ScalarType dtype,
   o.offload_optimizer = offload.device == "cpu" || offload.device == "nvme";
   o.offload_ratio = offload.ratio;
   o.host_grad_copies = env::offload_host_grad_copies();  // for tests (Note [Offload copies])
-  o.offload_master_to_disk = offload.device == "nvme";
   o.pin_memory = offload.pin_memory || z.offload_param.pin_memory;
+  if (offload.device == "nvme") o.master_swap = optimizer_swap(config, offload, world->rank());
   o.offload_param = z.offload_param.device;
   if (z.offload_param.device == "nvme") {
     o.param_swap.nvme_path = z.offload_param.nvme_path;
@@ -372,16 +383,11 @@ std::unique_ptr<MasterOptimizer> master_optimizer(const Config& config, partitio
   // Without offload every master is already in host memory (Note [Fused step on CPU ranks]).
   if (offloaded) host.elsewhere = kept_on_device(params, params.options().offload_ratio);
   if (offload.device == "nvme") {
-    offload::SwapOptions swap;
-    swap.nvme_path = offload.nvme_path;
-    swap.rank = world_rank;
-    swap.block_size = config.aio.block_size;
-    swap.queue_depth = config.aio.queue_depth;
-    swap.buffer_count = offload.buffer_count;
-    host.swap = swap;
+    host.swap = optimizer_swap(config, offload, world_rank);
+    host.store = params.masters().take_nvme_store();  // the master weights, written as they were made
     host.sub_group_numel = config.zero_optimization.sub_group_size;
   }
-  return make_optimizer(config.optimizer, groups, shard_layout(params, dp), host);
+  return make_optimizer(config.optimizer, groups, shard_layout(params, dp), std::move(host));
 }
 
 }  // namespace zero::engine

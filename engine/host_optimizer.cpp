@@ -222,21 +222,17 @@ CpuAdam::CpuAdam(std::vector<torch::optim::OptimizerParamGroup> groups, bool dec
                     elsewhere),
       decoupled_(decoupled) {}
 
-void CpuAdam::make_states() {
-  for (auto& g : param_groups_) {
-    for (auto& p : g.params()) {
-      auto key = optimizer_state_key(p);
-      if (state_.count(key)) continue;
-      if (decoupled_) {
-        auto s = std::make_unique<torch::optim::AdamWParamState>();
-        s->exp_avg(state_like(p, 0.0)).exp_avg_sq(state_like(p, 0.0));
-        state_[key] = std::move(s);
-      } else {
-        auto s = std::make_unique<torch::optim::AdamParamState>();
-        s->exp_avg(state_like(p, 0.0)).exp_avg_sq(state_like(p, 0.0));
-        state_[key] = std::move(s);
-      }
-    }
+void CpuAdam::make_states_of(const at::Tensor& p) {
+  auto key = optimizer_state_key(p);
+  if (state_.count(key)) return;
+  if (decoupled_) {
+    auto s = std::make_unique<torch::optim::AdamWParamState>();
+    s->exp_avg(state_like(p, 0.0)).exp_avg_sq(state_like(p, 0.0));
+    state_[key] = std::move(s);
+  } else {
+    auto s = std::make_unique<torch::optim::AdamParamState>();
+    s->exp_avg(state_like(p, 0.0)).exp_avg_sq(state_like(p, 0.0));
+    state_[key] = std::move(s);
   }
 }
 
@@ -262,7 +258,7 @@ void CpuAdam::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, co
   h.lr = static_cast<float>(lr), h.beta1 = static_cast<float>(b1), h.beta2 = static_cast<float>(b2);
   h.eps = static_cast<float>(eps), h.weight_decay = static_cast<float>(wd), h.decoupled_weight_decay = decoupled_;
   h.grad_scale = grad_scale_;
-  make_states();  // the first step: zeros, as torch::optim makes them
+  make_states_of(p);  // the first step: zeros, as torch::optim makes them
   at::Tensor m, v;
   auto& s = *state_.at(optimizer_state_key(p));
   if (decoupled_) {

@@ -36,9 +36,9 @@ class HostOptimizer : public torch::optim::Optimizer {
   // says and calls out->send_updated(i) as soon as it is done.
   void step_into(partition::MasterStore* out);
 
-  // The state tensors of every parameter, made now (zeros, or what
-  // torch::optim starts from) instead of at the first step.
-  virtual void make_states() = 0;
+  // The state tensors of `p`, made now (zeros, or what torch::optim starts
+  // from) instead of at its first update.
+  virtual void make_states_of(const at::Tensor& p) = 0;
 
   // NVMe offload: the parameters and their states live in `store`
   // (ids[i]: the store ids of flat parameter i's tensors). step() walks
@@ -87,7 +87,7 @@ class CpuAdam : public HostOptimizer {
   // groups carry AdamWOptions (decoupled weight decay) or AdamOptions (L2).
   CpuAdam(std::vector<torch::optim::OptimizerParamGroup> groups, bool decoupled,
           const std::vector<at::Tensor>& elsewhere = {});
-  void make_states() override;
+  void make_states_of(const at::Tensor& p) override;
 
  protected:
   void update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& target) override;
@@ -101,7 +101,7 @@ class CpuAdagrad : public HostOptimizer {
  public:
   explicit CpuAdagrad(std::vector<torch::optim::OptimizerParamGroup> groups,
                       const std::vector<at::Tensor>& elsewhere = {});
-  void make_states() override {}  // made up front, as torch::optim::Adagrad does
+  void make_states_of(const at::Tensor&) override {}  // made up front, as torch::optim::Adagrad does
 
  protected:
   void update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, const at::Tensor& target) override;

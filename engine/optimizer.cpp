@@ -206,11 +206,13 @@ std::unique_ptr<MasterOptimizer> torch_optimizer(const std::vector<OptimizerGrou
 
 // ZeRO-Infinity: every tensor the host kernels update, and its states, go
 // to files under swap.nvme_path (with partial offload, the others stay with
-// the parameters); the step brings them back sub-group by sub-group.
-void swap_to_nvme(HostOptimizer& host, MasterOptimizer& optimizer, const offload::SwapOptions& swap,
-                  int64_t sub_group_numel) {
-  host.make_states();
-  auto store = std::make_unique<offload::SwappedTensors>(swap);
+// the parameters); the step brings them back sub-group by sub-group. The
+// tensors come already written (the partition's master weights, `store`),
+// and their states, as they start, are registered by value and not written
+// (SwappedTensors::add_filled): a state larger than memory is never in it.
+void swap_to_nvme(HostOptimizer& host, MasterOptimizer& optimizer, std::unique_ptr<offload::SwappedTensors> store,
+                  const offload::SwapOptions& swap, int64_t sub_group_numel) {
+  if (!store) store = std::make_unique<offload::SwappedTensors>(swap);
   std::vector<std::vector<int>> ids;
   for (const auto& p : optimizer.tensors()) {
     const std::string key = "master" + std::to_string(ids.size());
@@ -218,28 +220,38 @@ void swap_to_nvme(HostOptimizer& host, MasterOptimizer& optimizer, const offload
       ids.emplace_back();  // Note [Partial offload]: not swapped
       continue;
     }
-    ids.push_back({store->add(p, key)});
+    int id = store->find(p);
+    if (id < 0) {
+      id = store->add(p, key);
+      store->swap_out({id});
+    }
+    ids.push_back({id});
+    host.make_states_of(p);
     int state = 0;
     for (const auto& name : optimizer.state_names()) {
-      ids.back().push_back(store->add(optimizer.state(p, name, false), key + ".state" + std::to_string(state++)));
+      // A fresh state holds one value everywhere (0, or Adagrad's
+      // initial_accumulator_value).
+      const at::Tensor s = optimizer.state(p, name, false);
+      const double value = s.numel() > 0 ? s.reshape(-1)[0].item<double>() : 0.0;
+      ids.back().push_back(store->add_filled(s, key + ".state" + std::to_string(state++), value));
     }
   }
   store->swap_out_all();
-  store->reset_peak();  // initialize held everything once; from here on the pipeline bounds it
+  store->reset_peak();  // from here on the step's pipeline bounds it
   host.use_store(std::move(store), std::move(ids), sub_group_numel);
 }
 
 template <typename Options, typename State, typename Host, typename... Args>
-std::unique_ptr<MasterOptimizer> host_optimizer(const HostStep& step, std::vector<std::string> names, Args&&... args) {
+std::unique_ptr<MasterOptimizer> host_optimizer(HostStep& step, std::vector<std::string> names, Args&&... args) {
   auto host = std::make_unique<Host>(std::forward<Args>(args)..., step.elsewhere);
   Host* raw = host.get();
   auto optimizer = std::make_unique<TorchOptimizer<Options, State>>(std::move(host), std::move(names), raw);
-  if (step.swap) swap_to_nvme(*raw, *optimizer, *step.swap, step.sub_group_numel);
+  if (step.swap) swap_to_nvme(*raw, *optimizer, std::move(step.store), *step.swap, step.sub_group_numel);
   return optimizer;
 }
 
 std::unique_ptr<MasterOptimizer> make_host_optimizer(const OptimizerConfig& config, const std::vector<OptimizerGroup>& groups,
-                                                     const HostStep& step) {
+                                                     HostStep& step) {
   using namespace torch::optim;
   const auto& p = config.params;
   if (config.type == "Adam" || config.type == "AdamW") {
@@ -292,7 +304,7 @@ std::unique_ptr<MasterOptimizer> make_lamb(const OptimizerConfig& config, const 
 }  // namespace
 
 std::unique_ptr<MasterOptimizer> make_optimizer(const OptimizerConfig& config, const std::vector<OptimizerGroup>& groups,
-                                                const ShardLayout& layout, const HostStep& host) {
+                                                const ShardLayout& layout, HostStep host) {
   using namespace torch::optim;
   if (config.type.empty()) {
     throw ConfigError("the config has no \"optimizer\" section; add e.g. {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}");

@@ -103,9 +103,12 @@ struct HostStep {
   // sub-group by sub-group of about sub_group_numel elements.
   std::optional<offload::SwapOptions> swap;
   int64_t sub_group_numel = 0;
+  // The store the host tensors were written to as they were made (the
+  // partition's master weights); their states join it. None: made here.
+  std::unique_ptr<offload::SwappedTensors> store;
 };
 
 std::unique_ptr<MasterOptimizer> make_optimizer(const OptimizerConfig& config, const std::vector<OptimizerGroup>& groups,
-                                                const ShardLayout& layout, const HostStep& host = {});
+                                                const ShardLayout& layout, HostStep host = {});
 
 }  // namespace zero::engine

@@ -42,6 +42,40 @@ int SwappedTensors::add(const at::Tensor& tensor, const std::string& key) {
   return static_cast<int>(entries_.size()) - 1;
 }
 
+int SwappedTensors::add_filled(const at::Tensor& tensor, const std::string& key, double value) {
+  if (!tensor.is_cpu() || !tensor.is_contiguous() || tensor.storage_offset() != 0 ||
+      tensor.storage().nbytes() != tensor.nbytes()) {
+    throw OffloadError("NVMe offload of \"" + key + "\": the tensor must be a contiguous host tensor owning its storage");
+  }
+  Entry e;
+  e.tensor = tensor;
+  e.key = key;
+  e.bytes = tensor.nbytes();
+  e.fill = value;
+  resident_ += static_cast<int64_t>(e.bytes);  // free_memory() takes it off
+  free_memory(e);
+  entries_.push_back(std::move(e));
+  return static_cast<int>(entries_.size()) - 1;
+}
+
+void SwappedTensors::remove(const std::vector<int>& ids) {
+  for (int id : ids) {
+    Entry& e = entry(id);
+    swapper_->remove(e.key);
+    e.reading = e.writing = false;
+    if (e.resident) free_memory(e);
+    e.on_disk = false;
+    e.fill.reset();
+    e.removed = true;
+  }
+}
+
+SwappedTensors::Entry& SwappedTensors::entry(int id) {
+  Entry& e = entries_.at(id);
+  if (e.removed) throw OffloadError("\"" + e.key + "\" was removed from NVMe offload and cannot be used again");
+  return e;
+}
+
 void SwappedTensors::allocate(Entry& e) {
   void* p = nullptr;
   if (posix_memalign(&p, kIoAlignment, std::max<size_t>(round_up(e.bytes), kIoAlignment)) != 0) {
@@ -65,9 +99,13 @@ void SwappedTensors::free_memory(Entry& e) {
 
 void SwappedTensors::swap_in(const std::vector<int>& ids) {
   for (int id : ids) {
-    Entry& e = entries_.at(id);
+    Entry& e = entry(id);
     if (e.resident || e.reading) continue;
     allocate(e);
+    if (e.fill) {  // never written: its value, without reading
+      e.tensor.fill_(*e.fill);
+      continue;
+    }
     e.ticket = swapper_->read(e.key, e.tensor.data_ptr(), e.bytes);
     e.reading = true;
   }
@@ -76,7 +114,7 @@ void SwappedTensors::swap_in(const std::vector<int>& ids) {
 void SwappedTensors::wait_in(const std::vector<int>& ids) {
   swap_in(ids);
   for (int id : ids) {
-    Entry& e = entries_.at(id);
+    Entry& e = entry(id);
     if (!e.reading) continue;
     e.reading = false;
     swapper_->wait(e.ticket);
@@ -85,7 +123,7 @@ void SwappedTensors::wait_in(const std::vector<int>& ids) {
 
 void SwappedTensors::swap_out(const std::vector<int>& ids) {
   for (int id : ids) {
-    Entry& e = entries_.at(id);
+    Entry& e = entry(id);
     if (!e.resident || e.writing) continue;
     if (e.reading) wait_in({id});
     e.ticket = swapper_->write(e.key, e.tensor.data_ptr(), e.bytes);
@@ -95,18 +133,19 @@ void SwappedTensors::swap_out(const std::vector<int>& ids) {
 
 void SwappedTensors::wait_out(const std::vector<int>& ids) {
   for (int id : ids) {
-    Entry& e = entries_.at(id);
+    Entry& e = entry(id);
     if (!e.writing) continue;
     e.writing = false;
     swapper_->wait(e.ticket);
     e.on_disk = true;
+    e.fill.reset();
     free_memory(e);
   }
 }
 
 void SwappedTensors::materialize(const std::vector<int>& ids) {
   for (int id : ids) {
-    Entry& e = entries_.at(id);
+    Entry& e = entry(id);
     if (e.reading) wait_in({id});
     if (!e.resident) allocate(e);
   }
@@ -114,31 +153,37 @@ void SwappedTensors::materialize(const std::vector<int>& ids) {
 
 void SwappedTensors::drop(const std::vector<int>& ids) {
   for (int id : ids) {
-    Entry& e = entries_.at(id);
+    Entry& e = entry(id);
     if (e.reading) wait_in({id});
     if (e.writing) wait_out({id});
-    if (!e.on_disk) throw OffloadError("\"" + e.key + "\" was never written to NVMe; swap it out instead of dropping it");
+    if (!e.on_disk && !e.fill) throw OffloadError("\"" + e.key + "\" was never written to NVMe; swap it out instead of dropping it");
     if (e.resident) free_memory(e);
   }
 }
 
-void SwappedTensors::swap_in_all() {
-  std::vector<int> all(entries_.size());
-  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
-  wait_in(all);
+std::vector<int> SwappedTensors::live_ids() const {
+  std::vector<int> ids;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (!entries_[i].removed) ids.push_back(static_cast<int>(i));
+  }
+  return ids;
 }
 
-// The first write of everything (the engine's initialize) lays out the swap
-// files: the long one, with a progress report on rank 0.
+void SwappedTensors::swap_in_all() { wait_in(live_ids()); }
+
+// The first write of everything resident (the engine's initialize, where
+// nothing was written as it was made) lays out the swap files: the long
+// one, with a progress report on rank 0.
 void SwappedTensors::swap_out_all() {
-  std::vector<int> all(entries_.size());
+  std::vector<int> all = live_ids();
   int64_t total = 0;
-  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i), total += static_cast<int64_t>(entries_[i].bytes);
+  for (int id : all) total += entries_[id].resident ? static_cast<int64_t>(entries_[id].bytes) : 0;
   swap_out(all);
-  Progress progress("writing the NVMe swap files", total, reports_progress_);
+  Progress progress("writing the NVMe swap files", total, reports_progress_ && total > 0);
   for (int id : all) {
+    const bool written = entries_[id].writing;
     wait_out({id});
-    progress.advance(static_cast<int64_t>(entries_[id].bytes));
+    if (written) progress.advance(static_cast<int64_t>(entries_[id].bytes));
   }
 }
 
@@ -151,7 +196,7 @@ int SwappedTensors::find(const at::Tensor& tensor) const {
 
 int64_t SwappedTensors::nvme_bytes() const {
   int64_t bytes = 0;
-  for (const auto& e : entries_) bytes += static_cast<int64_t>(e.bytes);
+  for (const auto& e : entries_) bytes += e.removed ? 0 : static_cast<int64_t>(e.bytes);
   return bytes;
 }
 

@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,14 @@ class SwappedTensors {
   // Registers a contiguous host tensor that owns its whole storage; its
   // values go to disk with the next swap_out. Returns its id.
   int add(const at::Tensor& tensor, const std::string& key);
+  // Registers a host tensor that holds `value` everywhere (an optimizer
+  // state as it starts): its memory is let go now and nothing is written;
+  // until its first write, reading it fills `value` instead of reading a
+  // file. Initialize then costs neither the memory nor the disk time.
+  int add_filled(const at::Tensor& tensor, const std::string& key, double value);
+  // Lets the tensors' memory and files go for good (their values are no
+  // longer needed); the ids must not be used again.
+  void remove(const std::vector<int>& ids);
 
   // Reads start at once; wait_in() makes the tensors usable.
   void swap_in(const std::vector<int>& ids);
@@ -58,7 +67,11 @@ class SwappedTensors {
     bool on_disk = false;
     SwapTicket ticket = 0;
     bool reading = false, writing = false;
+    std::optional<double> fill;  // add_filled: its value until it is written
+    bool removed = false;
   };
+  Entry& entry(int id);
+  std::vector<int> live_ids() const;  // every id not removed
   void allocate(Entry& e);
   void free_memory(Entry& e);
 

@@ -254,6 +254,21 @@ void NvmeSwapper::Impl::wait_all() {
   if (failed > 0) throw OffloadError(first);
 }
 
+void NvmeSwapper::Impl::remove(const std::string& key) {
+  if (keys.find(key) == keys.end()) return;
+  wait_until([&] {
+    for (const auto& [id, t] : tickets) {
+      if (t->key == key && !t->finished) return false;
+    }
+    return true;
+  });
+  for (auto it = tickets.begin(); it != tickets.end();) {  // nobody waits on them now
+    it = it->second->key == key ? tickets.erase(it) : std::next(it);
+  }
+  keys.erase(key);
+  (void)::unlink(folder->file_for(key).c_str());  // gone already: nothing to give back
+}
+
 NvmeSwapper::NvmeSwapper(SwapOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
 NvmeSwapper::~NvmeSwapper() = default;
 
@@ -265,6 +280,7 @@ SwapTicket NvmeSwapper::read(const std::string& key, void* data, size_t bytes) {
 }
 void NvmeSwapper::wait(SwapTicket ticket) { impl_->wait(ticket); }
 void NvmeSwapper::wait_all() { impl_->wait_all(); }
+void NvmeSwapper::remove(const std::string& key) { impl_->remove(key); }
 bool NvmeSwapper::direct_io() const { return impl_->direct; }
 const std::string& NvmeSwapper::folder() const { return impl_->folder->path(); }
 uint64_t NvmeSwapper::bytes_written() const { return impl_->written_bytes; }

@@ -72,6 +72,10 @@ class NvmeSwapper {
   // Waits for every request; when some failed, throws the first failure
   // (after all are done) and mentions how many others failed.
   void wait_all();
+  // Waits for the requests on `key`, then deletes its file and forgets the
+  // key (a later read fails as for a key never written): disk space given
+  // back as soon as a file is done with. An unknown key: nothing.
+  void remove(const std::string& key);
 
   bool direct_io() const;           // false after the buffered fallback
   const std::string& folder() const;

@@ -102,6 +102,7 @@ struct NvmeSwapper::Impl {
   void wait_until(Pred done);
   void wait(SwapTicket id);
   void wait_all();
+  void remove(const std::string& key);
 
   // ---- swapper_ring.cpp --------------------------------------------------
   void init_ring();

@@ -160,7 +160,7 @@ at::Tensor ConstructionParts::gather(const at::Tensor& param, const std::string&
     whole = torch::empty({part.values.numel() * world}, part.values.options());
     group_->all_gather(whole, part.values);
   }
-  if (part.swap_id >= 0) store_->drop({part.swap_id});  // the file goes with the store
+  if (part.swap_id >= 0) store_->remove({part.swap_id});  // its disk space, for the shards being written
   const int64_t numel = part.numel;
   bytes_ -= part.values.nbytes();
   parts_.erase(it);

@@ -12,8 +12,11 @@
 
 namespace zero::partition {
 
-MasterStore::MasterStore(const FlatLayout& layout, ParamStorage& storage, std::vector<bool> on_host, size_t groups)
-    : layout_(layout), storage_(storage), on_host_(std::move(on_host)), by_group_(groups), sent_(on_host_.size(), false) {}
+MasterStore::MasterStore(const FlatLayout& layout, ParamStorage& storage, std::vector<bool> on_host, size_t groups,
+                         std::optional<offload::SwapOptions> nvme)
+    : layout_(layout), storage_(storage), on_host_(std::move(on_host)), by_group_(groups), sent_(on_host_.size(), false) {
+  if (nvme) nvme_ = std::make_unique<offload::SwappedTensors>(*nvme);
+}
 
 MasterStore::~MasterStore() {
   for (auto& w : works_) {  // a step that stopped on an error
@@ -30,11 +33,28 @@ void MasterStore::add(const at::Tensor& shard_values, bool separate) {
   if (on_host_[k]) {
     // The updated parameters leave through update_target: pageable.
     m = offload::host_copy(shard_values, at::kFloat, /*pinned=*/false);
+    if (nvme_) {
+      // To its file now, one write in flight behind this one: the master
+      // weights of a partition larger than memory never are in it at once.
+      const int id = nvme_->add(m, "master" + std::to_string(k));
+      nvme_->swap_out({id});
+      writing_.push_back(id);
+      if (writing_.size() > 2) {
+        nvme_->wait_out({writing_.front()});
+        writing_.erase(writing_.begin());
+      }
+    }
   } else {
     m = separate ? shard_values.clone() : storage_.shard(k);
   }
   tensors_.push_back(m);
   by_group_[layout_.buckets()[k].group].push_back(m);
+}
+
+std::unique_ptr<offload::SwappedTensors> MasterStore::take_nvme_store() {
+  if (nvme_) nvme_->wait_out(writing_);
+  writing_.clear();
+  return std::move(nvme_);
 }
 
 bool MasterStore::is_param_shard(size_t k) const {

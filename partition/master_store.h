@@ -42,8 +42,10 @@
 #include <c10/core/Event.h>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
+#include "offload/swapped_tensors.h"
 #include "zero/comm.h"
 #include "partition/flat_layout.h"
 #include "partition/param_storage.h"
@@ -55,7 +57,11 @@ class MasterStore {
   // `on_host`: per bucket of `layout`, its master weights live in host
   // memory (offload_optimizer; Note [Partial offload]). `groups`: the
   // number of parameter groups (one may have no bucket).
-  MasterStore(const FlatLayout& layout, ParamStorage& storage, std::vector<bool> on_host, size_t groups);
+  // `nvme` (offload_optimizer "nvme"): the master weights on the host go
+  // to files under its nvme_path as each bucket's is made, and the
+  // optimizer adopts the store (take_nvme_store).
+  MasterStore(const FlatLayout& layout, ParamStorage& storage, std::vector<bool> on_host, size_t groups,
+              std::optional<offload::SwapOptions> nvme = std::nullopt);
   ~MasterStore();  // waits for the all-gathers a failed step left running
   MasterStore(const MasterStore&) = delete;
   MasterStore& operator=(const MasterStore&) = delete;
@@ -71,6 +77,10 @@ class MasterStore {
   // Per parameter group, its buckets' tensors (the optimizer's groups).
   const std::vector<std::vector<at::Tensor>>& by_group() const { return by_group_; }
   bool on_host(size_t k) const { return on_host_[k]; }
+  // offload_optimizer "nvme": the store holding the host master weights,
+  // every one written (key "master<k>"); null after the first call or
+  // without NVMe.
+  std::unique_ptr<offload::SwappedTensors> take_nvme_store();
 
   // The one way back to the parameters (Note [Offload copies]):
   // update_target(k) is where bucket k's updated shard is to be written in
@@ -109,6 +119,8 @@ class MasterStore {
   size_t next_staging_ = 0;
   std::vector<comm::WorkHandle> works_;  // all-gathers send_updated() started
   std::vector<bool> sent_;               // per bucket: send_updated() since the last publish()
+  std::unique_ptr<offload::SwappedTensors> nvme_;  // until the optimizer takes it
+  std::vector<int> writing_;                       // master writes add() started
 };
 
 }  // namespace zero::partition

@@ -52,6 +52,15 @@ void ParamStorage::add(const at::Tensor& full, int64_t shard_start, int64_t shar
     if (options_.offload_param == "nvme") {
       if (!store_) store_ = std::make_unique<offload::SwappedTensors>(options_.swap);
       b.swap_id = store_->add(b.shard, "params" + std::to_string(buckets_.size()));
+      // To its file now, one write in flight behind this one: no more than
+      // two shards are in memory while the model is laid out, however
+      // large it is.
+      store_->swap_out({b.swap_id});
+      building_.push_back(b.swap_id);
+      if (building_.size() > 2) {
+        store_->wait_out({building_.front()});
+        building_.erase(building_.begin());
+      }
     }
   }
   if (!persistent) gathered_now_ += full.numel() * full.element_size();  // gathered until the first release
@@ -60,7 +69,8 @@ void ParamStorage::add(const at::Tensor& full, int64_t shard_start, int64_t shar
 }
 
 void ParamStorage::seal() {
-  if (store_) store_->swap_out_all();
+  if (store_) store_->wait_out(building_);
+  building_.clear();
 }
 
 void ParamStorage::gather(size_t k, bool async) {

@@ -41,10 +41,11 @@ class ParamStorage {
 
   // Adds the next bucket: `full` holds its parameters; this rank's shard is
   // `shard_numel` elements from `shard_start`. A bucket that is not
-  // persistent copies its shard apart now and stays gathered until
-  // release(); seal() after the last one.
+  // persistent copies its shard apart now (offload_param "nvme": and starts
+  // writing it to its file) and stays gathered until release(); seal()
+  // after the last one.
   void add(const at::Tensor& full, int64_t shard_start, int64_t shard_numel, bool persistent);
-  // offload_param "nvme": the shards go to their files.
+  // offload_param "nvme": waits until every shard is in its file.
   void seal();
 
   size_t size() const { return buckets_.size(); }
@@ -111,6 +112,7 @@ class ParamStorage {
   std::vector<Bucket> buckets_;
   std::unique_ptr<offload::SwappedTensors> store_;  // offload_param "nvme"
   std::vector<int> writes_;                         // shard writes in flight
+  std::vector<int> building_;                       // shard writes add() started
   int64_t gathered_now_ = 0, gathered_peak_ = 0;    // buckets that are not persistent, gathered
   double wait_seconds_ = 0;
 };

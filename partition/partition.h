@@ -53,7 +53,9 @@ struct Options {
   bool offload_optimizer = false;
   double offload_ratio = 1.0;              // Note [Partial offload]
   bool pin_memory = false;                 // page-locked host tensors (with CUDA parameters)
-  bool offload_master_to_disk = false;     // NVMe: the master weights are not resident, so fp32 gets copies too
+  // offload_optimizer "nvme": the host master weights go to files as each
+  // bucket's is made (MasterStore::take_nvme_store hands them on).
+  std::optional<offload::SwapOptions> master_swap;
   // Copy the reduced gradients of offloaded buckets to host tensors even
   // when the parameters are in host memory (CPU ranks), as an accelerator
   // needs: the same bookkeeping runs, and is tested, without one.

@@ -71,7 +71,7 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
       options_(options),
       layout_(layout_of(groups, *pg_, options)),
       storage_(pg_, layout_.owners(), storage_options(options)),
-      masters_(layout_, storage_, masters_on_host(layout_, options), groups.size()) {
+      masters_(layout_, storage_, masters_on_host(layout_, options), groups.size(), options.master_swap) {
   // The parameters in the layout's order: reverse registration order, group by group.
   std::vector<at::Tensor> tensors;
   for (const auto& g : groups) tensors.insert(tensors.end(), g.params.rbegin(), g.params.rend());

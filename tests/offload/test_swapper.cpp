@@ -300,6 +300,22 @@ TEST(Swapper, FolderLivesWithTheSwapper) {
   EXPECT_TRUE(fs::is_empty(dir.path));
 }
 
+TEST(Swapper, RemoveGivesTheFileBackAndForgetsTheKey) {
+  TempDir dir;
+  NvmeSwapper s(options(dir.path));
+  std::vector<char> data(3 * kMiB + 5, 'r'), back(data.size());
+  s.wait(s.write("kept", data.data(), data.size()));
+  s.write("gone", data.data(), data.size());  // removed with its write in flight
+  s.remove("gone");
+  EXPECT_FALSE(fs::exists(s.folder() + "/gone.swp"));
+  EXPECT_THROW(s.read("gone", back.data(), back.size()), OffloadError) << "a removed key reads as one never written";
+  s.remove("never written");  // nothing to do
+  s.wait(s.read("kept", back.data(), back.size()));
+  EXPECT_EQ(back, data) << "another key's file is untouched";
+  s.wait(s.write("gone", data.data(), data.size()));  // the key can be written again
+  EXPECT_TRUE(fs::exists(s.folder() + "/gone.swp"));
+}
+
 TEST(Swapper, DirectIoMatchesTheFilesystem) {
   TempDir dir;
   NvmeSwapper s(options(dir.path));
