@@ -22,7 +22,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,6 +52,32 @@ int64_t meminfo_bytes(const std::string& field) {
   return -1;
 }
 
+// A field of /proc/self/status in bytes (VmRSS: resident now).
+int64_t status_bytes(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
+  }
+  return -1;
+}
+
+// The bytes of this rank's NVMe files: its swap folders under `nvme`
+// (zero_swap_rank<r>_<pid>..., offload/swap_folder.h).
+int64_t swap_file_bytes(const std::string& nvme, int rank) {
+  namespace fs = std::filesystem;
+  const std::string prefix = "zero_swap_rank" + std::to_string(rank) + "_";
+  int64_t bytes = 0;
+  std::error_code error;
+  for (const auto& folder : fs::directory_iterator(nvme, error)) {
+    if (folder.path().filename().string().rfind(prefix, 0) != 0) continue;
+    for (const auto& f : fs::directory_iterator(folder.path(), error)) {
+      if (f.is_regular_file(error)) bytes += static_cast<int64_t>(f.file_size(error));
+    }
+  }
+  return bytes;
+}
+
 // Bytes this process has read from and written to storage (O_DIRECT included).
 std::pair<int64_t, int64_t> io_bytes() {
   std::ifstream in("/proc/self/io");
@@ -75,7 +103,7 @@ GPTOptions sized(int64_t params, int64_t context) {
   return o;
 }
 
-std::string ds_config(const std::string& nvme, int64_t micro, int64_t bucket) {
+std::string ds_config(const std::string& nvme, int64_t micro, int64_t bucket, int64_t prefetch) {
   json offload = {{"device", "nvme"}, {"nvme_path", nvme}};
   json c = {{"train_micro_batch_size_per_gpu", micro},
             {"gradient_accumulation_steps", 1},
@@ -88,6 +116,7 @@ std::string ds_config(const std::string& nvme, int64_t micro, int64_t bucket) {
               {"reduce_bucket_size", bucket},
               {"sub_group_size", bucket},
               {"stage3_param_persistence_threshold", 0},
+              {"stage3_prefetch_bucket_size", prefetch},
               {"offload_param", offload},
               {"offload_optimizer", offload}}}};
   return c.dump();
@@ -119,7 +148,9 @@ int main(int argc, char** argv) {
     const zero_bench::Flags flags(argc, argv,
                                   {{"state-vs-ram", "2"}, {"steps", "3"}, {"nvme", ""}, {"ram-bytes", "0"},
                                    {"context", "64"}, {"micro", "1"}, {"bucket", "50000000"},
-                                   {"disk-read-bps", "0"}, {"disk-write-bps", "0"}, {"out", ""}});
+                                   {"disk-read-bps", "0"}, {"disk-write-bps", "0"}, {"out", ""},
+                                   {"config-out", ""}, {"checkpoint", ""},
+                                   {"prefetch", "50000000"}});
     auto world = zero::comm::init_process_group();
     const int rank = world->rank(), ranks = world->size();
     at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks));
@@ -154,23 +185,29 @@ int main(int argc, char** argv) {
                    static_cast<long long>(options.width), 16e-9 * params, 16.0 * params / ram, 1e-9 * ram, 1e-9 * needed,
                    1e-9 * free_bytes);
     }
-    const zero::Config config = zero::Config::from_json(ds_config(nvme, micro, flags.num("bucket")));
+    const std::string config_text = ds_config(nvme, micro, flags.num("bucket"), flags.num("prefetch"));
+    const zero::Config config = zero::Config::from_json(config_text);
+    // For `zero-config FILE --estimate` to predict this run from.
+    if (rank == 0 && !flags.str("config-out").empty()) std::ofstream(flags.str("config-out")) << config_text << "\n";
+    const int64_t rss_before = status_bytes("VmRSS");  // the process before the model: LibTorch, the transport
 
-    const auto t_build = Clock::now();
-    torch::manual_seed(0);
-    GPT model{nullptr};
-    {
+    // Built under zero::Init straight onto NVMe, then laid out by initialize.
+    auto build = [&](GPT& model) {
+      torch::manual_seed(0);
       zero::PartitionedInitOptions init;
       init.group = world;
       init.remote_device = "nvme";
       zero::Init partitioned(config, init);
       model = GPT(options);
-    }
-    const double build_s = since(t_build);
-    const auto t_init = Clock::now();
+    };
     zero::InitOptions init_options;
     init_options.group = world;
-    zero::Engine engine = zero::initialize(config, model, init_options);
+    const auto t_build = Clock::now();
+    GPT model{nullptr};
+    build(model);
+    const double build_s = since(t_build);
+    const auto t_init = Clock::now();
+    auto engine = std::make_unique<zero::Engine>(zero::initialize(config, model, init_options));
     const double init_s = since(t_init);
     if (rank == 0) std::fprintf(stderr, "built in %.1f s, initialized in %.1f s\n", build_s, init_s);
 
@@ -183,8 +220,8 @@ int main(int argc, char** argv) {
       const auto [r0, w0] = io_bytes();
       const auto t = Clock::now();
       at::Tensor loss = model->loss(tokens.slice(1, 0, options.context), tokens.slice(1, 1, options.context + 1));
-      engine.backward(loss);
-      engine.step();
+      engine->backward(loss);
+      engine->step();
       at::Tensor slowest = torch::tensor({since(t)}, torch::kDouble);
       world->all_reduce(slowest, zero::comm::ReduceOp::Max);
       const auto [r1, w1] = io_bytes();
@@ -204,6 +241,54 @@ int main(int argc, char** argv) {
     const double step_s = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];
     at::Tensor peak = torch::tensor({static_cast<double>(zero_bench::peak_rss_bytes())}, torch::kDouble);
     world->all_reduce(peak, zero::comm::ReduceOp::Max);
+    // What the model took, per rank (the most of any rank): host memory
+    // beyond the process before it, and the files on NVMe after the steps
+    // (every state has been written once by then).
+    at::Tensor held = torch::tensor({static_cast<double>(zero_bench::peak_rss_bytes() - rss_before),
+                                     static_cast<double>(swap_file_bytes(nvme, rank))},
+                                    torch::kDouble);
+    world->all_reduce(held, zero::comm::ReduceOp::Max);
+    const zero::MemoryReport report = engine->memory_report();
+
+    // --checkpoint DIR: save at this size, take two more steps, then build
+    // the model again, resume from the checkpoint (streaming, bucket by
+    // bucket) and take the same two steps: the losses must be equal.
+    json checkpoint;
+    if (!flags.str("checkpoint").empty()) {
+      auto mean_loss_of_step = [&](zero::Engine& e, GPT& m) {
+        at::Tensor loss = m->loss(tokens.slice(1, 0, options.context), tokens.slice(1, 1, options.context + 1));
+        e.backward(loss);
+        e.step();
+        at::Tensor mean = torch::tensor({loss.item<double>()}, torch::kDouble);
+        world->all_reduce(mean, zero::comm::ReduceOp::Sum);
+        return mean.item<double>() / ranks;
+      };
+      const std::string dir = flags.str("checkpoint");
+      auto t = Clock::now();
+      engine->save_checkpoint(dir, "larger_than_memory");
+      const double save_s = since(t);
+      std::vector<double> continued, resumed;
+      for (int i = 0; i < 2; ++i) continued.push_back(mean_loss_of_step(*engine, model));
+      engine.reset();  // its NVMe files go: the disk holds one run and the checkpoint
+      model = nullptr;
+      t = Clock::now();
+      build(model);
+      engine = std::make_unique<zero::Engine>(zero::initialize(config, model, init_options));
+      engine->load_checkpoint(dir, "larger_than_memory");
+      const double resume_s = since(t);
+      for (int i = 0; i < 2; ++i) resumed.push_back(mean_loss_of_step(*engine, model));
+      int64_t bytes = 0;
+      for (const auto& f : std::filesystem::recursive_directory_iterator(dir)) {
+        if (f.is_regular_file()) bytes += static_cast<int64_t>(f.file_size());
+      }
+      checkpoint = {{"bytes", bytes}, {"save_s", save_s}, {"rebuild_and_load_s", resume_s},
+                    {"losses_continued", continued}, {"losses_resumed", resumed}, {"resumed_equal", continued == resumed}};
+      if (rank == 0) {
+        std::fprintf(stderr, "checkpoint: %.1f GB saved in %.1f s; rebuilt and loaded in %.1f s; losses after it %.6f %.6f, "
+                     "resumed %.6f %.6f (%s)\n", 1e-9 * bytes, save_s, resume_s, continued[0], continued[1], resumed[0],
+                     resumed[1], continued == resumed ? "equal" : "DIFFERENT");
+      }
+    }
 
     const double compute_s = block_seconds(options, micro) * static_cast<double>(options.depth);
     const double read_bps = static_cast<double>(flags.num("disk-read-bps"));
@@ -213,10 +298,11 @@ int main(int argc, char** argv) {
     const double io_s = (read_bps > 0 ? read_per_step / read_bps : 0.0) + (write_bps > 0 ? written_per_step / write_bps : 0.0);
     const double bound_s = std::max(compute_s, io_s);
     if (rank == 0) {
-      const zero::MemoryReport held = engine.memory_report();
       std::printf("Larger than memory: %lld parameters, state %.1f GB on %d ranks, RAM %.1f GB\n",
                   static_cast<long long>(params), 16e-9 * params, ranks, 1e-9 * ram);
-      std::printf("  held by rank 0: %s\n", held.describe().c_str());
+      std::printf("  held by rank 0: %s\n", report.describe().c_str());
+      std::printf("  per rank (most of any): host %.2f GB beyond the process before the model, NVMe files %.2f GB\n",
+                  1e-9 * held[0].item<double>(), 1e-9 * held[1].item<double>());
       std::printf("  step %.1f s (median of %lld); bound %.1f s (compute %.1f s, I/O %.1f s); step/bound %.2f\n", step_s,
                   static_cast<long long>(steps), bound_s, compute_s, io_s, bound_s > 0 ? step_s / bound_s : 0.0);
       std::printf("  NVMe per step: read %.2f GB, written %.2f GB; peak RSS per rank %.2f GB\n", 1e-9 * read_per_step,
@@ -230,7 +316,15 @@ int main(int argc, char** argv) {
                            {"nvme_read_bytes_per_step", static_cast<int64_t>(read_per_step)},
                            {"nvme_write_bytes_per_step", static_cast<int64_t>(written_per_step)},
                            {"loss_first", losses.empty() ? 0.0 : losses.front()},
-                           {"loss_last", losses.empty() ? 0.0 : losses.back()}};
+                           {"loss_last", losses.empty() ? 0.0 : losses.back()},
+                           {"host_bytes_per_rank", static_cast<int64_t>(held[0].item<double>())},
+                           {"nvme_bytes_per_rank", static_cast<int64_t>(held[1].item<double>())},
+                           {"gathered_params_peak", report.gathered_params_peak},
+                           {"build_s", build_s},
+                           {"init_s", init_s},
+                           {"checkpoint", checkpoint},
+                           {"model", {{"micro", micro}, {"context", options.context}, {"width", options.width},
+                                      {"depth", options.depth}, {"heads", options.heads}, {"vocab", options.vocab_size}}}};
       std::printf("%s\n", result.dump().c_str());
       if (!flags.str("out").empty()) std::ofstream(flags.str("out"), std::ios::app) << result.dump() << "\n";
     }

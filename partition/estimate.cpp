@@ -59,6 +59,8 @@ void validate(const EstimateInput& in) {
           "state_bytes_per_element must be in [0, 16]; got " + std::to_string(in.state_bytes_per_element));
   require(in.reduce_bucket_size >= 1, "reduce_bucket_size must be positive");
   require(in.stage3_max_live_parameters >= 0, "stage3_max_live_parameters must not be negative");
+  require(in.stage3_prefetch_bucket_size >= 0, "stage3_prefetch_bucket_size must not be negative");
+  require(in.unit_params >= 0, "unit_params must not be negative");
   require(in.sub_group_size >= 1, "sub_group_size must be positive");
   require(in.offload_optimizer_buffer_count >= 0 && in.offload_optimizer_buffer_count <= 1024 &&
               in.offload_param_buffer_count >= 0 && in.offload_param_buffer_count <= 1024,
@@ -74,6 +76,15 @@ void validate(const EstimateInput& in) {
               " (cpu needs stage 1-3, nvme stage 3)");
   require(offload_param_allowed(in.offload_param, in.stage),
           "offload_param \"" + in.offload_param + "\" needs stage 3; got stage " + std::to_string(in.stage));
+}
+
+// Stage 3: the elements of units gathered at once (partition/units.cpp):
+// the unit running, and the next when the prefetch and live budgets allow.
+int64_t gathered_bound(const EstimateInput& in) {
+  if (in.unit_params <= 0) return std::min(in.params, in.stage3_max_live_parameters);
+  const int64_t u = std::min(in.unit_params, in.params);
+  const bool prefetched = u <= in.stage3_prefetch_bucket_size && 2 * u <= in.stage3_max_live_parameters && 2 * u <= in.params;
+  return prefetched ? 2 * u : u;
 }
 
 // Without offload, everything lives on the device.
@@ -96,7 +107,7 @@ void on_device(const EstimateInput& in, MemoryEstimate& m) {
   }
   d.fp32_master = in.mixed_precision ? held * 4 : 0;
   d.optimizer_states = held * k;
-  if (in.stage == 3) m.gathered_params_max = std::min(in.params, in.stage3_max_live_parameters) * b;
+  if (in.stage == 3) m.gathered_params_max = gathered_bound(in) * b;
 }
 
 // offload_optimizer (stages 1-3): the offloaded share of the master shard,
@@ -139,8 +150,9 @@ void params_offloaded(const EstimateInput& in, MemoryEstimate& m) {
   MemoryBytes& to = in.offload_param == "cpu" ? m.host : m.nvme;
   to.params += s * b;
   d.params = 0;
-  if (in.offload_param == "nvme") m.host.params += in.offload_param_buffer_count * in.offload_param_buffer_size * b;
 }
+
+
 
 }  // namespace
 
@@ -150,6 +162,15 @@ MemoryEstimate estimate_memory(const EstimateInput& in) {
   on_device(in, m);
   if (in.offload_optimizer != "none") optimizer_offloaded(in, m);
   if (in.offload_param != "none") params_offloaded(in, m);
+  return m;
+}
+
+MemoryEstimate device_as_host(MemoryEstimate m) {
+  m.host.params += m.device.params;
+  m.host.gradients += m.device.gradients;
+  m.host.fp32_master += m.device.fp32_master;
+  m.host.optimizer_states += m.device.optimizer_states;
+  m.device = MemoryBytes{};
   return m;
 }
 

@@ -25,8 +25,11 @@
 // Mixed-precision Adam, Ψ divisible by N, reduce buffers left out: 16Ψ, 4Ψ + 12Ψ/N,
 // 2Ψ + 14Ψ/N, 16Ψ/N, DeepSpeed's figures.
 // Not counted: activations, the module's buffers, temporaries, and at stage 3
-// the parameters of the units being gathered (stage3_prefetch_bucket_size /
-// stage3_max_live_parameters): MemoryEstimate::gathered_params_max bounds them.
+// the parameters of the units being gathered: MemoryEstimate::gathered_params_max
+// bounds them. Given the largest unit's size U (unit_params) it is the
+// engine's rule (partition/units.cpp): the unit running, and the next one
+// prefetched when U <= stage3_prefetch_bucket_size and 2U fits
+// stage3_max_live_parameters: (U or 2U)*b. Without U: min(Ψ, max_live)*b.
 //
 // Offload (each valid only where the config allows it; anything else throws):
 //   offload_optimizer "cpu" (stages 1-3): the fp32 master shard, the optimizer
@@ -57,9 +60,12 @@
 //     one sub-group). offload_optimizer_buffer_count is not used. Partial
 //     offload likewise: round(r*S) elements on NVMe, the rest on the device.
 //   offload_param "cpu" (stage 3): the parameter shard S*b lives in host memory.
-//   offload_param "nvme" (stage 3): the shard on NVMe; the host keeps
-//     offload_param_buffer_count buffers of offload_param_buffer_size
-//     elements of b bytes (reported as host params).
+//   offload_param "nvme" (stage 3): the shard on NVMe. Each bucket's shard
+//     is read into its own memory just before the unit's all-gather and let
+//     go after it, so what the host holds for it is part of the gathered
+//     units; offload_param_buffer_count and buffer_size (DeepSpeed's pinned
+//     read buffers) are not used.
+
 #include <cstdint>
 #include <string>
 
@@ -78,6 +84,8 @@ struct EstimateInput {
   // reduced can borrow a third; not counted).
   bool overlap_comm = false;
   int64_t stage3_max_live_parameters = 1000000000;  // elements
+  int64_t stage3_prefetch_bucket_size = 50000000;   // elements
+  int64_t unit_params = 0;  // stage 3: the largest unit's parameters, when known (0: unknown)
   std::string offload_optimizer = "none";  // "none" | "cpu" | "nvme"
   double offload_optimizer_ratio = 1.0;    // partial offload ("cpu"): the share on the host
   std::string offload_param = "none";      // "none" | "cpu" | "nvme"
@@ -112,7 +120,7 @@ struct MemoryEstimate {
   int64_t reduce_buffers = 0;       // bytes, all of them
   int reduce_buffer_count = 0;      // 1, or 2 with overlap_comm
   // Stage 3: up to this many more device bytes for the parameters of the
-  // units being gathered, min(Ψ, stage3_max_live_parameters)*b; not in device.
+  // units being gathered (see above); not in device.
   int64_t gathered_params_max = 0;
   // Each kind summed over the three places.
   MemoryBytes all() const;
@@ -121,6 +129,11 @@ struct MemoryEstimate {
 // Throws zero::PartitionError naming the field when the input is out of range
 // or asks for an offload its stage does not allow.
 MemoryEstimate estimate_memory(const EstimateInput& in);
+
+// CPU ranks (with accelerator false): the parameters' device is host
+// memory, so `m`'s device bytes are added to its host bytes and device is
+// zero (gathered_params_max is then host memory too).
+MemoryEstimate device_as_host(MemoryEstimate m);
 
 // K for an optimizer type as the config spells it ("Adam", "AdamW", "SGD",
 // "Adagrad", "Lamb"): Adam/AdamW 8 (12 with amsgrad), SGD 4 with momentum

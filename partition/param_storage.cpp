@@ -152,8 +152,14 @@ comm::WorkHandle ParamStorage::send_shard(size_t k) {
   Bucket& b = buckets_[k];
   if (b.persistent) return owners_ > 1 ? pg_->all_gather_async(b.full, b.shard) : nullptr;
   if (b.swap_id >= 0) {
+    // Two writes in flight behind this one, the older ones waited for: a
+    // step over a partition larger than memory never holds all of it.
     store_->swap_out({b.swap_id});
     writes_.push_back(b.swap_id);
+    if (writes_.size() > 2) {
+      store_->wait_out({writes_.front()});
+      writes_.erase(writes_.begin());
+    }
   }
   return nullptr;
 }

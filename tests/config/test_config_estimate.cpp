@@ -252,8 +252,10 @@ TEST(ConfigEstimate, NvmeAndParamOffloadAtStage3) {
   EXPECT_EQ(m.nvme.optimizer_states, s * 8);
   EXPECT_EQ(m.nvme.gradients, 0);
   EXPECT_EQ(m.host.gradients, s * b);  // the bf16 gradient shard stays in host memory
-  // offload_param's buffer_count x buffer_size, and the two staging buffers of updated shards.
-  EXPECT_EQ(m.host.params, 5 * int64_t{100000000} * b + 2 * (in.reduce_bucket_size / n) * b);
+  // The two staging buffers of updated shards; a shard read from NVMe is
+  // part of the gathered units (offload_param's buffer_count and
+  // buffer_size are DeepSpeed's and not used).
+  EXPECT_EQ(m.host.params, 2 * (in.reduce_bucket_size / n) * b);
   // Three sub-groups in flight (read-ahead, current, write-behind) of master weights and states.
   EXPECT_EQ(m.host.fp32_master, 3 * int64_t{50000000} * 4);
   EXPECT_EQ(m.host.optimizer_states, 3 * int64_t{50000000} * 8);
@@ -265,6 +267,50 @@ TEST(ConfigEstimate, NvmeAndParamOffloadAtStage3) {
   m = zero::estimate_memory(in);
   EXPECT_EQ(m.host.fp32_master, s * 4);
   EXPECT_EQ(m.host.optimizer_states, s * 8);
+}
+
+// CPU ranks: the parameters' device is host memory, so everything the
+// device would hold is host memory, and the offload optimizer reads the
+// gradient shard where it was reduced (no host copy, no staging buffers).
+TEST(ConfigEstimate, CpuRanksHoldTheDevicesBytesInHostMemory) {
+  const int64_t psi = 1600000000, n = 2, s = psi / n;
+  EstimateInput in;
+  in.params = psi;
+  in.world_size = n;
+  in.stage = 3;
+  in.state_bytes_per_element = 8;
+  in.reduce_bucket_size = 50000000;
+  in.sub_group_size = 50000000;
+  in.offload_optimizer = "nvme";
+  in.offload_param = "nvme";
+  in.accelerator = false;
+  const MemoryEstimate split = zero::estimate_memory(in);
+  const MemoryEstimate m = zero::device_as_host(split);
+  EXPECT_EQ(m.host.total(), split.host.total() + split.device.total());
+  EXPECT_EQ(m.device.total(), 0);
+  EXPECT_EQ(m.host.params, 0);
+  EXPECT_EQ(m.host.gradients, s * 4 + int64_t{50000000} * 4);  // the fp32 gradient shard and one reduce buffer
+  EXPECT_EQ(m.host.fp32_master, 3 * int64_t{50000000} * 4);  // sub-groups in flight
+  EXPECT_EQ(m.host.optimizer_states, 3 * int64_t{50000000} * 8);
+  EXPECT_EQ(m.nvme.total(), s * 16);  // fp32 parameters, master weights and two moments
+}
+
+// Stage 3's gathered bound: with the unit's size known, the unit running
+// and the next one when it fits the prefetch and live budgets.
+TEST(ConfigEstimate, GatheredUnitsFollowThePrefetchRule) {
+  EstimateInput in;
+  in.params = 1000000000;
+  in.world_size = 4;
+  in.stage = 3;
+  in.dtype_bytes = 2;
+  EXPECT_EQ(zero::estimate_memory(in).gathered_params_max, int64_t{1000000000} * 2);  // unknown: min(params, max_live)
+  in.unit_params = 20000000;  // below the 5e7 prefetch budget: two units
+  EXPECT_EQ(zero::estimate_memory(in).gathered_params_max, 2 * int64_t{20000000} * 2);
+  in.unit_params = 60000000;  // above it: the unit alone
+  EXPECT_EQ(zero::estimate_memory(in).gathered_params_max, int64_t{60000000} * 2);
+  in.unit_params = 20000000;
+  in.stage3_max_live_parameters = 30000000;  // two would pass the live budget
+  EXPECT_EQ(zero::estimate_memory(in).gathered_params_max, int64_t{20000000} * 2);
 }
 
 TEST(ConfigEstimate, RejectsOffloadItsStageDoesNotAllow) {
@@ -438,6 +484,22 @@ TEST(ConfigEstimateTool, NvmeOffloadAppliesAtStage3Only) {
     EXPECT_EQ(j["stages"][stage]["nvme"]["total"], 0) << stage;
     EXPECT_EQ(j["stages"][stage]["host"]["total"], 0) << stage;
   }
+}
+
+TEST(ConfigEstimateTool, CpuRanksCountTheDeviceAsHostMemory) {
+  const std::string args = file_arg("configs/zero3_offload_nvme.json") + " --estimate --params 2e9 --world-size 2 --json";
+  ToolRun gpu = tool(args), cpu = tool(args + " --cpu-ranks");
+  ASSERT_EQ(gpu.status, 0) << gpu.err;
+  ASSERT_EQ(cpu.status, 0) << cpu.err;
+  auto g = nlohmann::json::parse(gpu.out), c = nlohmann::json::parse(cpu.out);
+  EXPECT_EQ(c["cpu_ranks"], true);
+  for (int stage = 0; stage <= 3; ++stage) EXPECT_EQ(c["stages"][stage]["device"]["total"], 0) << stage;
+  // Without offload (stages 0-2 here) the host holds what the device would.
+  for (int stage = 0; stage < 3; ++stage) {
+    EXPECT_EQ(c["stages"][stage]["host"]["total"], g["stages"][stage]["device"]["total"]) << stage;
+  }
+  EXPECT_EQ(c["stages"][3]["nvme"]["total"], g["stages"][3]["nvme"]["total"]);
+  EXPECT_EQ(tool(file_arg("configs/zero3_offload_nvme.json") + " --cpu-ranks").status, 2) << "--cpu-ranks without --estimate";
 }
 
 TEST(ConfigEstimateTool, SgdWithoutMomentumHoldsNoOptimizerState) {

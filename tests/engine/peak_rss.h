@@ -49,6 +49,7 @@ struct LayerImpl : torch::nn::Module {
     a = register_module("a", torch::nn::Linear(kWidth, kWidth));
     b = register_module("b", torch::nn::Linear(kWidth, kWidth));
   }
+  at::Tensor forward(const at::Tensor& x) { return b(torch::relu(a(x))); }
   torch::nn::Linear a{nullptr}, b{nullptr};
 };
 TORCH_MODULE(Layer);
@@ -56,9 +57,19 @@ TORCH_MODULE(Layer);
 struct TowerImpl : torch::nn::Module {
   explicit TowerImpl(int64_t units) {
     layers = register_module("layers", torch::nn::ModuleList());
-    for (int64_t i = 0; i < units; ++i) layers->push_back(zero::Unit<Layer>(Layer()));
+    for (int64_t i = 0; i < units; ++i) {
+      units_.emplace_back(Layer());
+      layers->push_back(units_.back());
+    }
+  }
+  at::Tensor forward(at::Tensor x) {
+    for (auto& unit : units_) x = unit(x);
+    return x;
   }
   torch::nn::ModuleList layers{nullptr};
+
+ private:
+  std::vector<zero::Unit<Layer>> units_;
 };
 TORCH_MODULE(Tower);
 

@@ -52,6 +52,7 @@ EstimateSetup estimate_setup(const zero::Config& c, int64_t params, int world_si
   in.reduce_bucket_size = z.reduce_bucket_size;
   in.overlap_comm = z.overlap_comm;
   in.stage3_max_live_parameters = z.stage3_max_live_parameters;
+  in.stage3_prefetch_bucket_size = z.stage3_prefetch_bucket_size;
   in.sub_group_size = z.sub_group_size;
   in.offload_optimizer_buffer_count = z.offload_optimizer.buffer_count;
   in.offload_param_buffer_count = z.offload_param.buffer_count;
@@ -197,12 +198,18 @@ int run_estimate(const Options& o) {
   if (!o.json)
     for (const auto& w : config.warnings()) std::cerr << "zero-config: warning: " << w << "\n";
   const auto& z = config.zero_optimization;
-  const EstimateSetup setup = estimate_setup(config, o.params, o.world_size);
+  EstimateSetup setup = estimate_setup(config, o.params, o.world_size);
+  setup.base.accelerator = !o.cpu_ranks;
+  if (o.shape) {  // a GPT block is a unit
+    const int64_t w = o.activations.width;
+    setup.base.unit_params = 12 * w * w + 13 * w;
+  }
   std::vector<zero::EstimateInput> inputs;
   std::vector<zero::MemoryEstimate> rows;
   for (int stage = 0; stage <= 3; ++stage) {
     inputs.push_back(stage_input(config, setup.base, stage));
     rows.push_back(zero::estimate_memory(inputs.back()));
+    if (o.cpu_ranks) rows.back() = zero::device_as_host(rows.back());
   }
 
   if (o.json) {
@@ -218,6 +225,7 @@ int run_estimate(const Options& o) {
     doc["optimizer"] = setup.optimizer;
     doc["optimizer_assumed"] = setup.optimizer_assumed;
     doc["state_bytes_per_element"] = setup.base.state_bytes_per_element;
+    doc["cpu_ranks"] = o.cpu_ranks;
     doc["warnings"] = config.warnings();
     doc["stages"] = nlohmann::ordered_json::array();
     for (int stage = 0; stage <= 3; ++stage) {
@@ -281,10 +289,18 @@ int run_estimate(const Options& o) {
   out << "\n* the config's stage. " << u.name << " = " << count(static_cast<int64_t>(u.bytes))
       << " bytes. Each kind column counts that kind wherever it lives;\n"
          "  the totals say where.\n";
-  out << "- Stage 3: plus the parameters of the units being gathered (stage3_prefetch_bucket_size /\n"
-         "  max_live_parameters): up to "
-      << human(s3.gathered_params_max) << " more on the device,\n  min(params, stage3_max_live_parameters "
-      << count(z.stage3_max_live_parameters) << ") x " << b << " bytes.\n";
+  if (o.cpu_ranks) out << "- CPU ranks (--cpu-ranks): the parameters' device is host memory; its bytes are in host total.\n";
+  const std::string where = o.cpu_ranks ? "in host memory" : "on the device";
+  if (setup.base.unit_params > 0) {
+    out << "- Stage 3: plus the parameters of the units being gathered: up to " << human(s3.gathered_params_max)
+        << " more " << where << ",\n  the block running (" << count(setup.base.unit_params)
+        << " parameters) and the next one when stage3_prefetch_bucket_size allows it.\n";
+  } else {
+    out << "- Stage 3: plus the parameters of the units being gathered (stage3_prefetch_bucket_size /\n"
+           "  max_live_parameters): up to "
+        << human(s3.gathered_params_max) << " more " << where << ",\n  min(params, stage3_max_live_parameters "
+        << count(z.stage3_max_live_parameters) << ") x " << b << " bytes.\n";
+  }
   const zero::MemoryEstimate& s2 = rows[2];
   out << "- Stages 2-3: grads include " << (z.overlap_comm ? "two reduce buffers" : "one reduce buffer") << " of "
       << human(s2.reduce_buffers / std::max(1, s2.reduce_buffer_count)) << " (reduce_bucket_size "
@@ -311,9 +327,8 @@ int run_estimate(const Options& o) {
   const std::string& par = z.offload_param.device;
   if (par == "cpu") out << "- offload_param cpu (stage 3 only): the parameter shard in host memory.\n";
   if (par == "nvme")
-    out << "- offload_param nvme (stage 3 only): the parameter shard on NVMe; the host keeps "
-        << z.offload_param.buffer_count << " buffers\n  of buffer_size " << count(z.offload_param.buffer_size)
-        << " elements.\n";
+    out << "- offload_param nvme (stage 3 only): the parameter shard on NVMe, each bucket's read just before its\n"
+           "  unit is gathered (its memory is part of the gathered units; buffer_count and buffer_size are not used).\n";
   out << "Not counted" << (o.shape ? "" : ": activations") << (o.shape ? ": " : ", ")
       << "the module's buffers, communication and temporary buffers, allocator\n"
          "fragmentation.\n";

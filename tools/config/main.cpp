@@ -36,7 +36,7 @@ const char* const kUsage =
     "usage: zero-config FILE [--world-size N] [--json]\n"
     "       zero-config FILE --estimate --params N [--world-size N] [--json]\n"
     "       zero-config FILE --estimate --micro B --context S --width H --depth L\n"
-    "                   [--heads A] [--vocab V] [--params N] [--world-size N] [--json]\n"
+    "                   [--heads A] [--vocab V] [--params N] [--world-size N] [--cpu-ranks] [--json]\n"
     "\n"
     "Checks the DeepSpeed-style config FILE, resolves it for N data-parallel ranks\n"
     "and prints it with every default filled in.\n"
@@ -57,7 +57,10 @@ const char* const kUsage =
     "                  activation checkpointing (and as the config's\n"
     "                  activation_checkpointing chooses); --params defaults to the\n"
     "                  example GPT's count for that shape\n"
+    "                  and the stage-3 gathered bound from its block's size\n"
     "  --heads A       attention heads (default width / 64), --vocab V (default 50257)\n"
+    "  --cpu-ranks     the ranks are CPU processes: the parameters' device is host\n"
+    "                  memory, so the device's bytes are counted as host memory\n"
     "  --json          print one JSON document {file, world_size, warnings, config}\n"
     "                  instead of the config alone (warnings then stay off stderr);\n"
     "                  with --estimate, the estimate in bytes as JSON\n"
@@ -122,6 +125,8 @@ Options parse_args(int argc, char** argv) {
       o.json = true;
     } else if (arg == "--estimate") {
       o.estimate = true;
+    } else if (arg == "--cpu-ranks") {
+      o.cpu_ranks = true;
     } else if (arg == "--params" || arg.rfind("--params=", 0) == 0) {
       if (arg == "--params" && i + 1 >= argc) throw UsageError{"--params needs a value"};
       params = arg == "--params" ? argv[++i] : arg.substr(std::string("--params=").size());
@@ -139,6 +144,7 @@ Options parse_args(int argc, char** argv) {
   if (o.help) return o;
   if (o.file.empty()) throw UsageError{"no config file given"};
   if (params && !o.estimate) throw UsageError{"--params is for --estimate"};
+  if (o.cpu_ranks && !o.estimate) throw UsageError{"--cpu-ranks is for --estimate"};
   if (!shape.empty()) {
     if (!o.estimate) throw UsageError{"--micro, --context, --width, --depth, --heads and --vocab are for --estimate"};
     for (const char* needed : {"--micro", "--context", "--width", "--depth"}) {

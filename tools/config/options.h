@@ -20,6 +20,7 @@ struct Options {
   bool estimate = false;
   int64_t params = 0;   // --params, with --estimate
   bool shape = false;   // --micro, --context, --width, --depth given: activations too
+  bool cpu_ranks = false;  // --cpu-ranks: the parameters live in host memory (no accelerator)
   zero::ActivationShape activations;
 };
 
