@@ -164,8 +164,10 @@ int main(int argc, char** argv) {
     const int64_t params = options.depth * block_params + (options.vocab_size + options.context + 2) * options.width;
     // On disk: fp32 parameter shards, master weights and two moments (16
     // bytes a parameter); the parts of construction (4) are gone by the time
-    // the optimizer's files are written. A tenth spare.
-    const int64_t needed = static_cast<int64_t>(1.1 * 16.0 * static_cast<double>(params));
+    // the optimizer's files are written. With --checkpoint, a checkpoint's
+    // master weights and moments (12) too. A tenth spare.
+    const double per_param = flags.str("checkpoint").empty() ? 16.0 : 28.0;
+    const int64_t needed = static_cast<int64_t>(1.1 * per_param * static_cast<double>(params));
     struct statvfs disk {};
     if (statvfs(nvme.c_str(), &disk) != 0) throw std::invalid_argument("--nvme " + nvme + ": no such folder");
     const int64_t free_bytes = static_cast<int64_t>(disk.f_bavail) * static_cast<int64_t>(disk.f_frsize);

@@ -15,7 +15,8 @@ void reached(const char* point, int rank);
 // the program recovers from: comm.connected (a rank's gloo connection
 // broke right after connecting; the group connects again, see
 // Note [Connecting a gloo group] in comm/gloo.cpp); comm.shm_segment (rank
-// 0 could not create a group's shared-memory segment: the group uses gloo).
+// 0 could not create a group's shared-memory segment: the group uses gloo);
+// weights.read (load_weights fails to read a bucket, half-way through).
 bool fires(const char* point, int rank);
 
 }  // namespace zero::fault

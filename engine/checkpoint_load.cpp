@@ -301,7 +301,11 @@ std::string load_checkpoint(TrainingState& s, const std::string& dir, const std:
   attempts.run([&] { window.finish(); });
   fault::reached("load.read", s.pg.rank());
   const std::string error = comm::agreed_error(s.pg, attempts.error, "load_checkpoint: " + where);
-  if (!error.empty()) throw CheckpointError(error);
+  if (!error.empty()) {
+    s.partly_loaded = "load_checkpoint(" + where + ") failed: " + error;
+    throw CheckpointError(error);
+  }
+  s.partly_loaded.clear();
 
   if (plan.training) restore_counters(s, record, options, plan.mid_accumulation);
   log::info("ckpt", "loaded " + where + " (saved by " + std::to_string(m.world_size) + " rank(s) at stage " +

@@ -108,8 +108,15 @@ Engine& Engine::operator=(Engine&&) noexcept = default;
 
 bool Engine::is_gradient_accumulation_boundary() const { return (impl_->steps.micro_steps + 1) % impl_->gas == 0; }
 
+void Engine::Impl::check_loaded(const char* what) const {
+  if (partly_loaded.empty()) return;
+  throw EngineError(std::string(what) + ": the parameters are partly loaded (" + partly_loaded +
+                    "); load the weights or a checkpoint again before training or saving");
+}
+
 void Engine::backward(const at::Tensor& loss) {
   Impl& s = *impl_;
+  s.check_loaded("engine.backward");
   if (s.pipeline && s.pipeline->has_links()) {
     throw EngineError("engine.backward: a pipeline of stages trains with engine.train_batch(next_batch)");
   }
@@ -134,6 +141,7 @@ void Engine::backward(const at::Tensor& loss) {
 
 void Engine::step() {
   Impl& s = *impl_;
+  s.check_loaded("engine.step");
   if (s.pipeline && s.pipeline->has_links()) {
     throw EngineError("engine.step: a pipeline of stages trains with engine.train_batch(next_batch)");
   }
@@ -179,6 +187,7 @@ void Engine::Impl::optimizer_step(std::optional<double> agreed_loss) {
 
 double Engine::train_batch(const std::function<Batch()>& next_batch) {
   Impl& s = *impl_;
+  s.check_loaded("engine.train_batch");
   if (!s.pipeline) {
     throw EngineError("engine.train_batch runs a zero::pipe::PipelineModule; for other models call "
                       "engine.backward(loss) and engine.step() per micro-batch");
@@ -230,6 +239,7 @@ MemoryReport Engine::memory_report() const { return impl_->memory(); }
 StepTimes Engine::take_step_times() { return impl_->telemetry->take_step_times(impl_->sharded->gather_wait_seconds()); }
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag, const std::string& client_state) {
+  impl_->check_loaded("engine.save_checkpoint");
   impl_->telemetry->flush();  // the curves reach at least the checkpoint
   engine::TrainingState state = impl_->training_state();
   engine::save_checkpoint(state, dir, tag, client_state);

@@ -186,7 +186,7 @@ MemoryReport Engine::Impl::memory() const {
 engine::TrainingState Engine::Impl::training_state() {
   engine::TrainingState state{config,   dtype,      gas,   *module,
                               *pg,      *mesh,      splits, *sharded,
-                              *optimizer, *schedule, scaler.get(), steps};
+                              *optimizer, *schedule, scaler.get(), steps, partly_loaded};
   if (pipeline) state.written_elsewhere = pipeline->written_elsewhere(*module);
   return state;
 }

@@ -40,6 +40,7 @@ struct Engine::Impl {
   std::vector<UnitBase*> units;  // stage 3
   engine::StepCounters steps;
   double last_norm = 0.0;
+  std::string partly_loaded;  // TrainingState::partly_loaded
   std::unique_ptr<engine::Telemetry> telemetry;
   ~Impl();
 
@@ -53,6 +54,8 @@ struct Engine::Impl {
   // train_batch(): `agreed_loss` is a pipeline's loss.
   void optimizer_step(std::optional<double> agreed_loss);
   double loss_scale() const { return scaler ? scaler->scale() : 1.0; }
+  // Throws EngineError naming `what` while a failed load left the parameters partly loaded.
+  void check_loaded(const char* what) const;
 };
 
 }  // namespace zero

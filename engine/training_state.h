@@ -44,6 +44,9 @@ struct TrainingState {
   const LrSchedule& schedule;
   LossScaler* scaler;  // fp16 only
   StepCounters& counters;
+  // Set by a load that failed after it began writing (what failed), cleared
+  // by one that succeeds: the engine refuses to train or save meanwhile.
+  std::string& partly_loaded;
   // A pipeline's tied modules: the parameters and buffers another stage
   // writes (the first stage holding each), so each is saved once.
   std::set<std::string> written_elsewhere = {};

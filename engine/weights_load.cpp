@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/fault.h"
 #include "core/progress.h"
 #include "engine/checkpoint_io.h"
 #include "engine/engine_impl.h"
@@ -60,6 +61,10 @@ void check_matches(const ckpt::WeightFiles& files, const ModelTensors& model,
 void read_bucket(TrainingState& s, const ckpt::WeightFiles& files, size_t k,
                  const std::vector<partition::FlatLayout::Fragment>& fragments_of_k,
                  const std::function<std::string(const std::string&)>& in_files) {
+  // A read failing half-way through the model (ZERO_FAULT, core/fault.h).
+  if (fault::fires("weights.read", s.pg.rank())) {
+    throw CheckpointError("load_weights: reading bucket " + std::to_string(k) + " failed (injected by ZERO_FAULT)");
+  }
   const at::Tensor& master = s.params.masters().tensors()[k];
   const bool direct = master.is_cpu() && master.is_contiguous();
   at::Tensor cpu = direct ? master : master.to(at::kCPU).contiguous();
@@ -139,8 +144,10 @@ void load_weights(TrainingState& s, const std::string& path, const WeightsLoadOp
   attempt([&] { window.finish(); });
   error = comm::agreed_error(s.pg, error, "load_weights: " + path);
   if (!error.empty()) {
+    s.partly_loaded = "load_weights(" + path + ") failed: " + error;
     throw CheckpointError(error + "; the weights are partly loaded: load them again (or a checkpoint) before training");
   }
+  s.partly_loaded.clear();
   log::info("ckpt", "loaded the weights of " + path + " (" + std::to_string(files.tensors().size()) + " tensors)");
 }
 

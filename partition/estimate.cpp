@@ -138,8 +138,9 @@ void optimizer_offloaded(const EstimateInput& in, MemoryEstimate& m) {
     // The step's sub-groups in host memory: read-ahead, current, write-behind.
     const int64_t sub = std::min(in.sub_group_size, off);
     const int64_t resident = std::min<int64_t>(3, sub > 0 ? (off + sub - 1) / sub : 0);
-    m.host.fp32_master = resident * sub * 4;
-    m.host.optimizer_states = resident * sub * k;
+    const int64_t in_flight = std::min(resident * sub, off);  // the last sub-group holds what is left
+    m.host.fp32_master = in_flight * 4;
+    m.host.optimizer_states = in_flight * k;
   }
 }
 

@@ -55,7 +55,7 @@
 //     host keeps the gradient shard and staging buffers as with "cpu", and
 //     the step's sub-groups in flight: up to 3 (read-ahead, current,
 //     write-behind) of min(sub_group_size, S) elements of master weights and
-//     states (host fp32_master and optimizer_states; the engine makes a
+//     states, no more than S in all (host fp32_master and optimizer_states; the engine makes a
 //     sub-group of whole buckets, so a bucket larger than sub_group_size is
 //     one sub-group). offload_optimizer_buffer_count is not used. Partial
 //     offload likewise: round(r*S) elements on NVMe, the rest on the device.

@@ -223,7 +223,7 @@ TEST(ConfigEstimate, PartialOffloadSplitsMasterAndStates) {
   const MemoryEstimate nvme = zero::estimate_memory(in);
   EXPECT_EQ(nvme.nvme.fp32_master, s / 2 * 4);
   EXPECT_EQ(nvme.nvme.optimizer_states, s / 2 * k);
-  EXPECT_EQ(nvme.host.fp32_master, 3 * int64_t{40000000} * 4);
+  EXPECT_EQ(nvme.host.fp32_master, s / 2 * 4);  // three sub-groups in flight: the whole share (the third holds 2e7)
   EXPECT_EQ(nvme.device.optimizer_states, s / 2 * k);
   in.offload_optimizer = "cpu";
   in.offload_optimizer_ratio = 1.5;
@@ -263,6 +263,9 @@ TEST(ConfigEstimate, NvmeAndParamOffloadAtStage3) {
   in.sub_group_size = 100000000;   // 2 sub-groups: both in host memory at once
   m = zero::estimate_memory(in);
   EXPECT_EQ(m.host.fp32_master, 2 * int64_t{100000000} * 4);
+  in.sub_group_size = 150000000;   // 2 sub-groups, the second of the 5e7 left: the shard, not 3e8
+  m = zero::estimate_memory(in);
+  EXPECT_EQ(m.host.fp32_master, s * 4);
   in.sub_group_size = 1000000000;   // larger than the shard: the whole shard is one sub-group
   m = zero::estimate_memory(in);
   EXPECT_EQ(m.host.fp32_master, s * 4);

@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -206,6 +207,54 @@ TEST(StreamingLoad, MismatchesAreNamedAndNothingIsLoaded) {
   expect_state(before, engine.gathered_state_dict());
   g_world->barrier();
   if (g_world->rank() == 0) fs::remove_all(folder);
+}
+
+// A read failing half-way (the third bucket, on the last rank; ZERO_FAULT)
+// leaves the parameters partly loaded: every rank raises, and the engine
+// will neither train nor save until a load succeeds.
+TEST(StreamingLoad, AReadFailingHalfWayLeavesNoModelToTrainOrSave) {
+  torch::manual_seed(41);
+  GPT reference(gpt_options());
+  const State want = state_of(*reference);
+  const std::string folder = shared_folder("zero_load_halfway");
+  write_weights(folder, want, 2, at::kFloat);
+  GPT model{nullptr};
+  zero::Engine engine = partitioned_engine(config(3), model, 42);
+  const std::string fault = "weights.read:" + std::to_string(g_world->size() - 1) + ":3";
+  ::setenv("ZERO_FAULT", fault.c_str(), 1);
+  try {
+    engine.load_weights(folder);
+    ::unsetenv("ZERO_FAULT");
+    FAIL() << "a failed read was not reported";
+  } catch (const zero::CheckpointError& e) {
+    ::unsetenv("ZERO_FAULT");
+    EXPECT_NE(std::string(e.what()).find("partly loaded"), std::string::npos) << e.what();
+  }
+  at::Tensor tokens = torch::arange(2 * 17, torch::kLong).reshape({2, 17}) % 29;
+  auto expect_refused = [&](const std::function<void()>& call, const char* what) {
+    try {
+      call();
+      ADD_FAILURE() << what << " ran on a partly loaded model";
+    } catch (const zero::EngineError& e) {
+      EXPECT_NE(std::string(e.what()).find("partly loaded"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("ZERO_FAULT"), std::string::npos) << "the failure is named: " << e.what();
+    }
+  };
+  expect_refused([&] { engine.backward(model->loss(tokens.slice(1, 0, 16), tokens.slice(1, 1, 17))); }, "backward");
+  expect_refused([&] { engine.step(); }, "step");
+  const std::string checkpoint = shared_folder("zero_load_halfway_ckpt");
+  expect_refused([&] { engine.save_checkpoint(checkpoint); }, "save_checkpoint");
+  EXPECT_FALSE(fs::exists(fs::path(checkpoint) / "latest")) << "nothing was saved";
+
+  engine.load_weights(folder);  // loaded again: usable
+  expect_state(want, engine.gathered_state_dict());
+  engine.backward(model->loss(tokens.slice(1, 0, 16), tokens.slice(1, 1, 17)));
+  engine.step();
+  g_world->barrier();
+  if (g_world->rank() == 0) {
+    fs::remove_all(folder);
+    fs::remove_all(checkpoint);
+  }
 }
 
 // ---- memory while loading ----------------------------------------------------
