@@ -103,11 +103,11 @@ GPTOptions sized(int64_t params, int64_t context) {
   return o;
 }
 
-std::string ds_config(const std::string& nvme, int64_t micro, int64_t bucket, int64_t prefetch) {
+std::string ds_config(const std::string& nvme, int64_t micro, int64_t bucket, int64_t prefetch, double lr) {
   json offload = {{"device", "nvme"}, {"nvme_path", nvme}};
   json c = {{"train_micro_batch_size_per_gpu", micro},
             {"gradient_accumulation_steps", 1},
-            {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"weight_decay", 0.0}}}}},
+            {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", lr}, {"weight_decay", 0.0}}}}},
             {"gradient_clipping", 1.0},
             {"steps_per_print", 1000000000},
             {"activation_checkpointing", {{"checkpoint_every", 1}}},
@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
                                    {"context", "64"}, {"micro", "1"}, {"bucket", "50000000"},
                                    {"disk-read-bps", "0"}, {"disk-write-bps", "0"}, {"out", ""},
                                    {"config-out", ""}, {"checkpoint", ""},
-                                   {"prefetch", "50000000"}});
+                                   {"prefetch", "50000000"}, {"lr", "1e-4"}});
     auto world = zero::comm::init_process_group();
     const int rank = world->rank(), ranks = world->size();
     at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks));
@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
                    static_cast<long long>(options.width), 16e-9 * params, 16.0 * params / ram, 1e-9 * ram, 1e-9 * needed,
                    1e-9 * free_bytes);
     }
-    const std::string config_text = ds_config(nvme, micro, flags.num("bucket"), flags.num("prefetch"));
+    const std::string config_text = ds_config(nvme, micro, flags.num("bucket"), flags.num("prefetch"), std::stod(flags.str("lr")));
     const zero::Config config = zero::Config::from_json(config_text);
     // For `zero-config FILE --estimate` to predict this run from.
     if (rank == 0 && !flags.str("config-out").empty()) std::ofstream(flags.str("config-out")) << config_text << "\n";
@@ -322,6 +322,7 @@ int main(int argc, char** argv) {
                            {"host_bytes_per_rank", static_cast<int64_t>(held[0].item<double>())},
                            {"nvme_bytes_per_rank", static_cast<int64_t>(held[1].item<double>())},
                            {"gathered_params_peak", report.gathered_params_peak},
+                           {"lr", std::stod(flags.str("lr"))},
                            {"build_s", build_s},
                            {"init_s", init_s},
                            {"checkpoint", checkpoint},
