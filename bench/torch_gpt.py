@@ -3,7 +3,8 @@
 a GPU): pre-LayerNorm blocks, fused qkv, attention as matmul + float32
 softmax, GELU MLP x4, learned positions, head tied to the token embedding,
 GPT-2 initialisation (std 0.02, residual projections 0.02 / sqrt(2 depth)).
-forward(tokens) returns the logits.
+forward(tokens) returns the logits; LossModel wraps it with the loss, as
+the distributed wrappers (DDP, DeepSpeed's engine) take it.
 """
 import math
 
@@ -65,3 +66,15 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return F.linear(self.ln_f(x), self.wte.weight)  # tied head
+
+
+class LossModel(nn.Module):
+    """The GPT and its mean cross-entropy (in float32) in one forward."""
+
+    def __init__(self, gpt):
+        super().__init__()
+        self.gpt = gpt
+
+    def forward(self, tokens, targets):
+        logits = self.gpt(tokens)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))

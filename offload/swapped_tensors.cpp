@@ -25,7 +25,7 @@ SwappedTensors::~SwappedTensors() {
   }
 }
 
-int SwappedTensors::add(const at::Tensor& tensor, const std::string& key) {
+SwappedTensors::Entry SwappedTensors::entry_for(const at::Tensor& tensor, const std::string& key) {
   if (!tensor.is_cpu() || !tensor.is_contiguous() || tensor.storage_offset() != 0 ||
       tensor.storage().nbytes() != tensor.nbytes()) {
     throw OffloadError("NVMe offload of \"" + key + "\": the tensor must be a contiguous host tensor owning its storage");
@@ -34,6 +34,11 @@ int SwappedTensors::add(const at::Tensor& tensor, const std::string& key) {
   e.tensor = tensor;
   e.key = key;
   e.bytes = tensor.nbytes();
+  return e;
+}
+
+int SwappedTensors::add(const at::Tensor& tensor, const std::string& key) {
+  Entry e = entry_for(tensor, key);
   // Move the values into aligned memory (O_DIRECT reads and writes use it in place).
   at::Tensor values = tensor.clone();
   allocate(e);
@@ -43,14 +48,7 @@ int SwappedTensors::add(const at::Tensor& tensor, const std::string& key) {
 }
 
 int SwappedTensors::add_filled(const at::Tensor& tensor, const std::string& key, double value) {
-  if (!tensor.is_cpu() || !tensor.is_contiguous() || tensor.storage_offset() != 0 ||
-      tensor.storage().nbytes() != tensor.nbytes()) {
-    throw OffloadError("NVMe offload of \"" + key + "\": the tensor must be a contiguous host tensor owning its storage");
-  }
-  Entry e;
-  e.tensor = tensor;
-  e.key = key;
-  e.bytes = tensor.nbytes();
+  Entry e = entry_for(tensor, key);
   e.fill = value;
   resident_ += static_cast<int64_t>(e.bytes);  // free_memory() takes it off
   free_memory(e);

@@ -70,6 +70,7 @@ class SwappedTensors {
     std::optional<double> fill;  // add_filled: its value until it is written
     bool removed = false;
   };
+  static Entry entry_for(const at::Tensor& tensor, const std::string& key);  // checked, not yet registered
   Entry& entry(int id);
   std::vector<int> live_ids() const;  // every id not removed
   void allocate(Entry& e);
