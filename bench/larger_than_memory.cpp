@@ -43,18 +43,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-int64_t meminfo_bytes(const std::string& field) {
-  std::ifstream in("/proc/meminfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
-  }
-  return -1;
-}
-
-// A field of /proc/self/status in bytes (VmRSS: resident now).
-int64_t status_bytes(const std::string& field) {
-  std::ifstream in("/proc/self/status");
+// A field of a /proc file in kB ("MemTotal:" of /proc/meminfo, "VmRSS:" of
+// /proc/self/status), in bytes; -1 when absent.
+int64_t proc_bytes(const std::string& file, const std::string& field) {
+  std::ifstream in(file);
   std::string line;
   while (std::getline(in, line)) {
     if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
@@ -156,7 +148,7 @@ int main(int argc, char** argv) {
     at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks));
     const std::string nvme = flags.str("nvme");
     if (nvme.empty()) throw std::invalid_argument("--nvme DIR: the folder on the disk to offload to");
-    const int64_t ram = flags.num("ram-bytes") > 0 ? flags.num("ram-bytes") : meminfo_bytes("MemTotal");
+    const int64_t ram = flags.num("ram-bytes") > 0 ? flags.num("ram-bytes") : proc_bytes("/proc/meminfo", "MemTotal");
     const double ratio = std::stod(flags.str("state-vs-ram"));
     const int64_t micro = flags.num("micro");
     const GPTOptions options = sized(static_cast<int64_t>(ratio * static_cast<double>(ram) / 16.0), flags.num("context"));
@@ -191,7 +183,7 @@ int main(int argc, char** argv) {
     const zero::Config config = zero::Config::from_json(config_text);
     // For `zero-config FILE --estimate` to predict this run from.
     if (rank == 0 && !flags.str("config-out").empty()) std::ofstream(flags.str("config-out")) << config_text << "\n";
-    const int64_t rss_before = status_bytes("VmRSS");  // the process before the model: LibTorch, the transport
+    const int64_t rss_before = proc_bytes("/proc/self/status", "VmRSS");  // the process before the model: LibTorch, the transport
 
     // Built under zero::Init straight onto NVMe, then laid out by initialize.
     auto build = [&](GPT& model) {

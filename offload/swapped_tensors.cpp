@@ -60,6 +60,7 @@ void SwappedTensors::remove(const std::vector<int>& ids) {
   for (int id : ids) {
     Entry& e = entry(id);
     swapper_->remove(e.key);
+    behind_.erase(std::remove(behind_.begin(), behind_.end(), id), behind_.end());
     e.reading = e.writing = false;
     if (e.resident) free_memory(e);
     e.on_disk = false;
@@ -139,6 +140,20 @@ void SwappedTensors::wait_out(const std::vector<int>& ids) {
     e.fill.reset();
     free_memory(e);
   }
+}
+
+void SwappedTensors::write_behind(int id) {
+  swap_out({id});
+  behind_.push_back(id);
+  if (behind_.size() > kWritesBehind) {
+    wait_out({behind_.front()});
+    behind_.erase(behind_.begin());
+  }
+}
+
+void SwappedTensors::wait_behind() {
+  wait_out(behind_);
+  behind_.clear();
 }
 
 void SwappedTensors::materialize(const std::vector<int>& ids) {

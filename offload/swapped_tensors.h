@@ -42,6 +42,13 @@ class SwappedTensors {
   // Writes start at once; wait_out() frees the memory once they are done.
   void swap_out(const std::vector<int>& ids);
   void wait_out(const std::vector<int>& ids);
+  // Streaming writes: starts writing `id` and, with more than kWritesBehind
+  // earlier ones still in flight, waits for the oldest (its memory goes), so
+  // that a stream of tensors larger than memory never is in it at once.
+  // wait_behind() waits for the rest.
+  static constexpr size_t kWritesBehind = 2;
+  void write_behind(int id);
+  void wait_behind();
   // Memory without reading (the caller overwrites all of it), or memory let
   // go without writing (the file is current).
   void materialize(const std::vector<int>& ids);
@@ -80,6 +87,7 @@ class SwappedTensors {
   std::unique_ptr<NvmeSwapper> swapper_;
   std::vector<Entry> entries_;
   int64_t resident_ = 0, peak_ = 0;
+  std::vector<int> behind_;  // write_behind()'s writes, oldest first
 };
 
 }  // namespace zero::offload

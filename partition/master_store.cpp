@@ -34,15 +34,9 @@ void MasterStore::add(const at::Tensor& shard_values, bool separate) {
     // The updated parameters leave through update_target: pageable.
     m = offload::host_copy(shard_values, at::kFloat, /*pinned=*/false);
     if (nvme_) {
-      // To its file now, one write in flight behind this one: the master
-      // weights of a partition larger than memory never are in it at once.
-      const int id = nvme_->add(m, "master" + std::to_string(k));
-      nvme_->swap_out({id});
-      writing_.push_back(id);
-      if (writing_.size() > 2) {
-        nvme_->wait_out({writing_.front()});
-        writing_.erase(writing_.begin());
-      }
+      // To its file now: the master weights of a partition larger than
+      // memory never are in it at once.
+      nvme_->write_behind(nvme_->add(m, "master" + std::to_string(k)));
     }
   } else {
     m = separate ? shard_values.clone() : storage_.shard(k);
@@ -52,8 +46,7 @@ void MasterStore::add(const at::Tensor& shard_values, bool separate) {
 }
 
 std::unique_ptr<offload::SwappedTensors> MasterStore::take_nvme_store() {
-  if (nvme_) nvme_->wait_out(writing_);
-  writing_.clear();
+  if (nvme_) nvme_->wait_behind();
   return std::move(nvme_);
 }
 

@@ -120,7 +120,6 @@ class MasterStore {
   std::vector<comm::WorkHandle> works_;  // all-gathers send_updated() started
   std::vector<bool> sent_;               // per bucket: send_updated() since the last publish()
   std::unique_ptr<offload::SwappedTensors> nvme_;  // until the optimizer takes it
-  std::vector<int> writing_;                       // master writes add() started
 };
 
 }  // namespace zero::partition

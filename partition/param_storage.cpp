@@ -52,15 +52,9 @@ void ParamStorage::add(const at::Tensor& full, int64_t shard_start, int64_t shar
     if (options_.offload_param == "nvme") {
       if (!store_) store_ = std::make_unique<offload::SwappedTensors>(options_.swap);
       b.swap_id = store_->add(b.shard, "params" + std::to_string(buckets_.size()));
-      // To its file now, one write in flight behind this one: no more than
-      // two shards are in memory while the model is laid out, however
-      // large it is.
-      store_->swap_out({b.swap_id});
-      building_.push_back(b.swap_id);
-      if (building_.size() > 2) {
-        store_->wait_out({building_.front()});
-        building_.erase(building_.begin());
-      }
+      // To its file now: a few shards are in memory while the model is laid
+      // out, however large it is.
+      store_->write_behind(b.swap_id);
     }
   }
   if (!persistent) gathered_now_ += full.numel() * full.element_size();  // gathered until the first release
@@ -69,8 +63,7 @@ void ParamStorage::add(const at::Tensor& full, int64_t shard_start, int64_t shar
 }
 
 void ParamStorage::seal() {
-  if (store_) store_->wait_out(building_);
-  building_.clear();
+  if (store_) store_->wait_behind();
 }
 
 void ParamStorage::gather(size_t k, bool async) {
@@ -152,21 +145,14 @@ comm::WorkHandle ParamStorage::send_shard(size_t k) {
   Bucket& b = buckets_[k];
   if (b.persistent) return owners_ > 1 ? pg_->all_gather_async(b.full, b.shard) : nullptr;
   if (b.swap_id >= 0) {
-    // Two writes in flight behind this one, the older ones waited for: a
-    // step over a partition larger than memory never holds all of it.
-    store_->swap_out({b.swap_id});
-    writes_.push_back(b.swap_id);
-    if (writes_.size() > 2) {
-      store_->wait_out({writes_.front()});
-      writes_.erase(writes_.begin());
-    }
+    // A step over a partition larger than memory never holds all of it.
+    store_->write_behind(b.swap_id);
   }
   return nullptr;
 }
 
 void ParamStorage::wait_writes() {
-  if (store_) store_->wait_out(writes_);
-  writes_.clear();
+  if (store_) store_->wait_behind();
 }
 
 int64_t ParamStorage::bytes() const {

@@ -111,8 +111,6 @@ class ParamStorage {
   StorageOptions options_;
   std::vector<Bucket> buckets_;
   std::unique_ptr<offload::SwappedTensors> store_;  // offload_param "nvme"
-  std::vector<int> writes_;                         // shard writes in flight
-  std::vector<int> building_;                       // shard writes add() started
   int64_t gathered_now_ = 0, gathered_peak_ = 0;    // buckets that are not persistent, gathered
   double wait_seconds_ = 0;
 };
