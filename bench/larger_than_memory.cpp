@@ -109,6 +109,9 @@ std::string ds_config(const std::string& nvme, int64_t micro, int64_t bucket, in
               {"sub_group_size", bucket},
               {"stage3_param_persistence_threshold", 0},
               {"stage3_prefetch_bucket_size", prefetch},
+              // Every block released after its forward (Note [Reuse distance]):
+              // DeepSpeed's default keeps the last 5e8 elements gathered into backward.
+              {"stage3_max_reuse_distance", 0},
               {"offload_param", offload},
               {"offload_optimizer", offload}}}};
   return c.dump();

@@ -143,6 +143,7 @@ int main(int argc, char** argv) {
     in.reduce_bucket_size = setup.reduce_bucket_size;
     in.overlap_comm = engine.config().zero_optimization.overlap_comm;
     in.stage3_max_live_parameters = engine.config().zero_optimization.stage3_max_live_parameters;
+    in.stage3_max_reuse_distance = engine.config().zero_optimization.stage3_max_reuse_distance;
     const zero::MemoryEstimate est = zero::estimate_memory(in);
 
     if (rank == 0) {

@@ -4,6 +4,9 @@
 // the same script run.
 //
 //   zero-run --nproc N bench_step_time --mode engine --stage S --out st.jsonl   (one stage; --overlap 0: reductions in series)
+//   zero-run --nproc N bench_step_time --mode engine --config ds.json --label L  (the ds_config file instead of
+//       the generated one: bench/run_vs_deepspeed.sh gives DeepSpeed the same file; [--checkpoint DIR] then also
+//       times save_checkpoint and load_checkpoint of the trained state into DIR)
 //   bench_step_time --mode plain --threads T --out st.jsonl                     (the reference)
 //   bench_step_time --mode report --in st.jsonl --world N                       (the table)
 //   common: [--depth 6] [--width 768] [--heads 12] [--context 64] [--micro 2]
@@ -19,7 +22,9 @@
 // by the steps, the largest over the ranks. CommStats counts what a
 // bandwidth-optimal ring sends. Theory, Ψ parameters, N ranks, fp32:
 //   stages 0-2: 2Ψ(N-1)/N * 4 bytes (all-reduce; or reduce-scatter + all-gather)
-//   stage 3:    3Ψ(N-1)/N * 4 bytes (+ one more all-gather of the parameters)
+//   stage 3:    3Ψ(N-1)/N * 4 bytes (+ one more all-gather of the parameters for
+//               backward; 2Ψ when stage3_max_reuse_distance keeps them gathered,
+//               DeepSpeed's default 1e9 for a model below 5e8 elements)
 // Minor page faults per step (getrusage over the measured steps) show the
 // allocator's churn; peak RSS is the process's high-water mark. Rank 0 also
 // prints its split of the step (Engine::take_step_times(): forward, backward,
@@ -172,11 +177,24 @@ int run_plain(const zero_bench::Flags& flags) {
   return 0;
 }
 
+// The resident set now (VmRSS), in bytes: the baseline before the model.
+int64_t current_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
 int run_engine(const zero_bench::Flags& flags) {
   auto world = zero::comm::init_process_group();
   const int rank = world->rank(), N = world->size();
   const int threads = threads_for(flags, N);
   at::set_num_threads(threads);
+  const int64_t rss_baseline = current_rss_bytes();  // LibTorch and the process group, before the model
   Corpus corpus;
   Batcher train(corpus.train_tokens(), BatcherOptions{0, 1});
   const GPTOptions options = model_options(flags, corpus.vocab_size());
@@ -189,9 +207,17 @@ int run_engine(const zero_bench::Flags& flags) {
   setup.reduce_bucket_size = flags.num("bucket");
   setup.offload_optimizer = flags.str("offload");
   setup.overlap_comm = flags.num("overlap") != 0;
+  const std::string config_file = flags.str("config");
+  const zero::Config config =
+      config_file.empty() ? zero::Config::from_json(zero_bench::ds_config(setup)) : zero::Config::from_file(config_file);
+  if (!config_file.empty()) {  // the file decides; the line records what it said
+    setup.stage = config.zero_optimization.stage;
+    setup.micro_batch = config.batch.train_micro_batch_size_per_gpu.value_or(1);
+    setup.offload_optimizer = config.zero_optimization.offload_optimizer.device;
+  }
   zero::InitOptions init;
   init.group = world;
-  auto engine = zero::initialize(zero::Config::from_json(zero_bench::ds_config(setup)), model, init);
+  auto engine = zero::initialize(config, model, init);
 
   const int64_t warmup = flags.num("warmup"), steps = flags.num("steps");
   std::vector<double> times;
@@ -221,15 +247,37 @@ int run_engine(const zero_bench::Flags& flags) {
   world->all_reduce(t, zero::comm::ReduceOp::Max);
   const double faults = double(minor_faults() - faults_before) / steps;
   const zero::StepTimes split = engine.take_step_times();
-  at::Tensor b = torch::tensor({per_step, kinds[0], kinds[1], kinds[2], kinds[3], faults,
-                                double(zero_bench::peak_rss_bytes())}, torch::kDouble);
+  const double peak_rss = double(zero_bench::peak_rss_bytes());  // before the checkpoint's own buffers
+
+  // The trained state saved and loaded back (every rank's time; the slowest counts).
+  double save_s = NAN, load_s = NAN;
+  const std::string checkpoint = flags.str("checkpoint");
+  if (!checkpoint.empty()) {
+    world->barrier();
+    auto start = Clock::now();
+    engine.save_checkpoint(checkpoint, "bench");
+    save_s = seconds_since(start);
+    world->barrier();
+    start = Clock::now();
+    engine.load_checkpoint(checkpoint, "bench");
+    load_s = seconds_since(start);
+  }
+  at::Tensor b = torch::tensor({per_step, kinds[0], kinds[1], kinds[2], kinds[3], faults, peak_rss,
+                                double(rss_baseline), save_s, load_s}, torch::kDouble);
   world->all_reduce(b, zero::comm::ReduceOp::Max);
   if (rank == 0) {
     const int64_t psi = model->num_parameters();
-    const double theory = (setup.stage == 3 ? 3.0 : 2.0) * psi * (N - 1) / N * 4.0;
+    // Stage 3 gathers the parameters for forward and again for backward,
+    // unless stage3_max_reuse_distance keeps them all gathered in between
+    // (Note [Reuse distance]: a model below half the distance).
+    const bool regathers = 2 * psi >= config.zero_optimization.stage3_max_reuse_distance;
+    const double theory = (setup.stage == 3 && regathers ? 3.0 : 2.0) * psi * (N - 1) / N * 4.0;
     std::vector<double> slowest(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
     json j = common_fields(flags, psi, threads);
     j["mode"] = "engine";
+    j["side"] = "zero";
+    j["label"] = flags.str("label");
+    j["offload_optimizer"] = setup.offload_optimizer;
     j["stage"] = setup.stage;
     j["world"] = N;
     j["step_s"] = zero_bench::median(slowest);
@@ -242,6 +290,11 @@ int run_engine(const zero_bench::Flags& flags) {
     j["bytes_theory"] = theory;
     j["minflt_per_step"] = b[5].item<double>();
     j["peak_rss"] = b[6].item<double>();
+    j["rss_baseline"] = b[7].item<double>();
+    if (!checkpoint.empty()) {
+      j["save_s"] = b[8].item<double>();
+      j["load_s"] = b[9].item<double>();
+    }
     // Rank 0's split of its step time (wall_clock_breakdown), per step.
     j["split_s"] = {{"forward", split.forward / steps}, {"backward", split.backward / steps},
                     {"reduce", split.reduce / steps}, {"step", split.step / steps}, {"gather", split.gather / steps},
@@ -253,6 +306,10 @@ int run_engine(const zero_bench::Flags& flags) {
                 setup.stage, N, threads, zero_bench::median(slowest) * 1e3, b[0].item<double>() / 1e6, theory / 1e6,
                 b[1].item<double>() / 1e6, b[2].item<double>() / 1e6, b[3].item<double>() / 1e6,
                 b[5].item<double>(), b[6].item<double>() / 1e6);
+    if (!checkpoint.empty()) {
+      std::printf("stage %d checkpoint: saved in %.2f s, loaded in %.2f s (the slowest rank)\n", setup.stage,
+                  b[8].item<double>(), b[9].item<double>());
+    }
     std::printf("stage %d split per step on rank 0 (ms): forward %.1f, backward %.1f (of both, waiting for gathered "
                 "parameters %.1f), waiting for reductions %.1f, optimizer step %.1f (fused host kernels %.1f), "
                 "publishing parameters %.1f\n", setup.stage,
@@ -337,7 +394,7 @@ int run_report(const zero_bench::Flags& flags) {
               (long long)any.value("reduce_bucket_size", int64_t(0)), (long long)any["steps"].get<int64_t>(), (long long)any["warmup"].get<int64_t>(),
               stage_lines.begin()->second.size());
   std::printf("goals: stages 0-2 <= 0.80x DDP, stage 3 <= 1.00x DDP, < 1000 minor faults per step, bytes within 5%% of "
-              "theory (2Psi(N-1)/N*4 B stages 0-2, 3Psi(N-1)/N*4 B stage 3); information only. Peak RSS is per "
+              "theory (2Psi(N-1)/N*4 B stages 0-2, 3Psi(N-1)/N*4 B stage 3, 2Psi when stage3_max_reuse_distance keeps the model gathered into backward); information only. Peak RSS is per "
               "rank (the Python interpreter included for the PyTorch rows); x DDP is against the fastest DDP row. The side-by-side row is N plain loops at once with no communication: the "
               "step time no N-rank job with torch::optim's AdamW can go below on these cores. The PyTorch and plain "
               "LibTorch rows step torch.optim / torch::optim AdamW; zero steps its fused AdamW (torch_adam: false, "
@@ -427,6 +484,9 @@ int main(int argc, char** argv) {
                              {"steps", "10"},
                              {"bucket", "5e6"},
                              {"offload", "none"},
+                             {"config", ""},
+                             {"checkpoint", ""},
+                             {"label", ""},
                              {"overlap", "1"},
                              {"threads", "0"}});
     const std::string mode = flags.str("mode");

@@ -264,6 +264,7 @@ partition::Options partition_options(const Config& config, at::ScalarType dtype,
   o.persistence_threshold = z.stage3_param_persistence_threshold;
   o.prefetch_numel = z.stage3_prefetch_bucket_size;
   o.max_live_numel = z.stage3_max_live_parameters;
+  o.max_reuse_numel = z.stage3_max_reuse_distance;
   const auto& offload = z.offload_optimizer;
   o.norm_group = world;
   o.offload_optimizer = offload.device == "cpu" || offload.device == "nvme";

@@ -59,6 +59,7 @@ void validate(const EstimateInput& in) {
           "state_bytes_per_element must be in [0, 16]; got " + std::to_string(in.state_bytes_per_element));
   require(in.reduce_bucket_size >= 1, "reduce_bucket_size must be positive");
   require(in.stage3_max_live_parameters >= 0, "stage3_max_live_parameters must not be negative");
+  require(in.stage3_max_reuse_distance >= 0, "stage3_max_reuse_distance must not be negative");
   require(in.stage3_prefetch_bucket_size >= 0, "stage3_prefetch_bucket_size must not be negative");
   require(in.unit_params >= 0, "unit_params must not be negative");
   require(in.sub_group_size >= 1, "sub_group_size must be positive");
@@ -79,12 +80,17 @@ void validate(const EstimateInput& in) {
 }
 
 // Stage 3: the elements of units gathered at once (partition/units.cpp):
-// the unit running, and the next when the prefetch and live budgets allow.
+// the unit running, and the next when the prefetch and live budgets allow;
+// with a reuse distance, the last units of forward kept for backward too.
 int64_t gathered_bound(const EstimateInput& in) {
-  if (in.unit_params <= 0) return std::min(in.params, in.stage3_max_live_parameters);
+  const int64_t reuse_tail = in.stage3_max_reuse_distance > 0 ? in.stage3_max_reuse_distance / 2 : 0;
+  if (in.unit_params <= 0) return std::min(in.params, in.stage3_max_live_parameters + reuse_tail);
   const int64_t u = std::min(in.unit_params, in.params);
   const bool prefetched = u <= in.stage3_prefetch_bucket_size && 2 * u <= in.stage3_max_live_parameters && 2 * u <= in.params;
-  return prefetched ? 2 * u : u;
+  const int64_t running = prefetched ? 2 * u : u;
+  if (in.stage3_max_reuse_distance <= 0) return running;
+  const int64_t kept = std::min(in.params, reuse_tail + u);
+  return std::min(in.params, std::max(running, kept + (prefetched ? u : 0)));
 }
 
 // Without offload, everything lives on the device.

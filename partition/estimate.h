@@ -29,7 +29,10 @@
 // bounds them. Given the largest unit's size U (unit_params) it is the
 // engine's rule (partition/units.cpp): the unit running, and the next one
 // prefetched when U <= stage3_prefetch_bucket_size and 2U fits
-// stage3_max_live_parameters: (U or 2U)*b. Without U: min(Ψ, max_live)*b.
+// stage3_max_live_parameters: (U or 2U)*b. With stage3_max_reuse_distance
+// R > 0 the last units of forward also stay gathered into backward (Note
+// [Reuse distance]): up to K = min(Ψ, R/2 + U) elements, and K + U with the
+// prefetch (the larger of the two rules). Without U: min(Ψ, max_live + R/2)*b.
 //
 // Offload (each valid only where the config allows it; anything else throws):
 //   offload_optimizer "cpu" (stages 1-3): the fp32 master shard, the optimizer
@@ -84,6 +87,7 @@ struct EstimateInput {
   // reduced can borrow a third; not counted).
   bool overlap_comm = false;
   int64_t stage3_max_live_parameters = 1000000000;  // elements
+  int64_t stage3_max_reuse_distance = 1000000000;   // elements
   int64_t stage3_prefetch_bucket_size = 50000000;   // elements
   int64_t unit_params = 0;  // stage 3: the largest unit's parameters, when known (0: unknown)
   std::string offload_optimizer = "none";  // "none" | "cpu" | "nvme"

@@ -45,6 +45,7 @@ struct Options {
   int64_t persistence_threshold = 100000;  // buckets smaller than this stay gathered
   int64_t prefetch_numel = 50000000;       // stage3_prefetch_bucket_size
   int64_t max_live_numel = 1000000000;     // stage3_max_live_parameters
+  int64_t max_reuse_numel = 1000000000;    // stage3_max_reuse_distance (Note [Reuse distance] in units.cpp)
   // The ranks whose gradients together make the model's (Note [Gradient
   // norm]): the world, which is larger than the data-parallel group with
   // tensor or pipeline parallelism. Null: the data-parallel group.
@@ -220,6 +221,7 @@ class UnitScheduler : public UnitHooks, public std::enable_shared_from_this<Unit
   void gather_unit(int unit, bool async);
   void release_unit(int unit);
   void prefetch_after(int position, bool backward);
+  bool reused_within_distance(int position) const;
   int64_t unit_numel(int unit) const;
 
   ParamStorage& storage_;

@@ -82,8 +82,50 @@ void UnitScheduler::pre_forward(int unit) {
   if (plan_valid_) prefetch_after(position, /*backward=*/false);
 }
 
+// Note [Reuse distance]
+// DeepSpeed's stage3_max_reuse_distance (default 1e9 elements): after a
+// module's forward, its parameters stay gathered when they are used again
+// before more than that many parameter elements have been used in between,
+// along the order the previous step recorded (forward, then backward in
+// reverse). With units that order is this step's plan: the units after the
+// unit's position in forward, then the plan backward from its end, until
+// the unit comes round again. A unit is kept when the elements passed on
+// the way, twice those of the units after it, stay below the distance: the
+// last units of forward, backward's first. A model smaller than the
+// default is then gathered once per step instead of twice (stage 3 sends
+// 2Psi(N-1)/N, not 3Psi(N-1)/N) and holds all of it gathered between
+// forward and backward, as DeepSpeed does; 0 releases every unit after its
+// forward. A kept unit is released once its gradients are reduced, or by
+// end_backward if no backward reaches it. The first step has no plan yet
+// and releases them all, as DeepSpeed does before its trace is complete.
+bool UnitScheduler::reused_within_distance(int position) const {
+  const int unit = plan_[position];
+  const int n = static_cast<int>(plan_.size());
+  int64_t passed = 0;
+  for (int i = position + 1; i < 2 * n; ++i) {  // forward's rest, then backward from the end
+    if (passed >= options_.max_reuse_numel) return false;
+    const int next = i < n ? plan_[i] : plan_[2 * n - 1 - i];
+    if (next == unit) return true;
+    passed += unit_numel(next);
+  }
+  return false;
+}
+
 void UnitScheduler::post_forward(int unit, const at::Tensor& output) {
-  release_unit(unit);
+  // This forward's position in the plan: the unit's last entry in the trace
+  // (units nested in it come after it).
+  int position = -1;
+  if (at::GradMode::is_enabled() && !in_backward_ && plan_valid_) {
+    for (int i = static_cast<int>(trace_.size()) - 1; i >= 0; --i) {
+      if (trace_[i] == unit) {
+        position = i;
+        break;
+      }
+    }
+  }
+  if (position < 0 || position >= static_cast<int>(plan_.size()) || !reused_within_distance(position)) {
+    release_unit(unit);
+  }
   if (!output.defined() || !output.requires_grad()) return;
   std::weak_ptr<UnitScheduler> self = shared_from_this();
   output.register_hook([self, unit](const at::Tensor& grad) {

@@ -21,7 +21,8 @@ packages=(
 )
 case "$zero_torch" in
   debian) packages+=(libtorch-dev) ;;   # LibTorch 1.13 (CPU)
-  wheel) packages+=(python3-venv) ;;    # the .venv below
+  wheel) packages+=(python3-venv        # the .venv below
+                   libaio-dev) ;;       # DeepSpeed's async I/O op, for its NVMe rows (bench/run_vs_deepspeed.sh)
 esac
 
 missing=()

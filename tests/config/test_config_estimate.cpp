@@ -43,7 +43,8 @@ TEST(ConfigEstimate, MixedPrecisionAdamGivesDeepSpeedsFigures) {
       EXPECT_EQ(m.nvme.total(), 0);
       EXPECT_EQ(m.padded_params, psi);
       EXPECT_EQ(m.reduce_buffers, stage >= 2 ? int64_t{500000000} * 2 : 0) << stage;   // one buffer of 5e8 bf16
-      EXPECT_EQ(m.gathered_params_max, stage == 3 ? int64_t{1000000000} * 2 : 0) << stage;   // max_live 1e9
+      // max_live 1e9 and half the reuse distance 1e9 (the last units of forward kept for backward)
+      EXPECT_EQ(m.gathered_params_max, stage == 3 ? int64_t{1500000000} * 2 : 0) << stage;
     }
   }
   // Per kind at stage 2: 2Ψ params, 2Ψ/N grads (+ bucket), 4Ψ/N master, 8Ψ/N Adam.
@@ -64,7 +65,7 @@ TEST(ConfigEstimate, BucketAndGatheredParamsAreBoundedByTheModel) {
   in.stage3_max_live_parameters = 300000000;
   m = zero::estimate_memory(in);
   EXPECT_EQ(m.reduce_buffers, int64_t{200000000} * 2);
-  EXPECT_EQ(m.gathered_params_max, int64_t{300000000} * 2);
+  EXPECT_EQ(m.gathered_params_max, int64_t{300000000 + 500000000} * 2);  // max_live + reuse distance / 2
   EXPECT_EQ(m.device.gradients, int64_t{1000000000} * 2 + m.reduce_buffers);
   EXPECT_EQ(m.reduce_buffer_count, 1);
   // overlap_comm: a second buffer fills while the first is reduced.
@@ -306,6 +307,7 @@ TEST(ConfigEstimate, GatheredUnitsFollowThePrefetchRule) {
   in.world_size = 4;
   in.stage = 3;
   in.dtype_bytes = 2;
+  in.stage3_max_reuse_distance = 0;  // every unit released after its forward
   EXPECT_EQ(zero::estimate_memory(in).gathered_params_max, int64_t{1000000000} * 2);  // unknown: min(params, max_live)
   in.unit_params = 20000000;  // below the 5e7 prefetch budget: two units
   EXPECT_EQ(zero::estimate_memory(in).gathered_params_max, 2 * int64_t{20000000} * 2);
@@ -314,6 +316,27 @@ TEST(ConfigEstimate, GatheredUnitsFollowThePrefetchRule) {
   in.unit_params = 20000000;
   in.stage3_max_live_parameters = 30000000;  // two would pass the live budget
   EXPECT_EQ(zero::estimate_memory(in).gathered_params_max, int64_t{20000000} * 2);
+}
+
+// Note [Reuse distance]: the last units of forward stay gathered into
+// backward, R/2 + U elements at most, and the unit backward prefetches.
+TEST(ConfigEstimate, GatheredUnitsIncludeThoseKeptForReuse) {
+  EstimateInput in;
+  in.params = 1000000000;
+  in.world_size = 4;
+  in.stage = 3;
+  in.dtype_bytes = 2;
+  in.unit_params = 20000000;
+  in.stage3_max_reuse_distance = 100000000;  // units after which 2 x (elements after) < 1e8: about 5e7
+  EXPECT_EQ(zero::estimate_memory(in).gathered_params_max, (50000000 + 20000000 + 20000000) * int64_t{2});
+  in.stage3_max_reuse_distance = 1;  // only the last unit, reused at once: as the prefetch rule
+  EXPECT_EQ(zero::estimate_memory(in).gathered_params_max, 2 * int64_t{20000000} * 2);
+  in.stage3_max_reuse_distance = 1000000000;  // DeepSpeed's default: 5e8 + U and the prefetched unit
+  EXPECT_EQ(zero::estimate_memory(in).gathered_params_max, (500000000 + 40000000) * int64_t{2});
+  in.params = 100000000;  // a model below half the distance: all of it
+  EXPECT_EQ(zero::estimate_memory(in).gathered_params_max, int64_t{100000000} * 2);
+  in.unit_params = 0;  // unknown units: max_live + R/2, within the model
+  EXPECT_EQ(zero::estimate_memory(in).gathered_params_max, int64_t{100000000} * 2);
 }
 
 TEST(ConfigEstimate, RejectsOffloadItsStageDoesNotAllow) {

@@ -345,6 +345,62 @@ TEST(Memory, Stage3ReleasesUnitParameters) {
   EXPECT_EQ(unit_storage(), 0) << "after the gathered scope";
 }
 
+// Note [Reuse distance]: from the second step (the first records the
+// order), DeepSpeed's default stage3_max_reuse_distance (1e9 elements) keeps
+// units gathered from their forward into their backward, so backward gathers
+// nothing again; 0 releases each after its forward. The training is the same.
+TEST(Memory, Stage3KeepsUnitsGatheredWithinTheReuseDistance) {
+  struct Run {
+    std::vector<double> losses;
+    int64_t unit_bytes_after_forward = 0, unit_bytes_after_backward = 0, gathered_bytes = 0;
+  };
+  auto run = [](const std::string& reuse_key) {
+    ToyUnits model = make_model<ToyUnits>();
+    zero::InitOptions options;
+    options.group = g_world;
+    Case c{3, 1, 0.0, optimizer_json("AdamW"), ""};
+    std::string json = config_json(c, 2, 50);
+    json.insert(json.rfind("}}"), reuse_key);
+    auto engine = zero::initialize(zero::Config::from_json(json), model, options);
+    auto unit_bytes = [&] {
+      int64_t bytes = 0;
+      for (auto& p : model->mid->parameters()) bytes += p.storage().nbytes();
+      for (auto& p : model->mix->parameters()) bytes += p.storage().nbytes();
+      return bytes;
+    };
+    Run r;
+    for (int64_t step = 0; step < 3; ++step) {
+      auto batch = global_batch(step, 2 * g_world->size());
+      const auto before = g_world->stats().all_gather_bytes;
+      auto loss = loss_of(model, batch.slice(0, 2 * g_world->rank(), 2 * g_world->rank() + 2));
+      if (step == 1) r.unit_bytes_after_forward = unit_bytes();
+      engine.backward(loss);
+      if (step == 1) r.unit_bytes_after_backward = unit_bytes();
+      engine.step();
+      if (step == 1) r.gathered_bytes = g_world->stats().all_gather_bytes - before;
+      r.losses.push_back(loss.item<double>());
+    }
+    return r;
+  };
+  const Run kept = run("");  // DeepSpeed's default distance
+  const Run released = run(R"(, "stage3_max_reuse_distance": 0)");
+  EXPECT_GT(kept.unit_bytes_after_forward, 0) << "the units stay gathered for backward";
+  EXPECT_EQ(released.unit_bytes_after_forward, 0);
+  EXPECT_EQ(kept.unit_bytes_after_backward, 0) << "released once their gradients are reduced";
+  EXPECT_EQ(kept.losses, released.losses);
+  // Gathers saved: mid's in backward, and two of mix's (it runs twice in
+  // forward: kept, its second run needs no gather, nor its backward, which
+  // gathers once for both runs). Each is the unit's full parameters less
+  // this rank's share, as a ring all-gather sends them (padding: < W a tensor).
+  const int W = g_world->size();
+  int64_t mid = 0, mix = 0, tensors = 0;
+  for (auto& p : ToyUnits()->mid->parameters()) mid += p.numel(), ++tensors;
+  for (auto& p : ToyUnits()->mix->parameters()) mix += 2 * p.numel(), tensors += 2;
+  const int64_t saved = released.gathered_bytes - kept.gathered_bytes;
+  EXPECT_GE(saved, 4 * (mid + mix) * (W - 1) / W);
+  EXPECT_LE(saved, 4 * (mid + mix + tensors * W) * (W - 1) / W);
+}
+
 // Parameter groups with their own weight decay (none for biases, norms and
 // the one-element temperature, a group with fewer elements than ranks) and a
 // frozen parameter, against torch::optim::AdamW with the same groups.

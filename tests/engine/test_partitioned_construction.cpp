@@ -213,8 +213,10 @@ Peaks offload_peaks(const std::string& offload) {
   const std::string where = offload == "nvme" ? R"({"device": "nvme", "nvme_path": ")" + folder + R"("})"
                                               : R"({"device": "cpu"})";
   // Every tensor its own sub-group (sub_group_size): the step holds three.
+  // Every unit released after its forward (stage3_max_reuse_distance 0).
   const zero::Config config = zero::Config::from_json(config_json(
-      3, R"(, "sub_group_size": 3000, "offload_param": )" + where + R"(, "offload_optimizer": )" + where));
+      3, R"(, "sub_group_size": 3000, "stage3_max_reuse_distance": 0, "offload_param": )" + where +
+             R"(, "offload_optimizer": )" + where));
   torch::manual_seed(7);
   zero::PartitionedInitOptions options;
   options.group = g_world;

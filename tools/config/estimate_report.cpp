@@ -52,6 +52,7 @@ EstimateSetup estimate_setup(const zero::Config& c, int64_t params, int world_si
   in.reduce_bucket_size = z.reduce_bucket_size;
   in.overlap_comm = z.overlap_comm;
   in.stage3_max_live_parameters = z.stage3_max_live_parameters;
+  in.stage3_max_reuse_distance = z.stage3_max_reuse_distance;
   in.stage3_prefetch_bucket_size = z.stage3_prefetch_bucket_size;
   in.sub_group_size = z.sub_group_size;
   in.offload_optimizer_buffer_count = z.offload_optimizer.buffer_count;
@@ -294,12 +295,17 @@ int run_estimate(const Options& o) {
   if (setup.base.unit_params > 0) {
     out << "- Stage 3: plus the parameters of the units being gathered: up to " << human(s3.gathered_params_max)
         << " more " << where << ",\n  the block running (" << count(setup.base.unit_params)
-        << " parameters) and the next one when stage3_prefetch_bucket_size allows it.\n";
+        << " parameters) and the next one when stage3_prefetch_bucket_size allows it";
+    if (z.stage3_max_reuse_distance > 0) {
+      out << ",\n  and the last blocks of forward kept for backward (stage3_max_reuse_distance "
+          << count(z.stage3_max_reuse_distance) << "; 0 releases them)";
+    }
+    out << ".\n";
   } else {
     out << "- Stage 3: plus the parameters of the units being gathered (stage3_prefetch_bucket_size /\n"
            "  max_live_parameters): up to "
         << human(s3.gathered_params_max) << " more " << where << ",\n  min(params, stage3_max_live_parameters "
-        << count(z.stage3_max_live_parameters) << ") x " << b << " bytes.\n";
+        << count(z.stage3_max_live_parameters) << " + stage3_max_reuse_distance / 2) x " << b << " bytes.\n";
   }
   const zero::MemoryEstimate& s2 = rows[2];
   out << "- Stages 2-3: grads include " << (z.overlap_comm ? "two reduce buffers" : "one reduce buffer") << " of "
