@@ -29,6 +29,10 @@ ring sends for each call, as zero's CommStats counts its own (all-reduce
 broadcast the tensor from its root; a reduce (N-1)/N of the tensor, since
 DeepSpeed sends one per owner's slice of a bucket, together a reduce-scatter).
 
+--save DIR writes DeepSpeed's checkpoint after the steps (engine.save_checkpoint);
+--load DIR resumes one before them, the batches going on from its global
+step (tools/fixtures/make_deepspeed_fixtures.py uses both).
+
 If deepspeed cannot be imported, it says why in one line and exits 2.
 """
 import argparse
@@ -86,6 +90,9 @@ def main():
     parser.add_argument("--label", default="")
     parser.add_argument("--checkpoint", default="", help="with --bench: time save_checkpoint and load_checkpoint here")
     parser.add_argument("--profile", default="", help="with --bench: rank 0's profile of the timed steps (cProfile) to this file")
+    parser.add_argument("--save", default="", help="after the steps, engine.save_checkpoint into this folder")
+    parser.add_argument("--load", default="", help="before the steps, engine.load_checkpoint from this folder; "
+                        "the steps' batches go on from its global step")
     args = parser.parse_args()
     try:
         import deepspeed
@@ -125,8 +132,14 @@ def main():
     # (get_global_grad_norm() is None): the peer takes it from the averaged
     # gradients, before the step clips them, as DeepSpeed's clipping does.
     stage = config.get("zero_optimization", {}).get("stage", 0)
+    first = 0
+    if args.load:
+        path, _ = engine.load_checkpoint(args.load)
+        if path is None:
+            raise SystemExit(f"deepspeed_peer.py: DeepSpeed found no checkpoint in {args.load}")
+        first = engine.global_steps
     losses, norms, lrs = [], [], []
-    for step in range(args.steps):
+    for step in range(first, first + args.steps):
         total, own_norm = 0.0, None
         for k in range(accumulation):
             tokens, targets = batch(step, k, rank, micro, args.context, args.vocab)
@@ -143,6 +156,8 @@ def main():
         norm = engine.get_global_grad_norm()
         norms.append(float(norm) if norm is not None else own_norm)
         lrs.append(engine.get_lr()[0])
+    if args.save:
+        engine.save_checkpoint(args.save)
     if rank == 0:
         with open(args.out, "w") as out:
             json.dump({"losses": losses, "grad_norms": norms, "lr": lrs, "deepspeed": deepspeed.__version__,

@@ -24,6 +24,9 @@ find_library(URING_LIBRARY uring REQUIRED)
 # Checkpoint checksums (XXH3-64: hashing keeps up with the disk).
 find_path(XXHASH_INCLUDE_DIR xxhash.h REQUIRED)
 find_library(XXHASH_LIBRARY xxhash REQUIRED)
+# torch.save's zip container (torchsave/)
+find_path(LIBZIP_INCLUDE_DIR zip.h REQUIRED)
+find_library(LIBZIP_LIBRARY zip REQUIRED)
 
 # Private link interface of libzero: nothing here leaks into its users.
 add_library(zero_deps_private INTERFACE)

@@ -39,7 +39,7 @@ init.h facade engine
 accelerate.h facade accelerate
 zero.h facade -'
 # The library's folders below the engine (engine/ and accelerate/ are above).
-below_engine='core comm offload partition activations parallel ckpt monitor profile config'
+below_engine='core comm offload partition activations parallel ckpt torchsave monitor profile config'
 
 # ---- rule 2: which errors each library folder throws --------------------------
 # Each class names what is at fault, whichever file notices it:
@@ -57,6 +57,7 @@ partition PartitionError OffloadError
 activations EngineError
 parallel ConfigError CommError PartitionError EngineError
 ckpt CheckpointError
+torchsave CheckpointError
 monitor EngineError
 profile none
 config ConfigError

@@ -12,6 +12,7 @@ packages=(
   libgloo-dev             # collectives on host tensors
   libtbb-dev liburing-dev nlohmann-json3-dev
   libxxhash-dev           # checkpoint checksums
+  libzip-dev              # torch.save's zip container (torchsave/: DeepSpeed checkpoints)
   libprotobuf-dev protobuf-compiler  # TensorBoard's event messages (monitor/)
   python3-protobuf        # the tests' independent reader of those event files
   libtcmalloc-minimal4    # the allocator zero-run preloads (tools/launcher/allocator.h)
