@@ -512,6 +512,12 @@ class Machine {
       fail(std::string("a tensor of shape ") + shape_text(r.shape) + " at offset " + std::to_string(r.offset) +
            " reaches element " + std::to_string(last) + " of a storage of " + std::to_string(r.storage.numel) +
            " (storage shorter than its view)");
+    // Strides of 0 (an expanded tensor) let a tiny storage claim any number
+    // of elements: a checkpoint's tensors are dense, so a view may not hold
+    // more elements than its storage, which bounds what reading it allocates.
+    if (numel > r.storage.numel)
+      fail("a tensor of shape " + shape_text(r.shape) + " has more elements than its storage of " +
+           std::to_string(r.storage.numel) + " (overlapping strides); zero reads dense tensors");
     if (v2 && x[4]->kind != Value::Kind::Bool) fail(std::string(who) + " with a requires_grad that is not a bool");
     return t;
   }
