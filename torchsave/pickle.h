@@ -98,6 +98,10 @@ class Pickle {
   Value* root_ = nullptr;
 };
 
+// Throws CheckpointError when a value contains itself or nests deeper than
+// kMaxPickleDepth (Pickle::read calls it on every pickle).
+void check_shape(const Value* root, const std::string& what);
+
 // The allow-list, for documentation and the error that refuses the rest.
 const std::vector<std::string>& allowed_globals();
 
