@@ -3,6 +3,8 @@
 // torch/_utils.py (tensor rebuilds) and torch/serialization.py (storages).
 #include "torchsave/pickle.h"
 
+#include "torchsave/allowed_globals.h"
+
 #include <cmath>
 #include <cstring>
 #include <unordered_map>
@@ -15,71 +17,6 @@ namespace zero::torchsave {
 namespace {
 
 using ckpt::DType;
-
-// What each allowed global becomes. Storage classes appear only inside a
-// persistent id; dtypes (torch.float32, ...) are plain constants.
-enum class Role {
-  OrderedDict, Set, GetAttr, Encode, Size, Device, RebuildTensor, RebuildTensorV2, RebuildParameter,
-  RebuildParameterWithState, RebuildFromType, TensorType, Record, Enum, StorageType, DTypeConstant
-};
-
-struct Allowed {
-  const char* name;
-  Role role;
-  DType dtype = DType::U8;  // StorageType
-};
-
-const Allowed kAllowed[] = {
-    {"collections.OrderedDict", Role::OrderedDict},
-    {"builtins.set", Role::Set},
-    {"builtins.frozenset", Role::Set},
-    {"builtins.getattr", Role::GetAttr},  // only as getattr(<an allowed enum>, "<member>")
-    {"_codecs.encode", Role::Encode},     // protocol 2's spelling of bytes
-    {"torch.Size", Role::Size},
-    {"torch.device", Role::Device},
-    {"torch._utils._rebuild_tensor", Role::RebuildTensor},
-    {"torch._utils._rebuild_tensor_v2", Role::RebuildTensorV2},
-    {"torch._utils._rebuild_parameter", Role::RebuildParameter},
-    {"torch._utils._rebuild_parameter_with_state", Role::RebuildParameterWithState},
-    // A tensor with Python attributes (DeepSpeed's stage 3 marks its
-    // parameters): _rebuild_from_type_v2(<a rebuild above>, torch.Tensor,
-    // args, attributes); the attributes are dropped.
-    {"torch._tensor._rebuild_from_type_v2", Role::RebuildFromType},
-    {"torch.Tensor", Role::TensorType},
-    {"torch.nn.parameter.Parameter", Role::TensorType},
-    {"torch.FloatStorage", Role::StorageType, DType::F32},
-    {"torch.DoubleStorage", Role::StorageType, DType::F64},
-    {"torch.HalfStorage", Role::StorageType, DType::F16},
-    {"torch.BFloat16Storage", Role::StorageType, DType::BF16},
-    {"torch.LongStorage", Role::StorageType, DType::I64},
-    {"torch.IntStorage", Role::StorageType, DType::I32},
-    {"torch.ByteStorage", Role::StorageType, DType::U8},
-    {"torch.BoolStorage", Role::StorageType, DType::BOOL},
-    {"torch.UntypedStorage", Role::StorageType, DType::U8},
-    {"torch.Float8_e4m3fnStorage", Role::StorageType, DType::F8_E4M3},
-    {"torch.Float8_e5m2Storage", Role::StorageType, DType::F8_E5M2},
-    {"torch.float32", Role::DTypeConstant},
-    {"torch.float16", Role::DTypeConstant},
-    {"torch.bfloat16", Role::DTypeConstant},
-    {"torch.float64", Role::DTypeConstant},
-    {"torch.int64", Role::DTypeConstant},
-    {"torch.int32", Role::DTypeConstant},
-    {"torch.uint8", Role::DTypeConstant},
-    {"torch.bool", Role::DTypeConstant},
-    // DeepSpeed's records: class instances kept as their class name, the
-    // constructor's arguments and the attributes BUILD sets.
-    {"deepspeed.runtime.fp16.loss_scaler.LossScaler", Role::Record},
-    {"deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler", Role::Record},
-    {"deepspeed.utils.tensor_fragment.fragment_address", Role::Record},
-    {"deepspeed.runtime.zero.config.ZeroStageEnum", Role::Enum},
-    {"deepspeed.checkpoint.constants.ZeroStageEnum", Role::Enum},
-};
-
-const Allowed* find_allowed(const std::string& name) {
-  for (const Allowed& a : kAllowed)
-    if (name == a.name) return &a;
-  return nullptr;
-}
 
 // Opcodes (pickletools' names).
 enum Op : uint8_t {
@@ -104,15 +41,6 @@ int64_t mul_add(int64_t a, int64_t b, int64_t c) {
 
 }  // namespace
 
-
-const std::vector<std::string>& allowed_globals() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> v;
-    for (const Allowed& a : kAllowed) v.emplace_back(a.name);
-    return v;
-  }();
-  return names;
-}
 
 // The stack machine. One instance reads one pickle.
 class Machine {
@@ -140,7 +68,7 @@ class Machine {
   }
   [[noreturn]] void refuse(const std::string& name) const {
     std::string list;
-    for (const Allowed& a : kAllowed) list += std::string(list.empty() ? "" : ", ") + a.name;
+    for (const std::string& a : allowed_globals()) list += (list.empty() ? "" : ", ") + a;
     throw CheckpointError(what_ + ": the pickle asks for the Python global '" + name +
                           "', which zero does not allow: it reads data and never runs what a file names. "
                           "Allowed: " + list + ". If this file is a checkpoint you trust, save its tensors "

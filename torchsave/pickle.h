@@ -5,7 +5,7 @@
 // Note [Restricted pickle]: a pickle is a program for a stack machine whose
 // GLOBAL, REDUCE, NEWOBJ and BUILD opcodes import and call arbitrary Python
 // code; torch.load runs them. This reader runs no code: it knows a short
-// allow-list of globals (torchsave/pickle.cpp, kAllowed) that checkpoints
+// allow-list of globals (torchsave/allowed_globals.cpp) that checkpoints
 // use, and for each one builds the *data* the call would have produced
 // (OrderedDict -> Dict, torch.Size -> Tuple, _rebuild_tensor_v2 -> Tensor,
 // DeepSpeed's LossScaler -> Object, a record of its class name and state).
