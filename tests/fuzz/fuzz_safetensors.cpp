@@ -3,7 +3,6 @@
 // regular file that lives in memory). Any file must open or fail with
 // zero::CheckpointError, and every tensor of a file that opens must read,
 // so no read may allocate more than the file holds.
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -13,16 +12,11 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "memfd_file.h"
 #include "zero/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const int fd = ::memfd_create("fuzz.safetensors", MFD_CLOEXEC);
-  if (fd < 0) std::abort();
-  for (size_t done = 0; done < size;) {
-    const ssize_t n = ::write(fd, data + done, size - done);
-    if (n <= 0) std::abort();
-    done += static_cast<size_t>(n);
-  }
+  const int fd = memfd_with(data, size);
   const std::string path = "/proc/self/fd/" + std::to_string(fd);
   try {
     zero::ckpt::SafetensorsFile file(path);

@@ -3,7 +3,6 @@
 // torch.save file (through a memfd) whose every tensor is then read. Any
 // input must either read or fail with zero::CheckpointError; no tensor read
 // may allocate more than the file holds.
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "torchsave/torch_save.h"
+#include "memfd_file.h"
 #include "zero/error.h"
 
 namespace {
@@ -40,13 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     zero::torchsave::Pickle::read(data, size, "fuzz");
   } catch (const zero::CheckpointError&) {
   }
-  const int fd = ::memfd_create("fuzz.pt", MFD_CLOEXEC);
-  if (fd < 0) std::abort();
-  for (size_t done = 0; done < size;) {
-    const ssize_t n = ::write(fd, data + done, size - done);
-    if (n <= 0) std::abort();
-    done += static_cast<size_t>(n);
-  }
+  const int fd = memfd_with(data, size);
   try {
     zero::torchsave::TorchSaveFile file("/proc/self/fd/" + std::to_string(fd));
     std::unordered_set<const Value*> seen;
