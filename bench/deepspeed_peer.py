@@ -58,9 +58,12 @@ def zero_name(torch_name):
 
 
 def batch(step, micro_index, rank, micro, context, vocab):
-    i = torch.arange(micro).unsqueeze(1)
+    """Row i of rank `rank`'s micro-batch is sample rank * micro + i of the step:
+    the step's samples are the same whatever the world size that splits them
+    (a checkpoint resumed at another world size sees the same data)."""
+    sample = (rank * micro + torch.arange(micro)).unsqueeze(1)
     j = torch.arange(context + 1).unsqueeze(0)
-    tokens = (7 * i + 5 * step + 3 * (rank * micro) + 11 * micro_index + j) % vocab
+    tokens = (7 * sample + 5 * step + 11 * micro_index + j) % vocab
     return tokens[:, :-1], tokens[:, 1:]
 
 

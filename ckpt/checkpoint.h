@@ -188,6 +188,10 @@ class WeightFiles {
   std::map<std::string, const SafetensorsFile*> holder_;
 };
 
+// "<kind>/<param>/<offset>": the fragment of `param` at `offset` of state
+// `kind` ("fp32" for the master weights, else the optimizer state's name).
+std::string fragment_name(const std::string& kind, const std::string& param, int64_t offset);
+
 struct ParamInfo {
   std::string name;
   std::vector<int64_t> shape;

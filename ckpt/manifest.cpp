@@ -114,9 +114,22 @@ std::string read_text(const std::string& path, uint64_t max_bytes = kMaxManifest
   return text;
 }
 
+// DeepSpeed's checkpoint folders are converted (zero-ckpt import), not loaded.
+void refuse_deepspeed_folder(const std::string& dir, const std::string& tag) {
+  std::error_code ec;
+  for (const char* deepspeed : {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"})
+    if (fs::exists(fs::path(tag_dir(dir, tag)) / deepspeed, ec))
+      fail(tag_dir(dir, tag) + " is a DeepSpeed checkpoint (it holds " + deepspeed + "), not a zero one; convert it "
+           "first with: zero-ckpt import --from deepspeed " + dir + " NEW_DIR [--tag " + tag + "], then load NEW_DIR");
+}
+
 }  // namespace
 
 // ---- Manifest ------------------------------------------------------------------
+
+std::string fragment_name(const std::string& kind, const std::string& param, int64_t offset) {
+  return kind + "/" + param + "/" + std::to_string(offset);
+}
 
 nlohmann::json Manifest::to_json() const {
   json params_json = json::array();
@@ -295,6 +308,7 @@ std::string read_latest(const std::string& dir) {
   tag = b == std::string::npos ? "" : tag.substr(b, e - b + 1);
   if (tag.empty()) fail(latest + " is empty; complete tags in " + dir + ": " + tag_list(dir) + "; pass a tag explicitly");
   check_tag(tag, latest);
+  if (!fs::is_regular_file(manifest_path(dir, tag), ec)) refuse_deepspeed_folder(dir, tag);
   if (!fs::is_regular_file(manifest_path(dir, tag), ec))
     fail(latest + " names tag \"" + tag + "\" but " + manifest_path(dir, tag) +
          " does not exist (that save was interrupted or the tag was removed); complete tags in " + dir + ": " +
@@ -315,6 +329,7 @@ Manifest read_manifest(const std::string& dir, const std::string& tag) {
   const std::string path = manifest_path(dir, tag);
   std::error_code ec;
   if (!fs::exists(path, ec)) {
+    refuse_deepspeed_folder(dir, tag);
     std::string why = fs::is_directory(tag_dir(dir, tag), ec)
                           ? " (the directory exists: the save of tag \"" + tag + "\" was interrupted before its manifest)"
                           : " (no directory " + tag_dir(dir, tag) + ")";

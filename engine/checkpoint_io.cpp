@@ -52,10 +52,6 @@ at::Tensor view_of(const ckpt::TensorData& data) {
                           dtype);
 }
 
-std::string fragment_name(const std::string& kind, const std::string& param, int64_t offset) {
-  return kind + "/" + param + "/" + std::to_string(offset);
-}
-
 std::string listing(const std::vector<std::string>& names) {
   std::string out;
   for (size_t i = 0; i < names.size() && i < 20; ++i) out += "\n  " + names[i];

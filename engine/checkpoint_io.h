@@ -23,10 +23,6 @@ at::ScalarType from_ckpt(ckpt::DType d);
 // A tensor a checkpoint file holds, viewed (not copied) as a flat tensor.
 at::Tensor view_of(const ckpt::TensorData& data);
 
-// "<kind>/<param>/<offset>": the fragment of `param` at `offset` of state
-// `kind` ("fp32" for the master weights, else the optimizer state's name).
-std::string fragment_name(const std::string& kind, const std::string& param, int64_t offset);
-
 // The engine's record in a manifest ("engine"): counters, lr and the loss
 // scaler. Read back with every field type- and range-checked: a file's
 // value that is not what save writes is a CheckpointError naming the key.

@@ -102,7 +102,7 @@ class RankFile {
           // In the full parameter's coordinates (a tensor-parallel slice
           // may be several pieces of it).
           for (const auto& piece : full_pieces(s.splits, name, f.param_offset, f.length)) {
-            tensors_.push_back({fragment_name(kind, name, piece.full_offset), ckpt::DType::F32, {piece.length},
+            tensors_.push_back({ckpt::fragment_name(kind, name, piece.full_offset), ckpt::DType::F32, {piece.length},
                                 nullptr, static_cast<size_t>(piece.length) * sizeof(float)});
             sources_.push_back({source, f.start + piece.offset - f.param_offset, k});
           }

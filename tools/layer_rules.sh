@@ -39,7 +39,7 @@ init.h facade engine
 accelerate.h facade accelerate
 zero.h facade -'
 # The library's folders below the engine (engine/ and accelerate/ are above).
-below_engine='core comm offload partition activations parallel ckpt torchsave monitor profile config'
+below_engine='core comm offload partition activations parallel ckpt torchsave interop monitor profile config'
 
 # ---- rule 2: which errors each library folder throws --------------------------
 # Each class names what is at fault, whichever file notices it:
@@ -58,6 +58,7 @@ activations EngineError
 parallel ConfigError CommError PartitionError EngineError
 ckpt CheckpointError
 torchsave CheckpointError
+interop CheckpointError
 monitor EngineError
 profile none
 config ConfigError

@@ -155,6 +155,24 @@ void TorchSaveFile::read_storage_bytes(const StorageRef& s, uint64_t byte_offset
   }
 }
 
+void TorchSaveFile::verify() const {
+  std::vector<uint8_t> chunk(size_t{1} << 20);
+  for (const StorageRef& s : pickle_->storages()) {
+    const std::string name = record_ + "/data/" + s.key;
+    const zip_int64_t index = zip_name_locate(as_zip(zip_), name.c_str(), ZIP_FL_ENC_RAW);
+    if (index < 0) throw CheckpointError(path_ + ": no entry " + name);
+    ZipFile f;
+    f.f = zip_fopen_index(as_zip(zip_), index, 0);
+    if (f.f == nullptr) throw CheckpointError(path_ + ": cannot open " + name + " (" + zip_strerror(as_zip(zip_)) + ")");
+    zip_int64_t got;
+    while ((got = zip_fread(f.f, chunk.data(), chunk.size())) > 0) {
+    }
+    if (got < 0)
+      throw CheckpointError(path_ + ": " + name + " is damaged (" + zip_file_strerror(f.f) +
+                            "): the file changed after torch.save wrote it");
+  }
+}
+
 void TorchSaveFile::read(const TensorRef& t, void* dst) const {
   const int64_t numel = t.numel();
   if (numel == 0) return;

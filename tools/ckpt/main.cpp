@@ -1,8 +1,10 @@
-// zero-ckpt: inspects and verifies sharded zero checkpoints and consolidates
-// one into a single fp32 safetensors file. Torch-free.
+// zero-ckpt: inspects and verifies sharded zero checkpoints, consolidates
+// one into a single fp32 safetensors file, and imports DeepSpeed's.
+// Torch-free.
 //
 //   zero-ckpt inspect DIR [--tag T]
 //   zero-ckpt consolidate DIR [--tag T] --out FILE.safetensors
+//   zero-ckpt import --from deepspeed DS_DIR OUT_DIR [--tag T] [--name-map MAP.json]
 //
 // Exit status: 0 ok, 1 a checkpoint problem (checksum mismatch, missing file,
 // unreadable manifest), 2 bad usage.
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "interop/import_deepspeed.h"
 #include "zero/error.h"
 
 namespace {
@@ -23,6 +26,7 @@ namespace ck = zero::ckpt;
 const char* const kUsage =
     "usage: zero-ckpt inspect DIR [--tag T]\n"
     "       zero-ckpt consolidate DIR [--tag T] --out FILE.safetensors\n"
+    "       zero-ckpt import --from deepspeed DS_DIR OUT_DIR [--tag T] [--name-map MAP.json]\n"
     "\n"
     "Works on a checkpoint directory written by zero's Engine::save_checkpoint:\n"
     "DIR/latest names the newest complete tag, DIR/<tag>/manifest.json describes it\n"
@@ -36,9 +40,19 @@ const char* const kUsage =
     "  consolidate  write the full fp32 weights of every parameter (and the buffers;\n"
     "               floating ones as fp32) to one safetensors file, named as in the\n"
     "               model (e.g. \"fc1.weight\"); works for any world size and stage\n"
+    "  import       write a zero checkpoint in the new folder OUT_DIR from DeepSpeed's\n"
+    "               checkpoint folder DS_DIR (stages 1-3, fp32/bf16/fp16, any world\n"
+    "               size): weights, fp32 master weights, optimizer states, step\n"
+    "               counts, loss scale and the scheduler's position; it loads at any\n"
+    "               world size and stage. The .pt files are read as data: nothing in\n"
+    "               them is executed. OUT_DIR must not exist (or be empty) and not lie\n"
+    "               inside DS_DIR; it appears only once the import is complete\n"
     "\n"
     "  --tag T      the tag to use (default: the one DIR/latest names)\n"
     "  --out FILE   the safetensors file consolidate writes (replaced atomically)\n"
+    "  --from deepspeed   the format import reads\n"
+    "  --name-map MAP.json  import: {\"deepspeed name\": \"zero name\", ...} for tensors\n"
+    "               whose names differ between the two models (others keep theirs)\n"
     "  -h, --help   show this help\n"
     "\n"
     "Exit status: 0 ok, 1 a checkpoint problem (checksum mismatch, missing file,\n"
@@ -53,6 +67,8 @@ struct Options {
   std::string dir;
   std::optional<std::string> tag;
   std::optional<std::string> out;
+  std::optional<std::string> from, name_map;
+  std::string out_dir;  // import
 };
 
 Options parse(int argc, char** argv) {
@@ -71,19 +87,35 @@ Options parse(int argc, char** argv) {
     } else if (a == "--out" || a.rfind("--out=", 0) == 0) {
       o.out = value("--out");
       if (o.out->empty()) throw UsageError{"--out needs a non-empty value"};
+    } else if (a == "--from" || a.rfind("--from=", 0) == 0) {
+      o.from = value("--from");
+      if (*o.from != "deepspeed") throw UsageError{"--from " + *o.from + ": import reads deepspeed checkpoints only"};
+    } else if (a == "--name-map" || a.rfind("--name-map=", 0) == 0) {
+      o.name_map = value("--name-map");
     } else if (a.size() > 1 && a[0] == '-') {
       throw UsageError{"unknown option " + a};
     } else {
       positional.push_back(a);
     }
   }
-  if (positional.empty()) throw UsageError{"no command given (inspect or consolidate)"};
+  if (positional.empty()) throw UsageError{"no command given (inspect, consolidate or import)"};
   o.command = positional[0];
-  if (o.command != "inspect" && o.command != "consolidate")
-    throw UsageError{"unknown command \"" + o.command + "\" (inspect or consolidate)"};
-  if (positional.size() < 2) throw UsageError{o.command + " needs the checkpoint directory DIR"};
-  if (positional.size() > 2) throw UsageError{"unexpected argument \"" + positional[2] + "\""};
+  if (o.command != "inspect" && o.command != "consolidate" && o.command != "import")
+    throw UsageError{"unknown command \"" + o.command + "\" (inspect, consolidate or import)"};
+  const size_t wanted = o.command == "import" ? 3 : 2;
+  if (positional.size() < 2)
+    throw UsageError{o.command + (o.command == "import" ? " needs DeepSpeed's checkpoint folder DS_DIR and OUT_DIR"
+                                                        : " needs the checkpoint directory DIR")};
+  if (positional.size() < wanted) throw UsageError{"import needs the new checkpoint folder OUT_DIR after DS_DIR"};
+  if (positional.size() > wanted) throw UsageError{"unexpected argument \"" + positional[wanted] + "\""};
   o.dir = positional[1];
+  if (o.command == "import") {
+    o.out_dir = positional[2];
+    if (!o.from) throw UsageError{"import needs --from deepspeed (the format DS_DIR is in)"};
+    if (o.out) throw UsageError{"--out is for consolidate; import writes OUT_DIR"};
+  } else if (o.from || o.name_map) {
+    throw UsageError{"--from and --name-map are for import, not " + o.command};
+  }
   if (o.command == "consolidate" && !o.out) throw UsageError{"consolidate needs --out FILE.safetensors"};
   if (o.command == "inspect" && o.out) throw UsageError{"--out is for consolidate, not inspect"};
   return o;
@@ -181,6 +213,21 @@ int consolidate(const Options& o) {
   return 0;
 }
 
+int import(const Options& o) {
+  zero::interop::ImportOptions options;
+  options.from = o.dir;
+  options.out = o.out_dir;
+  options.tag = o.tag.value_or("");
+  if (o.name_map) options.rename = zero::interop::read_name_map(*o.name_map);
+  const auto s = zero::interop::import_deepspeed(options);
+  std::cout << "imported DeepSpeed's " << o.dir << " (tag " << s.tag << ", stage " << s.stage << ", " << s.dtype << ", "
+            << s.world_size << " ranks, step " << s.global_steps << ") into " << o.out_dir << ": " << s.params
+            << " parameters, " << s.elements << " elements, " << s.buffers << " buffers, optimizer states "
+            << (s.states.empty() ? "none" : join(s.states)) << "\n";
+  for (const auto& note : s.notes) std::cout << "note: " << note << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -199,6 +246,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    if (o.command == "import") return import(o);
     return o.command == "inspect" ? inspect(o) : consolidate(o);
   } catch (const zero::Error& e) {
     std::cout.flush();

@@ -1,0 +1,233 @@
+// A DeepSpeed checkpoint written as a zero checkpoint: each DeepSpeed rank's
+// partition becomes that rank's file of fragments, in model space (Note
+// [Checkpoint layout]), so any world size loads it.
+#include "interop/import_deepspeed.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "ckpt/checkpoint.h"
+#include "core/regular_file.h"
+#include "interop/deepspeed_checkpoint.h"
+#include "zero/error.h"
+
+namespace zero::interop {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& message) { throw CheckpointError(message); }
+
+void fsync_directory(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const int e = errno;
+    if (fd >= 0) ::close(fd);
+    fail("cannot sync folder " + dir.string() + ": " + std::strerror(e));
+  }
+  ::close(fd);
+}
+
+// `out` must not be `from` or inside it (the import would write into its
+// own input), and must be absent or an empty folder.
+void check_destination(const fs::path& from, const fs::path& out) {
+  auto clean = [](const fs::path& p) {
+    fs::path c = fs::weakly_canonical(p);
+    return c.filename().empty() ? c.parent_path() : c;  // "/a/b/" -> "/a/b"
+  };
+  const fs::path a = clean(from), b = clean(out);
+  if (std::mismatch(a.begin(), a.end(), b.begin(), b.end()).first == a.end())
+    fail("the output folder " + out.string() + " is " + (a == b ? "the input folder" : "inside the input folder " + from.string()) +
+         "; choose a folder outside the DeepSpeed checkpoint");
+  std::error_code ec;
+  const auto status = fs::symlink_status(out, ec);
+  if (ec || status.type() == fs::file_type::not_found) return;
+  if (status.type() != fs::file_type::directory || !fs::is_empty(out, ec))
+    fail("the output folder " + out.string() + " already exists and is not empty; the import writes a new checkpoint folder "
+         "(choose another, or remove it)");
+}
+
+// The staging folder beside `out`, removed unless released.
+class Staging {
+ public:
+  explicit Staging(const fs::path& out) : out_(out) {
+    const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+    std::error_code ec;
+    fs::create_directories(parent, ec);
+    if (ec) fail("cannot create " + parent.string() + ": " + ec.message());
+    path_ = parent / ("." + out.filename().string() + ".import-" + std::to_string(::getpid()));
+    if (::mkdir(path_.c_str(), 0755) != 0)  // never an existing path (or a planted link)
+      fail("cannot create the staging folder " + path_.string() + ": " + std::strerror(errno));
+  }
+  ~Staging() {
+    if (!released_) {
+      std::error_code ec;
+      fs::remove_all(path_, ec);
+    }
+  }
+  const fs::path& path() const { return path_; }
+  // Renames the staging folder to `out` (an empty folder there is replaced).
+  void commit() {
+    std::error_code ec;
+    if (fs::is_directory(fs::symlink_status(out_, ec)) && ::rmdir(out_.c_str()) != 0)
+      fail("cannot replace the empty folder " + out_.string() + ": " + std::strerror(errno));
+    if (::rename(path_.c_str(), out_.c_str()) != 0)
+      fail("cannot rename " + path_.string() + " to " + out_.string() + ": " + std::strerror(errno));
+    released_ = true;
+    fsync_directory(out_.has_parent_path() ? out_.parent_path() : fs::path("."));
+  }
+
+ private:
+  fs::path out_, path_;
+  bool released_ = false;
+};
+
+nlohmann::json engine_record(const DeepSpeedCheckpoint& ds) {
+  const auto& c = ds.counters();
+  // The keys engine/checkpoint_io.cpp's EngineRecord reads.
+  nlohmann::json e;
+  e["global_steps"] = c.global_steps;
+  e["skipped_steps"] = c.skipped_steps;
+  e["micro_steps"] = c.global_steps * c.gradient_accumulation_steps;  // DeepSpeed saves at a step boundary
+  e["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
+  e["optimizer_steps"] = c.optimizer_steps;
+  if (c.scheduler_steps) e["scheduler_steps"] = std::min(*c.scheduler_steps, c.global_steps - c.skipped_steps);
+  if (c.lr) e["lr"] = *c.lr;
+  e["mid_accumulation"] = false;
+  if (ds.dtype() == "F16" && c.loss_scale) {
+    e["loss_scaler"] = {{"scale", *c.loss_scale},
+                        {"cur_hysteresis", c.cur_hysteresis},
+                        {"last_overflow_iter", c.last_overflow_iter},
+                        {"cur_iter", c.cur_iter}};
+  }
+  return e;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> read_name_map(const std::string& path) {
+  std::string text, error;
+  if (!core::read_regular_file(path, uint64_t{64} << 20, text, error)) fail("cannot read the name map: " + error);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail("the name map " + path + " is not JSON: " + e.what());
+  }
+  if (!j.is_object()) fail("the name map " + path + " must be a JSON object {\"deepspeed name\": \"zero name\", ...}");
+  std::map<std::string, std::string> map;
+  for (const auto& [k, v] : j.items()) {
+    if (!v.is_string() || v.get<std::string>().empty())
+      fail("the name map " + path + " maps \"" + k + "\" to " + v.dump() + ", not a name");
+    map[k] = v.get<std::string>();
+  }
+  return map;
+}
+
+ImportSummary import_deepspeed(const ImportOptions& o) {
+  check_destination(o.from, o.out);
+  const DeepSpeedCheckpoint ds(o.from, o.tag);
+
+  // Names: every rename must name a tensor, and no two may end up the same.
+  std::set<std::string> known;
+  for (const auto& p : ds.params()) known.insert(p.name);
+  for (const auto& b : ds.buffers()) known.insert(b);
+  for (const auto& [from, to] : o.rename)
+    if (!known.count(from))
+      fail("the name map renames \"" + from + "\", which " + ds.folder() + " does not hold (its first parameter is \"" +
+           ds.params().front().name + "\")");
+  auto renamed = [&](const std::string& name) {
+    auto it = o.rename.find(name);
+    return it == o.rename.end() ? name : it->second;
+  };
+  std::set<std::string> taken;
+  for (const auto& name : known)
+    if (!taken.insert(renamed(name)).second) fail("two tensors of " + ds.folder() + " would both be named \"" + renamed(name) + "\"");
+
+  ImportSummary summary;
+  summary.tag = ds.tag();
+  summary.world_size = ds.world_size();
+  summary.stage = ds.stage();
+  summary.dtype = ds.dtype();
+  summary.states = ds.state_kinds();
+  summary.global_steps = ds.counters().global_steps;
+  summary.buffers = static_cast<int64_t>(ds.buffers().size());
+
+  ckpt::Manifest m;
+  m.tag = ds.tag();
+  m.world_size = ds.world_size();
+  m.stage = ds.stage();
+  m.dtype = ds.dtype();
+  m.optimizer = ds.optimizer();
+  m.states = ds.state_kinds();
+  for (const auto& p : ds.params()) {
+    m.params.push_back({renamed(p.name), p.shape, true});
+    ++summary.params;
+    summary.elements += p.numel;
+  }
+  for (const auto& b : ds.buffers()) m.buffers.push_back(renamed(b));
+  m.engine = engine_record(ds);
+  std::vector<std::string> skipped;
+  m.client_state = ds.client_state(skipped);
+  for (const auto& k : skipped)
+    summary.notes.push_back("client_state key \"" + k + "\" holds more than plain data (tensors, objects): left out");
+
+  Staging staging(o.out);
+  const std::string tag_dir = ckpt::tag_dir(staging.path().string(), ds.tag());
+  fs::create_directories(tag_dir);
+  std::vector<std::string> kinds{"fp32"};
+  kinds.insert(kinds.end(), ds.state_kinds().begin(), ds.state_kinds().end());
+  for (int r = 0; r < ds.world_size(); ++r) {
+    const auto pieces = ds.pieces(r);
+    const auto rank = ds.open_rank(r);
+    std::vector<ckpt::TensorData> tensors;
+    struct Source {
+      std::string kind;
+      size_t piece;
+    };
+    std::vector<Source> sources;
+    for (const auto& kind : kinds) {
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        const DeepSpeedPiece& piece = pieces[i];
+        ckpt::TensorData d;
+        d.name = ckpt::fragment_name(kind, renamed(ds.params()[piece.param].name), piece.param_offset);
+        d.dtype = ckpt::DType::F32;
+        d.shape = {piece.length};
+        d.bytes = static_cast<size_t>(piece.length) * sizeof(float);
+        tensors.push_back(d);
+        sources.push_back({kind, i});
+      }
+    }
+    std::vector<std::vector<uint8_t>> buffer_bytes(r == 0 ? ds.buffers().size() : 0);
+    for (size_t b = 0; b < buffer_bytes.size(); ++b) {  // zero keeps whole tensors in rank 0's file
+      ckpt::TensorData d = ds.read_buffer(ds.buffers()[b], buffer_bytes[b]);
+      d.name = "module/" + renamed(d.name);
+      tensors.push_back(d);
+    }
+    std::vector<float> piece;  // one piece in memory at a time
+    auto fetch = [&](size_t i) -> const void* {
+      if (i >= sources.size()) return tensors[i].data;
+      const DeepSpeedPiece& p = pieces[sources[i].piece];
+      piece.resize(static_cast<size_t>(p.length));
+      rank->read_f32(sources[i].kind, p.rank_offset, p.length, piece.data());
+      return piece.data();
+    };
+    ckpt::FileInfo info = ckpt::write_safetensors(tag_dir + "/" + ckpt::rank_file_name(r), tensors, {}, fetch);
+    info.rank = r;
+    m.files.push_back(info);
+  }
+  ckpt::write_manifest(staging.path().string(), m);
+  ckpt::write_latest(staging.path().string(), ds.tag());
+  staging.commit();
+  return summary;
+}
+
+}  // namespace zero::interop
