@@ -142,4 +142,27 @@ void convert_to_f32(DType d, const void* src, size_t n, float* dst) {
   }
 }
 
+void convert_from_f32(DType d, const float* src, size_t n, void* dst) {
+  switch (d) {
+    case DType::F32:
+      if (n) std::memmove(dst, src, n * 4);
+      return;
+    case DType::BF16: {
+      auto* out = static_cast<unsigned char*>(dst);
+      for (size_t i = 0; i < n; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &src[i], 4);
+        // To nearest, ties to even, as torch rounds; a NaN stays a (quiet) NaN.
+        const uint16_t b = (bits & 0x7fffffffu) > 0x7f800000u
+                               ? static_cast<uint16_t>((bits >> 16) | 0x40)
+                               : static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+        out[2 * i] = static_cast<unsigned char>(b & 0xff);
+        out[2 * i + 1] = static_cast<unsigned char>(b >> 8);
+      }
+      return;
+    }
+    default: fail(std::string("cannot convert F32 to ") + dtype_name(d) + " (F32 and BF16 only)");
+  }
+}
+
 }  // namespace zero::ckpt

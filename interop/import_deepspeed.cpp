@@ -16,6 +16,7 @@
 #include "ckpt/checkpoint.h"
 #include "core/regular_file.h"
 #include "interop/deepspeed_checkpoint.h"
+#include "interop/staging.h"
 #include "zero/error.h"
 
 namespace zero::interop {
@@ -25,70 +26,6 @@ namespace fs = std::filesystem;
 namespace {
 
 [[noreturn]] void fail(const std::string& message) { throw CheckpointError(message); }
-
-void fsync_directory(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    const int e = errno;
-    if (fd >= 0) ::close(fd);
-    fail("cannot sync folder " + dir.string() + ": " + std::strerror(e));
-  }
-  ::close(fd);
-}
-
-// `out` must not be `from` or inside it (the import would write into its
-// own input), and must be absent or an empty folder.
-void check_destination(const fs::path& from, const fs::path& out) {
-  auto clean = [](const fs::path& p) {
-    fs::path c = fs::weakly_canonical(p);
-    return c.filename().empty() ? c.parent_path() : c;  // "/a/b/" -> "/a/b"
-  };
-  const fs::path a = clean(from), b = clean(out);
-  if (std::mismatch(a.begin(), a.end(), b.begin(), b.end()).first == a.end())
-    fail("the output folder " + out.string() + " is " + (a == b ? "the input folder" : "inside the input folder " + from.string()) +
-         "; choose a folder outside the DeepSpeed checkpoint");
-  std::error_code ec;
-  const auto status = fs::symlink_status(out, ec);
-  if (ec || status.type() == fs::file_type::not_found) return;
-  if (status.type() != fs::file_type::directory || !fs::is_empty(out, ec))
-    fail("the output folder " + out.string() + " already exists and is not empty; the import writes a new checkpoint folder "
-         "(choose another, or remove it)");
-}
-
-// The staging folder beside `out`, removed unless released.
-class Staging {
- public:
-  explicit Staging(const fs::path& out) : out_(out) {
-    const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
-    std::error_code ec;
-    fs::create_directories(parent, ec);
-    if (ec) fail("cannot create " + parent.string() + ": " + ec.message());
-    path_ = parent / ("." + out.filename().string() + ".import-" + std::to_string(::getpid()));
-    if (::mkdir(path_.c_str(), 0755) != 0)  // never an existing path (or a planted link)
-      fail("cannot create the staging folder " + path_.string() + ": " + std::strerror(errno));
-  }
-  ~Staging() {
-    if (!released_) {
-      std::error_code ec;
-      fs::remove_all(path_, ec);
-    }
-  }
-  const fs::path& path() const { return path_; }
-  // Renames the staging folder to `out` (an empty folder there is replaced).
-  void commit() {
-    std::error_code ec;
-    if (fs::is_directory(fs::symlink_status(out_, ec)) && ::rmdir(out_.c_str()) != 0)
-      fail("cannot replace the empty folder " + out_.string() + ": " + std::strerror(errno));
-    if (::rename(path_.c_str(), out_.c_str()) != 0)
-      fail("cannot rename " + path_.string() + " to " + out_.string() + ": " + std::strerror(errno));
-    released_ = true;
-    fsync_directory(out_.has_parent_path() ? out_.parent_path() : fs::path("."));
-  }
-
- private:
-  fs::path out_, path_;
-  bool released_ = false;
-};
 
 nlohmann::json engine_record(const DeepSpeedCheckpoint& ds) {
   const auto& c = ds.counters();
@@ -113,27 +50,30 @@ nlohmann::json engine_record(const DeepSpeedCheckpoint& ds) {
 
 }  // namespace
 
-std::map<std::string, std::string> read_name_map(const std::string& path) {
+std::vector<std::pair<std::string, std::string>> read_name_map(const std::string& path) {
   std::string text, error;
   if (!core::read_regular_file(path, uint64_t{64} << 20, text, error)) fail("cannot read the name map: " + error);
-  nlohmann::json j;
+  nlohmann::ordered_json j;
   try {
-    j = nlohmann::json::parse(text);
+    j = nlohmann::ordered_json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail("the name map " + path + " is not JSON: " + e.what());
   }
   if (!j.is_object()) fail("the name map " + path + " must be a JSON object {\"deepspeed name\": \"zero name\", ...}");
-  std::map<std::string, std::string> map;
+  std::vector<std::pair<std::string, std::string>> map;
+  std::set<std::string> from, to;
   for (const auto& [k, v] : j.items()) {
     if (!v.is_string() || v.get<std::string>().empty())
       fail("the name map " + path + " maps \"" + k + "\" to " + v.dump() + ", not a name");
-    map[k] = v.get<std::string>();
+    if (!to.insert(v.get<std::string>()).second)
+      fail("the name map " + path + " maps two names to \"" + v.get<std::string>() + "\"");
+    map.emplace_back(k, v.get<std::string>());
   }
   return map;
 }
 
 ImportSummary import_deepspeed(const ImportOptions& o) {
-  check_destination(o.from, o.out);
+  check_destination(o.from, o.out, "the DeepSpeed checkpoint");
   const DeepSpeedCheckpoint ds(o.from, o.tag);
 
   // Names: every rename must name a tensor, and no two may end up the same.

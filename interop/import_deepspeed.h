@@ -4,6 +4,7 @@
 // layout]). Torch-free; peak memory is one parameter's piece.
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace zero::interop {
@@ -32,8 +33,9 @@ struct ImportSummary {
 // CheckpointError names what is wrong.
 ImportSummary import_deepspeed(const ImportOptions& options);
 
-// {"deepspeed name": "zero name", ...} from a JSON file; CheckpointError
-// naming the file when it is not such an object.
-std::map<std::string, std::string> read_name_map(const std::string& path);
+// {"deepspeed name": "zero name", ...} from a JSON file, in the file's
+// order; CheckpointError naming the file when it is not such an object,
+// or maps two names to one.
+std::vector<std::pair<std::string, std::string>> read_name_map(const std::string& path);
 
 }  // namespace zero::interop

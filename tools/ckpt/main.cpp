@@ -5,6 +5,7 @@
 //   zero-ckpt inspect DIR [--tag T]
 //   zero-ckpt consolidate DIR [--tag T] --out FILE.safetensors
 //   zero-ckpt import --from deepspeed DS_DIR OUT_DIR [--tag T] [--name-map MAP.json]
+//   zero-ckpt export --to deepspeed DIR OUT_DIR --config DS_CONFIG [--world-size N] [--tag T] [--name-map MAP.json]
 //
 // Exit status: 0 ok, 1 a checkpoint problem (checksum mismatch, missing file,
 // unreadable manifest), 2 bad usage.
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "interop/export_deepspeed.h"
 #include "interop/import_deepspeed.h"
 #include "zero/error.h"
 
@@ -27,6 +29,8 @@ const char* const kUsage =
     "usage: zero-ckpt inspect DIR [--tag T]\n"
     "       zero-ckpt consolidate DIR [--tag T] --out FILE.safetensors\n"
     "       zero-ckpt import --from deepspeed DS_DIR OUT_DIR [--tag T] [--name-map MAP.json]\n"
+    "       zero-ckpt export --to deepspeed DIR OUT_DIR --config DS_CONFIG [--world-size N]\n"
+    "                        [--tag T] [--name-map MAP.json]\n"
     "\n"
     "Works on a checkpoint directory written by zero's Engine::save_checkpoint:\n"
     "DIR/latest names the newest complete tag, DIR/<tag>/manifest.json describes it\n"
@@ -47,12 +51,20 @@ const char* const kUsage =
     "               world size and stage. The .pt files are read as data: nothing in\n"
     "               them is executed. OUT_DIR must not exist (or be empty) and not lie\n"
     "               inside DS_DIR; it appears only once the import is complete\n"
+    "  export       write the folder DeepSpeed 0.19's load_checkpoint resumes from, for\n"
+    "               the ds_config DS_CONFIG (its stage, bf16, Adam/AdamW settings and\n"
+    "               scheduler) on N data-parallel ranks (default: the checkpoint's);\n"
+    "               OUT_DIR as for import\n"
     "\n"
     "  --tag T      the tag to use (default: the one DIR/latest names)\n"
     "  --out FILE   the safetensors file consolidate writes (replaced atomically)\n"
     "  --from deepspeed   the format import reads\n"
-    "  --name-map MAP.json  import: {\"deepspeed name\": \"zero name\", ...} for tensors\n"
-    "               whose names differ between the two models (others keep theirs)\n"
+    "  --to deepspeed     the format export writes\n"
+    "  --config FILE      export: the ds_config DeepSpeed will resume with\n"
+    "  --world-size N     export: DeepSpeed's data-parallel world size\n"
+    "  --name-map MAP.json  {\"deepspeed name\": \"zero name\", ...} for tensors whose\n"
+    "               names differ between the two models (others keep theirs); export\n"
+    "               also takes DeepSpeed's parameter order from it\n"
     "  -h, --help   show this help\n"
     "\n"
     "Exit status: 0 ok, 1 a checkpoint problem (checksum mismatch, missing file,\n"
@@ -67,7 +79,8 @@ struct Options {
   std::string dir;
   std::optional<std::string> tag;
   std::optional<std::string> out;
-  std::optional<std::string> from, name_map;
+  std::optional<std::string> from, to, name_map, config;
+  std::optional<int> world_size;
   std::string out_dir;  // import
 };
 
@@ -90,6 +103,16 @@ Options parse(int argc, char** argv) {
     } else if (a == "--from" || a.rfind("--from=", 0) == 0) {
       o.from = value("--from");
       if (*o.from != "deepspeed") throw UsageError{"--from " + *o.from + ": import reads deepspeed checkpoints only"};
+    } else if (a == "--to" || a.rfind("--to=", 0) == 0) {
+      o.to = value("--to");
+      if (*o.to != "deepspeed") throw UsageError{"--to " + *o.to + ": export writes deepspeed checkpoints"};
+    } else if (a == "--config" || a.rfind("--config=", 0) == 0) {
+      o.config = value("--config");
+    } else if (a == "--world-size" || a.rfind("--world-size=", 0) == 0) {
+      const std::string n = value("--world-size");
+      if (n.empty() || n.size() > 6 || n.find_first_not_of("0123456789") != std::string::npos || std::stoi(n) < 1)
+        throw UsageError{"--world-size " + n + ": a number of ranks, 1 or more"};
+      o.world_size = std::stoi(n);
     } else if (a == "--name-map" || a.rfind("--name-map=", 0) == 0) {
       o.name_map = value("--name-map");
     } else if (a.size() > 1 && a[0] == '-') {
@@ -98,24 +121,27 @@ Options parse(int argc, char** argv) {
       positional.push_back(a);
     }
   }
-  if (positional.empty()) throw UsageError{"no command given (inspect, consolidate or import)"};
+  if (positional.empty()) throw UsageError{"no command given (inspect, consolidate, import or export)"};
   o.command = positional[0];
-  if (o.command != "inspect" && o.command != "consolidate" && o.command != "import")
-    throw UsageError{"unknown command \"" + o.command + "\" (inspect, consolidate or import)"};
-  const size_t wanted = o.command == "import" ? 3 : 2;
-  if (positional.size() < 2)
-    throw UsageError{o.command + (o.command == "import" ? " needs DeepSpeed's checkpoint folder DS_DIR and OUT_DIR"
-                                                        : " needs the checkpoint directory DIR")};
-  if (positional.size() < wanted) throw UsageError{"import needs the new checkpoint folder OUT_DIR after DS_DIR"};
+  const bool convert = o.command == "import" || o.command == "export";
+  if (o.command != "inspect" && o.command != "consolidate" && !convert)
+    throw UsageError{"unknown command \"" + o.command + "\" (inspect, consolidate, import or export)"};
+  const size_t wanted = convert ? 3 : 2;
+  if (positional.size() < 2) throw UsageError{o.command + " needs the checkpoint folder" + (convert ? " and OUT_DIR" : "")};
+  if (positional.size() < wanted) throw UsageError{o.command + " needs the new folder OUT_DIR after " + positional[1]};
   if (positional.size() > wanted) throw UsageError{"unexpected argument \"" + positional[wanted] + "\""};
   o.dir = positional[1];
-  if (o.command == "import") {
+  if (convert) {
     o.out_dir = positional[2];
-    if (!o.from) throw UsageError{"import needs --from deepspeed (the format DS_DIR is in)"};
-    if (o.out) throw UsageError{"--out is for consolidate; import writes OUT_DIR"};
-  } else if (o.from || o.name_map) {
-    throw UsageError{"--from and --name-map are for import, not " + o.command};
+    if (o.out) throw UsageError{"--out is for consolidate; " + o.command + " writes OUT_DIR"};
+  } else if (o.name_map) {
+    throw UsageError{"--name-map is for import and export, not " + o.command};
   }
+  if (o.command == "import" && !o.from) throw UsageError{"import needs --from deepspeed (the format DS_DIR is in)"};
+  if (o.command != "import" && o.from) throw UsageError{"--from is for import"};
+  if (o.command == "export" && !o.to) throw UsageError{"export needs --to deepspeed (the format to write)"};
+  if (o.command == "export" && !o.config) throw UsageError{"export needs --config DS_CONFIG (the ds_config DeepSpeed resumes with)"};
+  if (o.command != "export" && (o.to || o.config || o.world_size)) throw UsageError{"--to, --config and --world-size are for export"};
   if (o.command == "consolidate" && !o.out) throw UsageError{"consolidate needs --out FILE.safetensors"};
   if (o.command == "inspect" && o.out) throw UsageError{"--out is for consolidate, not inspect"};
   return o;
@@ -218,12 +244,29 @@ int import(const Options& o) {
   options.from = o.dir;
   options.out = o.out_dir;
   options.tag = o.tag.value_or("");
-  if (o.name_map) options.rename = zero::interop::read_name_map(*o.name_map);
+  if (o.name_map)
+    for (const auto& [from, to] : zero::interop::read_name_map(*o.name_map)) options.rename[from] = to;
   const auto s = zero::interop::import_deepspeed(options);
   std::cout << "imported DeepSpeed's " << o.dir << " (tag " << s.tag << ", stage " << s.stage << ", " << s.dtype << ", "
             << s.world_size << " ranks, step " << s.global_steps << ") into " << o.out_dir << ": " << s.params
             << " parameters, " << s.elements << " elements, " << s.buffers << " buffers, optimizer states "
             << (s.states.empty() ? "none" : join(s.states)) << "\n";
+  for (const auto& note : s.notes) std::cout << "note: " << note << "\n";
+  return 0;
+}
+
+int export_to(const Options& o) {
+  zero::interop::ExportOptions options;
+  options.from = o.dir;
+  options.out = o.out_dir;
+  options.tag = o.tag.value_or("");
+  options.config = *o.config;
+  options.world_size = o.world_size.value_or(0);
+  if (o.name_map) options.rename = zero::interop::read_name_map(*o.name_map);
+  const auto s = zero::interop::export_deepspeed(options);
+  std::cout << "exported " << o.dir << " (tag " << s.tag << ") as DeepSpeed's checkpoint for stage " << s.stage << ", "
+            << s.dtype << ", " << s.world_size << " ranks into " << o.out_dir << ": " << s.params << " parameters, "
+            << s.elements << " elements\n";
   for (const auto& note : s.notes) std::cout << "note: " << note << "\n";
   return 0;
 }
@@ -247,6 +290,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (o.command == "import") return import(o);
+    if (o.command == "export") return export_to(o);
     return o.command == "inspect" ? inspect(o) : consolidate(o);
   } catch (const zero::Error& e) {
     std::cout.flush();
