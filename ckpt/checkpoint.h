@@ -53,8 +53,8 @@ bool dtype_is_floating(DType d);              // F32, F16, BF16, F64, F8_E4M3, F
 // Converts n elements of a floating dtype to F32: F16, BF16 and both F8s
 // exactly, F64 rounded to nearest. Throws CheckpointError for other dtypes.
 void convert_to_f32(DType d, const void* src, size_t n, float* dst);
-// n F32 values as F32 or BF16 (rounded to nearest, ties to even, as torch
-// does); CheckpointError for other dtypes.
+// n F32 values as F32, BF16 or F16 (rounded to nearest, ties to even, as
+// torch does); CheckpointError for other dtypes.
 void convert_from_f32(DType d, const float* src, size_t n, void* dst);
 
 // "0123456789abcdef": 16 lowercase hex digits, as FileInfo::xxh3 spells them.

@@ -142,6 +142,29 @@ void convert_to_f32(DType d, const void* src, size_t n, float* dst) {
   }
 }
 
+namespace {
+
+// IEEE half, rounded to nearest, ties to even; NaN stays NaN, overflow is infinity.
+uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t magnitude = x & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);
+  const int exponent = static_cast<int>(magnitude >> 23) - 127 + 15;
+  if (exponent >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
+  if (exponent <= 0) {  // a half subnormal: |f| * 2^24 is exact, rounded to an even integer
+    const float scaled = std::nearbyint(std::fabs(f) * 16777216.0f);
+    return static_cast<uint16_t>(sign | static_cast<uint16_t>(scaled));
+  }
+  const uint32_t mantissa = magnitude & 0x7fffffu, rest = mantissa & 0x1fffu;
+  uint32_t h = (static_cast<uint32_t>(exponent) << 10) | (mantissa >> 13);
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // a carry may reach infinity, as it should
+  return static_cast<uint16_t>(sign | h);
+}
+
+}  // namespace
+
 void convert_from_f32(DType d, const float* src, size_t n, void* dst) {
   switch (d) {
     case DType::F32:
@@ -161,7 +184,16 @@ void convert_from_f32(DType d, const float* src, size_t n, void* dst) {
       }
       return;
     }
-    default: fail(std::string("cannot convert F32 to ") + dtype_name(d) + " (F32 and BF16 only)");
+    case DType::F16: {
+      auto* out = static_cast<unsigned char*>(dst);
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t h = f32_to_f16(src[i]);
+        out[2 * i] = static_cast<unsigned char>(h & 0xff);
+        out[2 * i + 1] = static_cast<unsigned char>(h >> 8);
+      }
+      return;
+    }
+    default: fail(std::string("cannot convert F32 to ") + dtype_name(d) + " (F32, BF16 and F16 only)");
   }
 }
 

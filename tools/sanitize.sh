@@ -30,9 +30,10 @@ case "$kind" in
     dir="${ZERO_SANITIZE_DIR:-$prefix-asan}"
     [ "$quick" = 0 ] || dir="${ZERO_SANITIZE_DIR:-$prefix-asan-quick}"
     flags="-fsanitize=address,undefined -fno-sanitize=vptr -fno-omit-frame-pointer"
-    # The torch-free half: config parser, checkpoint format and tools, fuzz corpora.
-    quick_targets=(test_config test_ckpt_format zero-ckpt zero-config fuzz_replay)
-    quick_tests='^(config\.|ckpt\.(CkptTest|Manifest|Dtypes|WeightFilesTest|python_reader)|fuzz\.)'
+    # The torch-free half: config parser, checkpoint format and tools, the
+    # torch.save reader and DeepSpeed's folders in and out, fuzz corpora.
+    quick_targets=(test_config test_ckpt_format test_torchsave test_interop zero-ckpt zero-config fuzz_replay)
+    quick_tests='^(config\.|ckpt\.(CkptTest|Manifest|Dtypes|WeightFilesTest|python_reader)|torchsave\.|interop\.(ImportDeepSpeed|ExportDeepSpeed)\.|fuzz\.)'
     ;;
   thread)
     dir="${ZERO_SANITIZE_DIR:-$prefix-tsan}"

@@ -6,6 +6,7 @@
 //   zero-ckpt consolidate DIR [--tag T] --out FILE.safetensors
 //   zero-ckpt import --from deepspeed DS_DIR OUT_DIR [--tag T] [--name-map MAP.json]
 //   zero-ckpt export --to deepspeed DIR OUT_DIR --config DS_CONFIG [--world-size N] [--tag T] [--name-map MAP.json]
+//   zero-ckpt export --to hf DIR OUT_DIR [--config config.json] [--dtype D] [--max-shard-size 50GB] [--tag T] [--name-map MAP.json]
 //
 // Exit status: 0 ok, 1 a checkpoint problem (checksum mismatch, missing file,
 // unreadable manifest), 2 bad usage.
@@ -18,6 +19,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "interop/export_deepspeed.h"
+#include "interop/export_hf.h"
 #include "interop/import_deepspeed.h"
 #include "zero/error.h"
 
@@ -31,6 +33,8 @@ const char* const kUsage =
     "       zero-ckpt import --from deepspeed DS_DIR OUT_DIR [--tag T] [--name-map MAP.json]\n"
     "       zero-ckpt export --to deepspeed DIR OUT_DIR --config DS_CONFIG [--world-size N]\n"
     "                        [--tag T] [--name-map MAP.json]\n"
+    "       zero-ckpt export --to hf DIR OUT_DIR [--config config.json] [--dtype D]\n"
+    "                        [--max-shard-size 50GB] [--tag T] [--name-map MAP.json]\n"
     "\n"
     "Works on a checkpoint directory written by zero's Engine::save_checkpoint:\n"
     "DIR/latest names the newest complete tag, DIR/<tag>/manifest.json describes it\n"
@@ -55,12 +59,20 @@ const char* const kUsage =
     "               the ds_config DS_CONFIG (its stage, bf16, Adam/AdamW settings and\n"
     "               scheduler) on N data-parallel ranks (default: the checkpoint's);\n"
     "               OUT_DIR as for import\n"
+    "  export --to hf  write the weights as Hugging Face's model.safetensors, or\n"
+    "               shards of at most --max-shard-size with model.safetensors.index.json,\n"
+    "               in the dtype --dtype, config.json's torch_dtype or the checkpoint's\n"
+    "               (float32, bfloat16, float16), with config.json copied beside them;\n"
+    "               one tensor in memory at a time\n"
     "\n"
     "  --tag T      the tag to use (default: the one DIR/latest names)\n"
     "  --out FILE   the safetensors file consolidate writes (replaced atomically)\n"
     "  --from deepspeed   the format import reads\n"
-    "  --to deepspeed     the format export writes\n"
-    "  --config FILE      export: the ds_config DeepSpeed will resume with\n"
+    "  --to deepspeed|hf  the format export writes\n"
+    "  --config FILE      export --to deepspeed: the ds_config DeepSpeed will resume\n"
+    "               with; --to hf: the model's config.json\n"
+    "  --dtype D          export --to hf: float32, bfloat16 or float16\n"
+    "  --max-shard-size S export --to hf: e.g. 5GB, 500MB, 2GiB (default 50GB)\n"
     "  --world-size N     export: DeepSpeed's data-parallel world size\n"
     "  --name-map MAP.json  {\"deepspeed name\": \"zero name\", ...} for tensors whose\n"
     "               names differ between the two models (others keep theirs); export\n"
@@ -81,6 +93,7 @@ struct Options {
   std::optional<std::string> out;
   std::optional<std::string> from, to, name_map, config;
   std::optional<int> world_size;
+  std::optional<std::string> dtype, max_shard_size;
   std::string out_dir;  // import
 };
 
@@ -105,7 +118,11 @@ Options parse(int argc, char** argv) {
       if (*o.from != "deepspeed") throw UsageError{"--from " + *o.from + ": import reads deepspeed checkpoints only"};
     } else if (a == "--to" || a.rfind("--to=", 0) == 0) {
       o.to = value("--to");
-      if (*o.to != "deepspeed") throw UsageError{"--to " + *o.to + ": export writes deepspeed checkpoints"};
+      if (*o.to != "deepspeed" && *o.to != "hf") throw UsageError{"--to " + *o.to + ": export writes deepspeed or hf"};
+    } else if (a == "--dtype" || a.rfind("--dtype=", 0) == 0) {
+      o.dtype = value("--dtype");
+    } else if (a == "--max-shard-size" || a.rfind("--max-shard-size=", 0) == 0) {
+      o.max_shard_size = value("--max-shard-size");
     } else if (a == "--config" || a.rfind("--config=", 0) == 0) {
       o.config = value("--config");
     } else if (a == "--world-size" || a.rfind("--world-size=", 0) == 0) {
@@ -139,9 +156,15 @@ Options parse(int argc, char** argv) {
   }
   if (o.command == "import" && !o.from) throw UsageError{"import needs --from deepspeed (the format DS_DIR is in)"};
   if (o.command != "import" && o.from) throw UsageError{"--from is for import"};
-  if (o.command == "export" && !o.to) throw UsageError{"export needs --to deepspeed (the format to write)"};
-  if (o.command == "export" && !o.config) throw UsageError{"export needs --config DS_CONFIG (the ds_config DeepSpeed resumes with)"};
-  if (o.command != "export" && (o.to || o.config || o.world_size)) throw UsageError{"--to, --config and --world-size are for export"};
+  if (o.command == "export" && !o.to) throw UsageError{"export needs --to deepspeed or --to hf (the format to write)"};
+  const bool to_deepspeed = o.to && *o.to == "deepspeed";
+  if (o.command == "export" && to_deepspeed && !o.config)
+    throw UsageError{"export --to deepspeed needs --config DS_CONFIG (the ds_config DeepSpeed resumes with)"};
+  if (o.command != "export" && (o.to || o.config || o.world_size || o.dtype || o.max_shard_size))
+    throw UsageError{"--to, --config, --world-size, --dtype and --max-shard-size are for export"};
+  if (to_deepspeed && (o.dtype || o.max_shard_size))
+    throw UsageError{"--dtype and --max-shard-size are for export --to hf (DeepSpeed's dtype is its ds_config's)"};
+  if (o.to && *o.to == "hf" && o.world_size) throw UsageError{"--world-size is for export --to deepspeed"};
   if (o.command == "consolidate" && !o.out) throw UsageError{"consolidate needs --out FILE.safetensors"};
   if (o.command == "inspect" && o.out) throw UsageError{"--out is for consolidate, not inspect"};
   return o;
@@ -255,7 +278,23 @@ int import(const Options& o) {
   return 0;
 }
 
+int export_to_hf(const Options& o) {
+  zero::interop::HfExportOptions options;
+  options.from = o.dir;
+  options.out = o.out_dir;
+  options.tag = o.tag.value_or("");
+  options.config = o.config.value_or("");
+  options.dtype = o.dtype.value_or("");
+  if (o.max_shard_size) options.max_shard_bytes = zero::interop::parse_size(*o.max_shard_size);
+  if (o.name_map) options.rename = zero::interop::read_name_map(*o.name_map);
+  const auto s = zero::interop::export_hf(options);
+  std::cout << "exported the weights of " << o.dir << " to " << o.out_dir << " in Hugging Face's layout: " << s.tensors
+            << " tensors, " << s.dtype << ", " << s.bytes << " bytes in " << s.shards << " file(s)\n";
+  return 0;
+}
+
 int export_to(const Options& o) {
+  if (*o.to == "hf") return export_to_hf(o);
   zero::interop::ExportOptions options;
   options.from = o.dir;
   options.out = o.out_dir;
