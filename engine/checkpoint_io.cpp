@@ -201,6 +201,7 @@ json EngineRecord::to_json() const {
   e["optimizer_steps"] = optimizer_steps;
   if (scheduler_steps) e["scheduler_steps"] = *scheduler_steps;
   if (lr) e["lr"] = *lr;
+  if (next_lr) e["next_lr"] = *next_lr;
   e["mid_accumulation"] = mid_accumulation;
   if (loss_scaler) {
     e["loss_scaler"] = {{"scale", loss_scaler->scale},
@@ -226,6 +227,7 @@ EngineRecord EngineRecord::from_json(const json& e, const std::string& where) {
     if (*r.scheduler_steps > taken) bad_field(where, "scheduler_steps", e["scheduler_steps"], "at most global_steps - skipped_steps");
   }
   if (e.contains("lr")) r.lr = number_field(e, "lr", 0.0, false, where);
+  if (e.contains("next_lr")) r.next_lr = number_field(e, "next_lr", 0.0, false, where);
   if (e.contains("mid_accumulation")) {
     if (!e["mid_accumulation"].is_boolean()) bad_field(where, "mid_accumulation", e["mid_accumulation"], "true or false");
     r.mid_accumulation = e["mid_accumulation"].get<bool>();

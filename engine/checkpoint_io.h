@@ -31,7 +31,10 @@ struct EngineRecord {
   int64_t gradient_accumulation_steps = 1;
   int64_t optimizer_steps = 0;
   std::optional<int64_t> scheduler_steps;  // absent: global_steps - skipped_steps
-  std::optional<double> lr;
+  std::optional<double> lr;       // the lr the last step used
+  // The lr the next step uses (lr_at(scheduler_steps)): what DeepSpeed
+  // keeps in its optimizer's param group, for zero-ckpt export.
+  std::optional<double> next_lr;
   bool mid_accumulation = false;
   std::optional<LossScalerState> loss_scaler;  // fp16
 

@@ -208,6 +208,7 @@ json engine_record(TrainingState& s) {
   e.optimizer_steps = s.optimizer.step_count();
   e.scheduler_steps = c.scheduler_steps();
   e.lr = c.lr;
+  e.next_lr = s.schedule.lr_at(c.scheduler_steps());
   e.mid_accumulation = c.micro_steps % s.gas != 0;
   if (s.scaler) e.loss_scaler = s.scaler->state();
   return e.to_json();

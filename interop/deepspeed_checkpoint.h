@@ -91,7 +91,7 @@ class DeepSpeedCheckpoint {
   struct Counters {
     int64_t global_steps = 0, skipped_steps = 0, optimizer_steps = 0, gradient_accumulation_steps = 1;
     std::optional<int64_t> scheduler_steps;  // last_batch_iteration + 1, with a scheduler
-    std::optional<double> lr;                // the optimizer's current lr (group 0)
+    std::optional<double> lr;                // the optimizer's lr (group 0): the next step's
     // fp16's dynamic loss scaler, as DeepSpeed keeps it.
     std::optional<double> loss_scale;
     int64_t cur_iter = 0, last_overflow_iter = -1, cur_hysteresis = 1;

@@ -304,7 +304,16 @@ ExportSummary export_deepspeed(const ExportOptions& o) {
       kinds.push_back(k);
     }
   }
-  const double lr = m.engine.value("lr", t.lr);
+  // DeepSpeed's param group holds the lr of the step to come, which the
+  // scheduler set after the last one (zero's "next_lr").
+  std::vector<std::string> notes;
+  double lr = t.lr;
+  if (m.engine.contains("next_lr") && m.engine["next_lr"].is_number()) {
+    lr = m.engine["next_lr"].get<double>();
+  } else if (t.scheduler) {
+    notes.push_back("the checkpoint does not record the next step's lr (saved by an older zero): DeepSpeed's first "
+                    "step after loading uses the ds_config's lr " + std::to_string(t.lr) + ", its scheduler the rest");
+  }
   const int64_t global_steps = m.engine.value("global_steps", int64_t{0});
   const int64_t skipped = m.engine.value("skipped_steps", int64_t{0});
   const int64_t scheduler_steps = m.engine.value("scheduler_steps", global_steps - skipped);
@@ -316,6 +325,7 @@ ExportSummary export_deepspeed(const ExportOptions& o) {
   summary.world_size = world;
   summary.stage = t.stage;
   summary.dtype = ckpt::dtype_name(t.dtype);
+  summary.notes = notes;
   for (const auto& p : params) {
     ++summary.params;
     summary.elements += p.numel;

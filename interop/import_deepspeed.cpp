@@ -37,7 +37,7 @@ nlohmann::json engine_record(const DeepSpeedCheckpoint& ds) {
   e["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
   e["optimizer_steps"] = c.optimizer_steps;
   if (c.scheduler_steps) e["scheduler_steps"] = std::min(*c.scheduler_steps, c.global_steps - c.skipped_steps);
-  if (c.lr) e["lr"] = *c.lr;
+  if (c.lr) e["next_lr"] = *c.lr;  // DeepSpeed's param group holds the lr of the step to come
   e["mid_accumulation"] = false;
   if (ds.dtype() == "F16" && c.loss_scale) {
     e["loss_scaler"] = {{"scale", *c.loss_scale},

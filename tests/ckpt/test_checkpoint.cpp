@@ -700,7 +700,7 @@ TEST(BadInput, AWrongTypedOrAbsurdEngineFieldIsNamed) {
   std::ifstream(path) >> original;
   g_world->barrier();
   const std::vector<std::pair<std::string, nlohmann::json>> edits = {
-      {"global_steps", "two"}, {"global_steps", 1e30}, {"micro_steps", -3}, {"lr", "fast"},
+      {"global_steps", "two"}, {"global_steps", 1e30}, {"micro_steps", -3}, {"lr", "fast"}, {"next_lr", -1.0},
       {"mid_accumulation", 1}, {"skipped_steps", 5}};
   for (const auto& [key, value] : edits) {
     const std::string msg = load_error(dir, [&, key = key, value = value] {

@@ -88,7 +88,7 @@ void expect_same_checkpoint(const fs::path& a, const fs::path& b, const std::str
   const ck::Manifest ma = ck::read_manifest(a, ck::read_latest(a)), mb = ck::read_manifest(b, ck::read_latest(b));
   ASSERT_EQ(ma.params.size(), mb.params.size()) << what;
   EXPECT_EQ(ma.states, mb.states) << what;
-  for (const char* key : {"global_steps", "optimizer_steps", "scheduler_steps", "skipped_steps", "lr"})
+  for (const char* key : {"global_steps", "optimizer_steps", "scheduler_steps", "skipped_steps", "next_lr"})
     EXPECT_EQ(ma.engine[key], mb.engine[key]) << what << " " << key;
   ck::FragmentReader ra(a, ma), rb(b, mb);
   std::vector<std::string> kinds{"fp32"};
