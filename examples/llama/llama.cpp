@@ -1,0 +1,270 @@
+#include "llama/llama.h"
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+namespace zero_examples::llama {
+
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void refuse(const std::string& where, const std::string& message) {
+  throw std::invalid_argument(where + ": " + message);  // not a zero::Error: the example model's own input
+}
+
+int64_t positive(const json& j, const char* key, const std::string& where) {
+  if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() <= 0)
+    refuse(where, std::string("\"") + key + "\" must be a positive integer" +
+                      (j.contains(key) ? ", found " + j[key].dump() : ", and it is missing"));
+  return j[key].get<int64_t>();
+}
+
+double number(const json& j, const char* key, double fallback, const std::string& where) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_number()) refuse(where, std::string("\"") + key + "\" must be a number, found " + j[key].dump());
+  return j[key].get<double>();
+}
+
+bool flag(const json& j, const char* key, const std::string& where) {
+  if (!j.contains(key) || j[key].is_null()) return false;
+  if (!j[key].is_boolean()) refuse(where, std::string("\"") + key + "\" must be true or false, found " + j[key].dump());
+  return j[key].get<bool>();
+}
+
+constexpr double kInitStd = 0.02;  // transformers' initializer_range default
+
+void init_linear(torch::nn::LinearImpl& linear, double std) {
+  torch::NoGradGuard no_grad;
+  torch::nn::init::normal_(linear.weight, 0.0, std);
+  if (linear.bias.defined()) torch::nn::init::zeros_(linear.bias);
+}
+
+zero::tp::Linear linear(int64_t in, int64_t out, bool bias, double std) {
+  zero::tp::Linear l(torch::nn::LinearOptions(in, out).bias(bias));
+  init_linear(*l, std);
+  return l;
+}
+
+// [.., D] -> [.., D] with the halves swapped and the second negated.
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+}
+
+// [B,KV,T,D] -> [B,KV*n,T,D], each key/value head repeated for n query heads.
+at::Tensor repeat_kv(const at::Tensor& x, int64_t n) {
+  if (n == 1) return x;
+  const int64_t B = x.size(0), KV = x.size(1), T = x.size(2), D = x.size(3);
+  return x.unsqueeze(2).expand({B, KV, n, T, D}).reshape({B, KV * n, T, D});
+}
+
+}  // namespace
+
+LlamaConfig LlamaConfig::from_json_text(const std::string& text, const std::string& where) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    refuse(where, std::string("not JSON (") + e.what() + ")");
+  }
+  if (!j.is_object()) refuse(where, "not a JSON object");
+  const std::string type = j.value("model_type", std::string());
+  if (type != "llama")
+    refuse(where, "\"model_type\" is \"" + type + "\"; this model builds \"llama\" (LlamaForCausalLM)");
+  LlamaConfig c;
+  c.vocab_size = positive(j, "vocab_size", where);
+  c.hidden_size = positive(j, "hidden_size", where);
+  c.intermediate_size = positive(j, "intermediate_size", where);
+  c.num_hidden_layers = positive(j, "num_hidden_layers", where);
+  c.num_attention_heads = positive(j, "num_attention_heads", where);
+  c.num_key_value_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
+                              ? positive(j, "num_key_value_heads", where)
+                              : c.num_attention_heads;
+  c.head_dim = j.contains("head_dim") && !j["head_dim"].is_null() ? positive(j, "head_dim", where)
+                                                                   : c.hidden_size / c.num_attention_heads;
+  c.max_position_embeddings = positive(j, "max_position_embeddings", where);
+  c.rms_norm_eps = number(j, "rms_norm_eps", 1e-6, where);
+  c.tie_word_embeddings = flag(j, "tie_word_embeddings", where);
+  c.attention_bias = flag(j, "attention_bias", where);
+  c.mlp_bias = flag(j, "mlp_bias", where);
+  if (c.num_attention_heads % c.num_key_value_heads != 0)
+    refuse(where, "\"num_attention_heads\" (" + std::to_string(c.num_attention_heads) +
+                      ") must be a multiple of \"num_key_value_heads\" (" + std::to_string(c.num_key_value_heads) + ")");
+  if (c.head_dim % 2 != 0) refuse(where, "\"head_dim\" (" + std::to_string(c.head_dim) + ") must be even for rotary embeddings");
+  // Keys that would change the computation in ways not built here.
+  if (j.value("hidden_act", std::string("silu")) != "silu")
+    refuse(where, "\"hidden_act\" is " + j["hidden_act"].dump() + "; Llama's MLP here is SwiGLU (silu)");
+  for (const char* key : {"sliding_window", "use_sliding_window"})
+    if (j.contains(key) && !j[key].is_null() && j[key] != false)
+      refuse(where, std::string("\"") + key + "\" is set (" + j[key].dump() + "); sliding-window attention is not supported");
+  if (number(j, "attention_dropout", 0.0, where) != 0.0)
+    refuse(where, "\"attention_dropout\" is " + j["attention_dropout"].dump() + "; attention dropout is not supported");
+  if (j.contains("pretraining_tp") && j["pretraining_tp"].is_number_integer() && j["pretraining_tp"].get<int64_t>() != 1)
+    refuse(where, "\"pretraining_tp\" is " + j["pretraining_tp"].dump() + "; only 1 (transformers' default) is supported");
+  // RoPE: transformers 5 writes "rope_parameters"; older files "rope_theta" and "rope_scaling".
+  json rope = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? j["rope_parameters"] : json::object();
+  if (rope.empty()) {
+    if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) rope = j["rope_scaling"];
+    if (j.contains("rope_theta")) rope["rope_theta"] = j["rope_theta"];
+  }
+  const std::string rope_where = where + ": rope_parameters";
+  c.rope_theta = number(rope, "rope_theta", 10000.0, rope_where);
+  if (number(rope, "partial_rotary_factor", 1.0, rope_where) != 1.0)
+    refuse(rope_where, "\"partial_rotary_factor\" must be 1 (partial rotary embeddings are not supported)");
+  const std::string rope_type = rope.value("rope_type", rope.value("type", std::string("default")));
+  if (rope_type == "llama3") {
+    c.llama3_rope = true;
+    c.rope_factor = number(rope, "factor", 8.0, rope_where);
+    c.low_freq_factor = number(rope, "low_freq_factor", 1.0, rope_where);
+    c.high_freq_factor = number(rope, "high_freq_factor", 4.0, rope_where);
+    c.original_max_position_embeddings = positive(rope, "original_max_position_embeddings", rope_where);
+  } else if (rope_type != "default") {
+    refuse(rope_where, "\"rope_type\" is \"" + rope_type + "\"; supported: default, llama3");
+  }
+  return c;
+}
+
+LlamaConfig LlamaConfig::from_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument("cannot read " + path);  // not a zero::Error: the example model's own input
+  std::stringstream text;
+  text << in.rdbuf();
+  return from_json_text(text.str(), path);
+}
+
+// ---- RMSNorm --------------------------------------------------------------
+
+RMSNormImpl::RMSNormImpl(int64_t size, double eps) : eps_(eps) { weight = register_parameter("weight", torch::ones({size})); }
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  const auto dtype = x.scalar_type();
+  at::Tensor h = x.to(torch::kFloat);
+  at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * torch::rsqrt(variance + eps_);
+  return weight * h.to(dtype);
+}
+
+// ---- attention ------------------------------------------------------------
+
+AttentionImpl::AttentionImpl(const LlamaConfig& c) : head_dim_(c.head_dim) {
+  q_proj = register_module("q_proj", linear(c.hidden_size, c.num_attention_heads * c.head_dim, c.attention_bias, kInitStd));
+  k_proj = register_module("k_proj", linear(c.hidden_size, c.num_key_value_heads * c.head_dim, c.attention_bias, kInitStd));
+  v_proj = register_module("v_proj", linear(c.hidden_size, c.num_key_value_heads * c.head_dim, c.attention_bias, kInitStd));
+  o_proj = register_module("o_proj", linear(c.num_attention_heads * c.head_dim, c.hidden_size, c.attention_bias, kInitStd));
+}
+
+at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t B = x.size(0), T = x.size(1), D = head_dim_;
+  // [B,T,H*D] -> [B,H,T,D]; with tensor parallelism the projections give
+  // this rank's heads, so the head counts come from their widths.
+  at::Tensor q = q_proj(x).view({B, T, -1, D}).transpose(1, 2);
+  at::Tensor k = k_proj(x).view({B, T, -1, D}).transpose(1, 2);
+  at::Tensor v = v_proj(x).view({B, T, -1, D}).transpose(1, 2);
+  const at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);
+  q = q * c + rotate_half(q) * s;
+  k = k * c + rotate_half(k) * s;
+  const int64_t groups = q.size(1) / k.size(1);
+  k = repeat_kv(k, groups);
+  v = repeat_kv(v, groups);
+  at::Tensor scores = torch::matmul(q, k.transpose(2, 3)) * std::pow(static_cast<double>(D), -0.5);
+  // The causal mask as transformers adds it: the dtype's lowest value above the diagonal.
+  at::Tensor future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
+  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  at::Tensor probs = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
+  at::Tensor y = torch::matmul(probs, v).transpose(1, 2).contiguous();  // [B,T,H,D]
+  return o_proj(y.reshape({B, T, -1}));
+}
+
+// ---- MLP ------------------------------------------------------------------
+
+MLPImpl::MLPImpl(const LlamaConfig& c) {
+  gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias, kInitStd));
+  up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias, kInitStd));
+  down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size, c.mlp_bias, kInitStd));
+}
+
+at::Tensor MLPImpl::forward(const at::Tensor& x) { return down_proj(torch::silu(gate_proj(x)) * up_proj(x)); }
+
+// ---- decoder layer ----------------------------------------------------------
+
+DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& c) {
+  self_attn = register_module("self_attn", Attention(c));
+  mlp = register_module("mlp", MLP(c));
+  input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  at::Tensor h = x + self_attn(input_layernorm(x), cos, sin);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+// ---- model ------------------------------------------------------------------
+
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : config_(c) {
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  {
+    torch::NoGradGuard no_grad;
+    torch::nn::init::normal_(embed_tokens->weight, 0.0, kInitStd);
+  }
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(zero::Unit<DecoderLayer>(DecoderLayer(c)));
+  norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  // Rotary inverse frequencies, in float32 as transformers computes them.
+  const double dim = static_cast<double>(c.head_dim);
+  at::Tensor exponents = torch::arange(0, c.head_dim, 2, torch::kLong).to(torch::kFloat) / dim;
+  inv_freq_ = 1.0 / torch::pow(c.rope_theta, exponents);
+  if (c.llama3_rope) {  // Llama 3.1: long wavelengths divided by factor, a smooth blend between
+    const double old_len = static_cast<double>(c.original_max_position_embeddings);
+    const double low_wavelen = old_len / c.low_freq_factor, high_wavelen = old_len / c.high_freq_factor;
+    at::Tensor wavelen = 2 * M_PI / inv_freq_;
+    at::Tensor scaled = torch::where(wavelen > low_wavelen, inv_freq_ / c.rope_factor, inv_freq_);
+    at::Tensor smooth = (old_len / wavelen - c.low_freq_factor) / (c.high_freq_factor - c.low_freq_factor);
+    at::Tensor smoothed = (1 - smooth) * scaled / c.rope_factor + smooth * scaled;
+    at::Tensor medium = (wavelen < high_wavelen).logical_not() * (wavelen > low_wavelen).logical_not();
+    inv_freq_ = torch::where(medium, smoothed, scaled);
+  }
+}
+
+at::Tensor LlamaModelImpl::forward(const at::Tensor& tokens) {
+  TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kLong, "Llama: tokens must be [batch, time] int64");
+  const int64_t B = tokens.size(0), T = tokens.size(1);
+  TORCH_CHECK(T <= config_.max_position_embeddings, "Llama: ", T, " positions exceed max_position_embeddings ",
+              config_.max_position_embeddings);
+  at::Tensor x = embed_tokens(tokens);
+  at::Tensor positions = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(x.device()))
+                             .unsqueeze(0)
+                             .expand({B, T});
+  at::Tensor freqs = positions.unsqueeze(-1).to(torch::kFloat) * inv_freq_.to(x.device());  // [B,T,D/2]
+  at::Tensor emb = torch::cat({freqs, freqs}, -1);
+  const at::Tensor cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
+  for (size_t i = 0; i < layers->size(); ++i) x = layer(i)->call(x, cos, sin);
+  return norm(x);
+}
+
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c) : config_(c) {
+  model = register_module("model", LlamaModel(c));
+  if (!c.tie_word_embeddings) {
+    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
+    init_linear(*lm_head, kInitStd);
+  }
+}
+
+at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
+  at::Tensor h = model(tokens);
+  return config_.tie_word_embeddings ? torch::linear(h, model->embed_tokens->weight) : lm_head(h);
+}
+
+at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
+  at::Tensor logits = forward(tokens).to(torch::kFloat);
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+}
+
+}  // namespace zero_examples::llama

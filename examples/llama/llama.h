@@ -1,0 +1,126 @@
+// The Llama family (Llama 2/3, and the models that differ from it only in
+// details) as a LibTorch module built from a Hugging Face config.json, with
+// Hugging Face's parameter names, so that its safetensors files load as
+// they are:
+//
+//   tokens [B,T] -> model.embed_tokens
+//     -> num_hidden_layers decoder layers, each a zero::Unit:
+//          x += self_attn(input_layernorm(x))        (RoPE, grouped-query)
+//          x += mlp(post_attention_layernorm(x))     (SwiGLU)
+//     -> model.norm (RMSNorm) -> lm_head (or embed_tokens' weight when tied)
+//   logits [B,T,vocab]
+//
+// Each operation is transformers' (LlamaForCausalLM, eager attention), in
+// the same order and precision: RMSNorm in float32, rotary frequencies in
+// float32 (rope_type default or llama3), softmax in float32.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+
+#include "zero/tensor_parallel.h"
+#include "zero/unit.h"
+
+namespace zero_examples::llama {
+
+struct LlamaConfig {
+  int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0;
+  int64_t num_attention_heads = 0, num_key_value_heads = 0, head_dim = 0, max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6, rope_theta = 10000.0;
+  bool tie_word_embeddings = false, attention_bias = false, mlp_bias = false;
+  // rope_type "llama3" (Llama 3.1's frequency scaling) when set.
+  bool llama3_rope = false;
+  double rope_factor = 1, low_freq_factor = 1, high_freq_factor = 4;
+  int64_t original_max_position_embeddings = 0;
+
+  // config.json's text: sizes, rope (transformers 5's "rope_parameters" or
+  // the older "rope_theta" and "rope_scaling"). An unknown model_type, or a
+  // key that would change the architecture in a way not built here
+  // (sliding windows, another activation, partial rotary embeddings, another
+  // rope type), throws std::invalid_argument naming the key; keys that do
+  // not change the architecture are ignored.
+  static LlamaConfig from_json_text(const std::string& text, const std::string& where);
+  static LlamaConfig from_file(const std::string& path);
+};
+
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t size, double eps);
+  at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const LlamaConfig& c);
+  // x [B,T,C]; cos, sin [B,T,head_dim] in x's dtype.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  zero::tp::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  int64_t head_dim_;
+};
+TORCH_MODULE(Attention);
+
+class MLPImpl : public torch::nn::Module {
+ public:
+  explicit MLPImpl(const LlamaConfig& c);
+  at::Tensor forward(const at::Tensor& x);
+  zero::tp::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(MLP);
+
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit DecoderLayerImpl(const LlamaConfig& c);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  Attention self_attn{nullptr};
+  MLP mlp{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+// "model": embed_tokens, layers, norm.
+class LlamaModelImpl : public torch::nn::Module {
+ public:
+  explicit LlamaModelImpl(const LlamaConfig& c);
+  at::Tensor forward(const at::Tensor& tokens);  // [B,T] -> hidden [B,T,C]
+  std::shared_ptr<zero::UnitImpl<DecoderLayer>> layer(size_t i) const {
+    return layers->ptr<zero::UnitImpl<DecoderLayer>>(i);
+  }
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RMSNorm norm{nullptr};
+
+ private:
+  LlamaConfig config_;
+  at::Tensor inv_freq_;  // [head_dim / 2] float32, not a parameter or buffer (as transformers: non-persistent)
+};
+TORCH_MODULE(LlamaModel);
+
+class LlamaForCausalLMImpl : public torch::nn::Module {
+ public:
+  // Weights are initialised as transformers does (normal(0,
+  // initializer_range 0.02), norms 1), deterministic given the seed;
+  // loading a checkpoint replaces them.
+  explicit LlamaForCausalLMImpl(const LlamaConfig& c);
+  at::Tensor forward(const at::Tensor& tokens);  // [B,T] int64 -> logits [B,T,vocab]
+  // Mean next-token cross-entropy (in float32) of forward(tokens) against targets [B,T].
+  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets);
+  const LlamaConfig& config() const { return config_; }
+
+  LlamaModel model{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // absent when tie_word_embeddings
+
+ private:
+  LlamaConfig config_;
+};
+TORCH_MODULE(LlamaForCausalLM);
+
+}  // namespace zero_examples::llama

@@ -1,0 +1,125 @@
+// examples/llama against transformers' LlamaForCausalLM on the fixtures of
+// tests/fixtures/llama (tools/fixtures/make_llama_fixtures.py): the same
+// weights (loaded by Engine::load_weights from save_pretrained's files)
+// give transformers' float32 logits within 1e-5 relative; config.json keys
+// that change the architecture in ways not built are refused by name; bad
+// weight files are refused naming the tensor.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "ckpt/checkpoint.h"
+#include "llama/llama.h"
+#include "zero/zero.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using zero_examples::llama::LlamaConfig;
+using zero_examples::llama::LlamaForCausalLM;
+
+const fs::path kFixtures = ZERO_FIXTURES "/llama";
+
+std::vector<int64_t> first_sequence(int64_t ctx) {
+  std::ifstream in(kFixtures / "tokens.bin", std::ios::binary);
+  std::vector<int64_t> tokens;
+  for (uint16_t t; static_cast<int64_t>(tokens.size()) < ctx && in.read(reinterpret_cast<char*>(&t), 2);) tokens.push_back(t);
+  return tokens;
+}
+
+zero::Engine engine_for(LlamaForCausalLM& model) {
+  return zero::initialize(
+      zero::Config::from_json(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "SGD", "params": {"lr": 0}}})"),
+      model);
+}
+
+std::string text_of(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST(Llama, LogitsEqualTransformers) {
+  for (const std::string name : {"gqa_untied", "tied_llama3"}) {
+    SCOPED_TRACE(name);
+    const LlamaConfig config = LlamaConfig::from_file(kFixtures / name / "config.json");
+    LlamaForCausalLM model(config);
+    zero::Engine engine = engine_for(model);
+    engine.load_weights(kFixtures / name);
+    model->eval();
+    zero::ckpt::SafetensorsFile reference(kFixtures / name / "logits.safetensors");
+    const auto& entry = reference.entries().at("logits");
+    at::Tensor want = torch::empty(entry.shape, torch::kFloat);
+    reference.read("logits", 0, entry.end - entry.begin, want.data_ptr());
+    torch::NoGradGuard no_grad;
+    at::Tensor ids = torch::tensor(first_sequence(entry.shape[0])).unsqueeze(0);
+    at::Tensor got = model->forward(ids)[0];
+    const double error = (got - want).abs().max().item<double>() / want.abs().max().item<double>();
+    EXPECT_LT(error, 1e-5) << "largest difference, relative to the largest logit";
+  }
+}
+
+TEST(Llama, ConfigKeysThatChangeTheArchitectureAreRefusedByName) {
+  const std::string good = text_of(kFixtures / "gqa_untied" / "config.json");
+  auto message = [&](const std::string& key, const std::string& value) {
+    auto j = nlohmann::json::parse(good);
+    j[key] = nlohmann::json::parse(value);
+    try {
+      LlamaConfig::from_json_text(j.dump(), "config.json");
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_NE(message("model_type", R"("mistral")").find("\"model_type\" is \"mistral\""), std::string::npos);
+  EXPECT_NE(message("sliding_window", "4096").find("\"sliding_window\" is set"), std::string::npos);
+  EXPECT_NE(message("hidden_act", R"("gelu")").find("\"hidden_act\""), std::string::npos);
+  EXPECT_NE(message("rope_parameters", R"({"rope_type": "yarn", "rope_theta": 10000})").find("\"rope_type\" is \"yarn\""),
+            std::string::npos);
+  EXPECT_NE(message("num_key_value_heads", "3").find("multiple of \"num_key_value_heads\""), std::string::npos);
+  EXPECT_NE(message("hidden_size", "-1").find("\"hidden_size\" must be a positive integer"), std::string::npos);
+  EXPECT_EQ(message("use_cache", "false"), "(accepted)");  // no change to the architecture: ignored
+  // transformers 4's spelling of the rope keys reads the same.
+  auto old = nlohmann::json::parse(text_of(kFixtures / "tied_llama3" / "config.json"));
+  old["rope_theta"] = old["rope_parameters"]["rope_theta"];
+  old["rope_scaling"] = old["rope_parameters"];
+  old.erase("rope_parameters");
+  const LlamaConfig a = LlamaConfig::from_json_text(old.dump(), "old"), b = LlamaConfig::from_file(kFixtures / "tied_llama3" / "config.json");
+  EXPECT_TRUE(a.llama3_rope && b.llama3_rope);
+  EXPECT_EQ(a.rope_theta, b.rope_theta);
+  EXPECT_EQ(a.original_max_position_embeddings, b.original_max_position_embeddings);
+}
+
+TEST(Llama, WeightsThatDisagreeWithTheConfigAreRefusedNamingTheTensor) {
+  // A config whose intermediate_size is not the files': load_weights names the tensor.
+  auto j = nlohmann::json::parse(text_of(kFixtures / "gqa_untied" / "config.json"));
+  j["intermediate_size"] = 48;
+  LlamaForCausalLM model(LlamaConfig::from_json_text(j.dump(), "config.json"));
+  zero::Engine engine = engine_for(model);
+  std::string message;
+  try {
+    engine.load_weights(kFixtures / "gqa_untied");
+  } catch (const zero::CheckpointError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("model.layers.0.mlp.gate_proj.weight"), std::string::npos) << message;
+  // Tied embeddings where the files hold an lm_head: the extra tensor is named.
+  j = nlohmann::json::parse(text_of(kFixtures / "gqa_untied" / "config.json"));
+  j["tie_word_embeddings"] = true;
+  LlamaForCausalLM tied(LlamaConfig::from_json_text(j.dump(), "config.json"));
+  zero::Engine engine2 = engine_for(tied);
+  message.clear();
+  try {
+    engine2.load_weights(kFixtures / "gqa_untied");
+  } catch (const zero::CheckpointError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("lm_head.weight"), std::string::npos) << message;
+}
+
+}  // namespace
