@@ -313,6 +313,20 @@ std::vector<AutoTpRule> gpt_rules() {
           {"*.mlp.proj", Kind::Row, 1}};
 }
 
+std::vector<AutoTpRule> llama_rules() {
+  using Kind = LinearImpl::Kind;
+  return {{"*.self_attn.q_proj", Kind::Column, 1}, {"*.self_attn.k_proj", Kind::Column, 1},
+          {"*.self_attn.v_proj", Kind::Column, 1}, {"*.self_attn.o_proj", Kind::Row, 1},
+          {"*.mlp.gate_proj", Kind::Column, 1},    {"*.mlp.up_proj", Kind::Column, 1},
+          {"*.mlp.down_proj", Kind::Row, 1}};
+}
+
+std::vector<AutoTpRule> default_rules() {
+  std::vector<AutoTpRule> rules = gpt_rules();
+  for (auto& r : llama_rules()) rules.push_back(r);
+  return rules;
+}
+
 int auto_tensor_parallel(torch::nn::Module& model, const Group& group, const std::vector<AutoTpRule>& rules) {
   int split = 0;
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {

@@ -1,13 +1,26 @@
-// zero-llama: a Hugging Face Llama checkpoint evaluated with zero.
+// zero-llama: a Hugging Face Llama checkpoint evaluated and trained with zero.
 //
 //   zero-run --nproc N zero-llama eval --hf-dir DIR --tokens FILE
-//                                      [--tokens-dtype uint16|uint32] [--ctx T]
+//                                      [--tokens-dtype uint16|uint32] [--ctx T] [--config DS_CONFIG]
 //
 // The token file (raw little-endian ids, nanoGPT's uint16 or uint32) is
 // memory-mapped and cut into consecutive sequences of T tokens (a shorter
 // remainder dropped); each gives T-1 next-token predictions. The last line
 // printed is "loss X": the mean cross-entropy over all of them, the ranks
-// sharing the sequences. T defaults to max_position_embeddings.
+// sharing the sequences. T defaults to max_position_embeddings. --config:
+// a ds_config for the layout (e.g. tensor_parallel.autotp_size: the
+// tensor-parallel ranks of a group evaluate the same sequences).
+//
+//   zero-run --nproc N zero-llama train --hf-dir DIR --config DS_CONFIG --tokens FILE --steps N --ctx T
+//                                       [--tokens-dtype D] [--save-hf OUT] [--save CKPT] [--load CKPT]
+//
+// trains with zero from the Hugging Face weights (or resumes CKPT) up to
+// global step N and prints one line per step. Step s's micro-batch k on
+// data-parallel rank d holds the sequences (s*gas + k)*micro*dp + d*micro +
+// i (i < micro), modulo the file's sequences: the same data at any world
+// size with the same global batch. --save writes a zero checkpoint;
+// --save-hf the weights in Hugging Face's layout (model.safetensors and
+// config.json), which transformers loads.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -17,11 +30,13 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "ckpt/checkpoint.h"
 #include "llama/llama.h"
 #include "zero/zero.h"
 
@@ -31,34 +46,44 @@ using zero_examples::llama::LlamaConfig;
 using zero_examples::llama::LlamaForCausalLM;
 
 const char* const kUsage =
-    "usage: zero-llama eval --hf-dir DIR --tokens FILE [--tokens-dtype uint16|uint32] [--ctx T]\n";
+    "usage: zero-llama eval --hf-dir DIR --tokens FILE [--tokens-dtype uint16|uint32] [--ctx T] [--config DS_CONFIG]\n"
+    "       zero-llama train --hf-dir DIR --config DS_CONFIG --tokens FILE --steps N --ctx T\n"
+    "                        [--tokens-dtype uint16|uint32] [--save-hf OUT] [--save CKPT] [--load CKPT]\n";
 
 struct Args {
-  std::string command, hf_dir, tokens, tokens_dtype = "uint16";
-  int64_t ctx = 0;
+  std::string command, hf_dir, tokens, tokens_dtype = "uint16", config, save_hf, save, load;
+  int64_t ctx = 0, steps = -1;
 };
 
 Args parse(int argc, char** argv) {
   if (argc < 2) throw std::invalid_argument("no command given (eval)");
   Args a;
   a.command = argv[1];
-  if (a.command != "eval") throw std::invalid_argument("unknown command \"" + a.command + "\" (eval)");
-  std::map<std::string, std::string*> texts{{"--hf-dir", &a.hf_dir}, {"--tokens", &a.tokens}, {"--tokens-dtype", &a.tokens_dtype}};
+  if (a.command != "eval" && a.command != "train")
+    throw std::invalid_argument("unknown command \"" + a.command + "\" (eval or train)");
+  std::map<std::string, std::string*> texts{{"--hf-dir", &a.hf_dir}, {"--tokens", &a.tokens}, {"--tokens-dtype", &a.tokens_dtype},
+                                            {"--config", &a.config}, {"--save-hf", &a.save_hf},
+                                            {"--save", &a.save},     {"--load", &a.load}};
   for (int i = 2; i < argc; i += 2) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
     const std::string value = argv[i + 1];
     if (texts.count(flag)) {
       *texts[flag] = value;
-    } else if (flag == "--ctx") {
-      if (value.empty() || value.size() > 9 || value.find_first_not_of("0123456789") != std::string::npos || std::stoll(value) < 2)
-        throw std::invalid_argument("--ctx " + value + ": a number of tokens, 2 or more");
-      a.ctx = std::stoll(value);
+    } else if (flag == "--ctx" || flag == "--steps") {
+      if (value.empty() || value.size() > 9 || value.find_first_not_of("0123456789") != std::string::npos ||
+          std::stoll(value) < (flag == "--ctx" ? 2 : 0))
+        throw std::invalid_argument(flag + " " + value + (flag == "--ctx" ? ": a number of tokens, 2 or more" : ": a number of steps"));
+      (flag == "--ctx" ? a.ctx : a.steps) = std::stoll(value);
     } else {
       throw std::invalid_argument("unknown option " + flag);
     }
   }
-  if (a.hf_dir.empty() || a.tokens.empty()) throw std::invalid_argument("eval needs --hf-dir and --tokens");
+  if (a.hf_dir.empty() || a.tokens.empty()) throw std::invalid_argument(a.command + " needs --hf-dir and --tokens");
+  if (a.command == "train" && (a.config.empty() || a.steps < 0 || a.ctx == 0))
+    throw std::invalid_argument("train needs --config, --steps and --ctx");
+  if (a.command == "eval" && (!a.save_hf.empty() || !a.save.empty() || !a.load.empty() || a.steps >= 0))
+    throw std::invalid_argument("--steps, --save-hf, --save and --load are for train");
   if (a.tokens_dtype != "uint16" && a.tokens_dtype != "uint32")
     throw std::invalid_argument("--tokens-dtype " + a.tokens_dtype + ": uint16 or uint32");
   return a;
@@ -130,11 +155,16 @@ int eval(const Args& a) {
 
   torch::manual_seed(0);
   LlamaForCausalLM model(config);
-  zero::Engine engine = zero::initialize(zero::Config::from_json(
-      R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "SGD", "params": {"lr": 0}}})"), model);
+  zero::Engine engine = zero::initialize(
+      a.config.empty() ? zero::Config::from_json(
+                             R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "SGD", "params": {"lr": 0}}})")
+                       : zero::Config::from_file(a.config),
+      model);
   engine.load_weights(a.hf_dir);
   model->eval();
-  const int rank = engine.group().rank(), world = engine.group().size();
+  // Data-parallel ranks share the sequences; tensor-parallel ranks compute each together.
+  zero::comm::ProcessGroup& dp = *engine.mesh().dp_group();
+  const int rank = dp.rank(), world = dp.size();
   double total = 0;
   torch::NoGradGuard no_grad;
   for (int64_t s = rank; s < sequences; s += world) {
@@ -146,12 +176,88 @@ int eval(const Args& a) {
     total += ce.to(torch::kDouble).sum().item<double>();
   }
   at::Tensor sum = torch::tensor({total}, torch::kDouble);
-  engine.group().all_reduce(sum, zero::comm::ReduceOp::Sum);
-  if (rank == 0) {
+  dp.all_reduce(sum, zero::comm::ReduceOp::Sum);
+  if (engine.group().rank() == 0) {
     std::printf("%lld sequences of %lld tokens, %lld predictions\n", static_cast<long long>(sequences),
                 static_cast<long long>(ctx), static_cast<long long>(sequences * (ctx - 1)));
     std::printf("loss %.10g\n", sum.item<double>() / static_cast<double>(sequences * (ctx - 1)));
   }
+  return 0;
+}
+
+// The model's weights in Hugging Face's layout: model.safetensors (rank 0
+// writes what every rank gathers) and the config.json it was built from.
+void save_hf(zero::Engine& engine, const std::string& hf_dir, const std::string& out) {
+  const auto state = engine.gathered_state_dict();  // a collective
+  if (engine.group().rank() != 0) return;
+  std::filesystem::create_directories(out);
+  std::vector<zero::ckpt::TensorData> tensors;
+  std::vector<at::Tensor> kept;
+  for (const auto& [name, t] : state) {
+    kept.push_back(t.contiguous().cpu());
+    zero::ckpt::TensorData d;
+    d.name = name;
+    d.dtype = t.scalar_type() == torch::kBFloat16 ? zero::ckpt::DType::BF16
+              : t.scalar_type() == torch::kHalf   ? zero::ckpt::DType::F16
+                                                  : zero::ckpt::DType::F32;
+    kept.back() = kept.back().to(t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kHalf ? t.scalar_type()
+                                                                                                           : torch::kFloat);
+    d.shape = kept.back().sizes().vec();
+    d.data = kept.back().data_ptr();
+    d.bytes = kept.back().nbytes();
+    tensors.push_back(d);
+  }
+  zero::ckpt::write_safetensors(out + "/model.safetensors", tensors, {{"format", "pt"}});
+  std::filesystem::copy_file(hf_dir + "/config.json", out + "/config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+}
+
+int train(const Args& a) {
+  const LlamaConfig config = LlamaConfig::from_file(a.hf_dir + "/config.json");
+  if (a.ctx > config.max_position_embeddings)
+    throw std::invalid_argument("--ctx " + std::to_string(a.ctx) + " is beyond the model's max_position_embeddings " +
+                                std::to_string(config.max_position_embeddings));
+  const TokenFile tokens(a.tokens, a.tokens_dtype == "uint16" ? 2 : 4);
+  const int64_t sequences = tokens.size() / a.ctx;
+  if (sequences == 0)
+    throw std::invalid_argument("the token file " + a.tokens + " holds fewer than one sequence of --ctx " + std::to_string(a.ctx));
+  tokens.check(sequences * a.ctx, config.vocab_size);
+
+  const zero::Config ds_config = zero::Config::from_file(a.config);
+  torch::manual_seed(0);
+  LlamaForCausalLM model(config);
+  zero::Engine engine = zero::initialize(ds_config, model);
+  if (a.load.empty()) {
+    engine.load_weights(a.hf_dir);
+  } else {
+    engine.load_checkpoint(a.load);
+  }
+  zero::comm::ProcessGroup& dp = *engine.mesh().dp_group();
+  const int64_t micro = ds_config.batch.train_micro_batch_size_per_gpu.value_or(1);
+  const int64_t gas = ds_config.batch.gradient_accumulation_steps.value_or(1);
+  const bool print = engine.group().rank() == 0;
+  for (int64_t step = engine.global_steps(); step < a.steps; ++step) {
+    double total = 0;
+    for (int64_t k = 0; k < gas; ++k) {
+      at::Tensor batch = torch::empty({micro, a.ctx}, torch::kLong);
+      for (int64_t i = 0; i < micro; ++i) {
+        const int64_t s = ((step * gas + k) * micro * dp.size() + dp.rank() * micro + i) % sequences;
+        batch[i].copy_(tokens.sequence(s * a.ctx, a.ctx)[0]);
+      }
+      at::Tensor loss = model->loss(batch.slice(1, 0, a.ctx - 1), batch.slice(1, 1, a.ctx));
+      engine.backward(loss);
+      engine.step();
+      total += loss.item<double>();
+    }
+    at::Tensor mean = torch::tensor({total / static_cast<double>(gas)}, torch::kDouble);
+    dp.all_reduce(mean, zero::comm::ReduceOp::Sum);
+    if (print)
+      std::printf("step %lld loss %.10g grad_norm %.10g lr %.6g\n", static_cast<long long>(step + 1),
+                  mean.item<double>() / dp.size(), engine.last_grad_norm(), engine.lr());
+    std::fflush(stdout);
+  }
+  if (!a.save.empty()) engine.save_checkpoint(a.save);
+  if (!a.save_hf.empty()) save_hf(engine, a.hf_dir, a.save_hf);
   return 0;
 }
 
@@ -172,7 +278,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    return eval(a);
+    return a.command == "eval" ? eval(a) : train(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zero-llama: error: %s\n", e.what());
     return 1;

@@ -185,18 +185,25 @@ struct AutoTpRule {
 // *.mlp.fc column, *.mlp.proj row (Megatron's split of a transformer block:
 // one all-reduce forward and one backward per attention and per MLP).
 std::vector<AutoTpRule> gpt_rules();
+// The Llama family's (Hugging Face's names, examples/llama): q_proj, k_proj,
+// v_proj, gate_proj and up_proj column, o_proj and down_proj row, as
+// DeepSpeed's AutoTP and Megatron split them. Grouped-query attention
+// splits its key/value heads too: tp must divide num_key_value_heads.
+std::vector<AutoTpRule> llama_rules();
+// What AutoTP uses unless told otherwise: the GPT's rules and Llama's.
+std::vector<AutoTpRule> default_rules();
 
 // Splits every zero::tp::Linear of `model` that a rule names over `group`
 // (first matching rule wins), keeping this rank's slices: a model built
 // with a seed then holds exactly the slices of the model at tp 1. Returns
 // how many modules were split; none is a ConfigError, and so is a rule
-// matching a plain torch::nn::Linear. The engine calls it with gpt_rules()
+// matching a plain torch::nn::Linear. The engine calls it with default_rules()
 // when tensor_parallel.autotp_size > 1 and the model has no split layer.
 // Attention over the split qkv sees heads / tp heads on each rank, so the
 // model must take the number of heads from its input's width (as the
 // example GPT does), and heads must divide by tp.
 int auto_tensor_parallel(torch::nn::Module& model, const Group& group,
-                         const std::vector<AutoTpRule>& rules = gpt_rules());
+                         const std::vector<AutoTpRule>& rules = default_rules());
 
 // Cross-entropy of logits split by vocabulary (the output of a
 // column-parallel LM head, [..., vocab / tp], this rank's slice being
