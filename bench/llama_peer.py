@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""transformers' LlamaForCausalLM trained by DeepSpeed on the batches
+zero-llama train uses, for the comparison of tests/llama/same_curve.sh.
+
+  zero-run --nproc N python bench/llama_peer.py --hf-dir DIR --config DS_CONFIG --tokens FILE \\
+      --ctx T --steps S --out OUT.json
+
+Step s's micro-batch k on data-parallel rank d holds the token file's
+sequences (s*gas + k)*micro*dp + d*micro + i (i < micro), modulo their
+number, as zero-llama train takes them. The loss is the mean float32
+cross-entropy of the next-token predictions (T-1 per sequence). OUT:
+{"losses", "grad_norms", "lr"}, one entry per step (losses averaged over the
+ranks). One thread per rank, eager attention (transformers' reference).
+If deepspeed cannot be imported, it says why in one line and exits 2.
+"""
+import argparse
+import json
+import os
+import sys
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+import numpy as np
+import torch
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hf-dir", required=True)
+    p.add_argument("--config", required=True)
+    p.add_argument("--tokens", required=True)
+    p.add_argument("--ctx", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    try:
+        import deepspeed
+        from transformers import AutoModelForCausalLM
+    except Exception as e:
+        print(f"llama_peer.py: cannot import deepspeed or transformers ({type(e).__name__}: {e})", file=sys.stderr)
+        sys.exit(2)
+    torch.set_num_threads(1)
+    import deepspeed.ops
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # as bench/deepspeed_peer.py
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    config = json.load(open(args.config))
+    micro, gas = config["train_micro_batch_size_per_gpu"], config.get("gradient_accumulation_steps", 1)
+    model = AutoModelForCausalLM.from_pretrained(args.hf_dir, attn_implementation="eager")
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    tokens = torch.from_numpy(np.fromfile(args.tokens, dtype="<u2").astype(np.int64))
+    sequences = len(tokens) // args.ctx
+    losses, norms, lrs = [], [], []
+    for step in range(args.steps):
+        total = 0.0
+        for k in range(gas):
+            rows = [((step * gas + k) * micro * world + rank * micro + i) % sequences for i in range(micro)]
+            batch = torch.stack([tokens[s * args.ctx:(s + 1) * args.ctx] for s in rows])
+            logits = engine(input_ids=batch[:, :-1]).logits.float()
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+            engine.backward(loss)
+            engine.step()
+            total += loss.item()
+        mean = torch.tensor([total / gas], dtype=torch.float64)
+        torch.distributed.all_reduce(mean)
+        losses.append(mean.item() / world)
+        norm = engine.get_global_grad_norm()
+        norms.append(float(norm) if norm is not None else float("nan"))
+        lrs.append(engine.get_lr()[0])
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump({"losses": losses, "grad_norms": norms, "lr": lrs, "deepspeed": deepspeed.__version__,
+                       "transformers": __import__("transformers").__version__, "world": world}, f)
+    torch.distributed.barrier()
+    sys.stdout.flush()
+    os._exit(0)  # as bench/deepspeed_peer.py: no interpreter teardown after the results are out
+
+
+if __name__ == "__main__":
+    main()
