@@ -139,6 +139,33 @@ LlamaConfig LlamaConfig::from_file(const std::string& path) {
   return from_json_text(text.str(), path);
 }
 
+// ---- rotary embeddings ------------------------------------------------------
+
+at::Tensor rope_inv_freq(const LlamaConfig& c) {
+  const double dim = static_cast<double>(c.head_dim);
+  at::Tensor exponents = torch::arange(0, c.head_dim, 2, torch::kLong).to(torch::kFloat) / dim;
+  at::Tensor inv_freq = 1.0 / torch::pow(c.rope_theta, exponents);
+  if (!c.llama3_rope) return inv_freq;
+  // Llama 3.1: long wavelengths divided by factor, a smooth blend between.
+  const double old_len = static_cast<double>(c.original_max_position_embeddings);
+  const double low_wavelen = old_len / c.low_freq_factor, high_wavelen = old_len / c.high_freq_factor;
+  at::Tensor wavelen = 2 * M_PI / inv_freq;
+  at::Tensor scaled = torch::where(wavelen > low_wavelen, inv_freq / c.rope_factor, inv_freq);
+  at::Tensor smooth = (old_len / wavelen - c.low_freq_factor) / (c.high_freq_factor - c.low_freq_factor);
+  at::Tensor smoothed = (1 - smooth) * scaled / c.rope_factor + smooth * scaled;
+  at::Tensor medium = (wavelen < high_wavelen).logical_not() * (wavelen > low_wavelen).logical_not();
+  return torch::where(medium, smoothed, scaled);
+}
+
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t batch, int64_t time,
+                                               at::ScalarType dtype, const at::Device& device) {
+  at::Tensor positions =
+      torch::arange(time, torch::TensorOptions().dtype(torch::kLong).device(device)).unsqueeze(0).expand({batch, time});
+  at::Tensor freqs = positions.unsqueeze(-1).to(torch::kFloat) * inv_freq.to(device);  // [B,T,D/2]
+  at::Tensor emb = torch::cat({freqs, freqs}, -1);
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
 // ---- RMSNorm --------------------------------------------------------------
 
 RMSNormImpl::RMSNormImpl(int64_t size, double eps) : eps_(eps) { weight = register_parameter("weight", torch::ones({size})); }
@@ -206,6 +233,13 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
   return h + mlp(post_attention_layernorm(h));
 }
 
+PipeDecoderLayerImpl::PipeDecoderLayerImpl(const LlamaConfig& c) : DecoderLayerImpl(c), inv_freq_(rope_inv_freq(c)) {}
+
+at::Tensor PipeDecoderLayerImpl::forward(const at::Tensor& x) {
+  const auto [cos, sin] = rope_cos_sin(inv_freq_, x.size(0), x.size(1), x.scalar_type(), x.device());
+  return DecoderLayerImpl::forward(x, cos, sin);
+}
+
 // ---- model ------------------------------------------------------------------
 
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : config_(c) {
@@ -217,20 +251,7 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : config_(c) {
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(zero::Unit<DecoderLayer>(DecoderLayer(c)));
   norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
-  // Rotary inverse frequencies, in float32 as transformers computes them.
-  const double dim = static_cast<double>(c.head_dim);
-  at::Tensor exponents = torch::arange(0, c.head_dim, 2, torch::kLong).to(torch::kFloat) / dim;
-  inv_freq_ = 1.0 / torch::pow(c.rope_theta, exponents);
-  if (c.llama3_rope) {  // Llama 3.1: long wavelengths divided by factor, a smooth blend between
-    const double old_len = static_cast<double>(c.original_max_position_embeddings);
-    const double low_wavelen = old_len / c.low_freq_factor, high_wavelen = old_len / c.high_freq_factor;
-    at::Tensor wavelen = 2 * M_PI / inv_freq_;
-    at::Tensor scaled = torch::where(wavelen > low_wavelen, inv_freq_ / c.rope_factor, inv_freq_);
-    at::Tensor smooth = (old_len / wavelen - c.low_freq_factor) / (c.high_freq_factor - c.low_freq_factor);
-    at::Tensor smoothed = (1 - smooth) * scaled / c.rope_factor + smooth * scaled;
-    at::Tensor medium = (wavelen < high_wavelen).logical_not() * (wavelen > low_wavelen).logical_not();
-    inv_freq_ = torch::where(medium, smoothed, scaled);
-  }
+  inv_freq_ = rope_inv_freq(c);
 }
 
 at::Tensor LlamaModelImpl::forward(const at::Tensor& tokens) {
@@ -239,12 +260,7 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& tokens) {
   TORCH_CHECK(T <= config_.max_position_embeddings, "Llama: ", T, " positions exceed max_position_embeddings ",
               config_.max_position_embeddings);
   at::Tensor x = embed_tokens(tokens);
-  at::Tensor positions = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(x.device()))
-                             .unsqueeze(0)
-                             .expand({B, T});
-  at::Tensor freqs = positions.unsqueeze(-1).to(torch::kFloat) * inv_freq_.to(x.device());  // [B,T,D/2]
-  at::Tensor emb = torch::cat({freqs, freqs}, -1);
-  const at::Tensor cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
+  const auto [cos, sin] = rope_cos_sin(inv_freq_, B, T, x.scalar_type(), x.device());
   for (size_t i = 0; i < layers->size(); ++i) x = layer(i)->call(x, cos, sin);
   return norm(x);
 }
@@ -265,6 +281,56 @@ at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
 at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
   at::Tensor logits = forward(tokens).to(torch::kFloat);
   return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+}
+
+// ---- pipeline layer list ------------------------------------------------------
+
+std::vector<zero::pipe::Layer> pipeline_layers(const LlamaConfig& c) {
+  using zero::pipe::Layer;
+  std::vector<Layer> layers;
+  auto embedding = [c] {
+    torch::nn::Embedding e(c.vocab_size, c.hidden_size);
+    torch::NoGradGuard no_grad;
+    torch::nn::init::normal_(e->weight, 0.0, kInitStd);
+    return torch::nn::AnyModule(e);
+  };
+  if (c.tie_word_embeddings) {
+    layers.push_back(Layer::tied("embed", embedding, [](torch::nn::Module& e, const at::Tensor& ids) {
+      return torch::embedding(e.named_parameters()["weight"], ids);
+    }));
+  } else {
+    layers.emplace_back(embedding);
+  }
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers.emplace_back([c] { return torch::nn::AnyModule(PipeDecoderLayer(c)); });
+  layers.emplace_back([c] { return torch::nn::AnyModule(RMSNorm(c.hidden_size, c.rms_norm_eps)); });
+  if (c.tie_word_embeddings) {
+    layers.push_back(Layer::tied("embed", nullptr, [](torch::nn::Module& e, const at::Tensor& h) {
+      return torch::linear(h, e.named_parameters()["weight"]);
+    }));
+  } else {
+    layers.emplace_back([c] {
+      torch::nn::Linear head(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false));
+      init_linear(*head, kInitStd);
+      return torch::nn::AnyModule(head);
+    });
+  }
+  return layers;
+}
+
+std::string hf_name(const LlamaConfig& c, const std::string& name) {
+  if (name.rfind("tied_embed.", 0) == 0) return "model.embed_tokens." + name.substr(11);
+  const size_t dot = name.find('.');
+  const int64_t layer = std::stoll(name.substr(0, dot));
+  const std::string rest = name.substr(dot + 1);
+  if (layer == 0) return "model.embed_tokens." + rest;
+  if (layer <= c.num_hidden_layers) return "model.layers." + std::to_string(layer - 1) + "." + rest;
+  if (layer == c.num_hidden_layers + 1) return "model.norm." + rest;
+  return "lm_head." + rest;
+}
+
+at::Tensor pipeline_loss(const at::Tensor& logits, const at::Tensor& labels) {
+  at::Tensor l = logits.to(torch::kFloat);
+  return torch::nn::functional::cross_entropy(l.reshape({-1, l.size(-1)}), labels.reshape({-1}));
 }
 
 }  // namespace zero_examples::llama

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <string>
 
+#include "zero/pipeline.h"
 #include "zero/tensor_parallel.h"
 #include "zero/unit.h"
 
@@ -44,6 +45,13 @@ struct LlamaConfig {
   static LlamaConfig from_json_text(const std::string& text, const std::string& where);
   static LlamaConfig from_file(const std::string& path);
 };
+
+// Rotary embeddings: the inverse frequencies [head_dim / 2] in float32, and
+// cos, sin [B,T,head_dim] for positions 0..T-1 in `dtype`, as transformers
+// computes them.
+at::Tensor rope_inv_freq(const LlamaConfig& c);
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t batch, int64_t time,
+                                               at::ScalarType dtype, const at::Device& device);
 
 class RMSNormImpl : public torch::nn::Module {
  public:
@@ -86,6 +94,18 @@ class DecoderLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(DecoderLayer);
 
+// A decoder layer that makes its own rotary embeddings: one layer of the
+// pipeline layer list (pipeline_layers), whose layers take one tensor.
+class PipeDecoderLayerImpl : public DecoderLayerImpl {
+ public:
+  explicit PipeDecoderLayerImpl(const LlamaConfig& c);
+  at::Tensor forward(const at::Tensor& x);
+
+ private:
+  at::Tensor inv_freq_;
+};
+TORCH_MODULE(PipeDecoderLayer);
+
 // "model": embed_tokens, layers, norm.
 class LlamaModelImpl : public torch::nn::Module {
  public:
@@ -122,5 +142,16 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   LlamaConfig config_;
 };
 TORCH_MODULE(LlamaForCausalLM);
+
+// Pipeline parallelism (pipeline.stages > 1): the model as a layer list for
+// zero::pipe::PipelineModule, as DeepSpeed's PipelineModule takes it:
+// the embedding, the decoder layers, the final norm and the head (tied to
+// the embedding when tie_word_embeddings). Its parameters are named by
+// layer ("3.self_attn.q_proj.weight", "tied_embed.weight"); hf_name() gives
+// Hugging Face's name of each, for Engine::load_weights.
+std::vector<zero::pipe::Layer> pipeline_layers(const LlamaConfig& c);
+std::string hf_name(const LlamaConfig& c, const std::string& pipeline_name);
+// The last stage's loss: mean float32 cross-entropy of logits [B,T,V] against labels [B,T].
+at::Tensor pipeline_loss(const at::Tensor& logits, const at::Tensor& labels);
 
 }  // namespace zero_examples::llama

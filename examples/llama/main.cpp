@@ -31,7 +31,9 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -140,6 +142,67 @@ class TokenFile {
   void* data_ = nullptr;
 };
 
+// The model and its engine: the whole model, or with pipeline.stages > 1
+// this rank's stage of the pipeline layer list (llama.h).
+struct Trained {
+  LlamaForCausalLM model{nullptr};
+  std::shared_ptr<zero::pipe::PipelineModule> pipe;
+  std::unique_ptr<zero::Engine> engine;
+  int64_t micro = 1, gas = 1;
+
+  Trained(const LlamaConfig& config, const zero::Config& ds) {
+    micro = ds.batch.train_micro_batch_size_per_gpu.value_or(1);
+    gas = ds.batch.gradient_accumulation_steps.value_or(1);
+    torch::manual_seed(0);
+    if (ds.parallelism.pipeline_parallel() > 1) {
+      auto world = zero::comm::init_process_group();
+      auto mesh = std::make_shared<zero::Mesh>(world, static_cast<int>(ds.parallelism.tensor_parallel()),
+                                               static_cast<int>(ds.parallelism.pipeline_parallel()));
+      zero::pipe::PipelineOptions options;
+      options.loss = zero_examples::llama::pipeline_loss;
+      pipe = std::make_shared<zero::pipe::PipelineModule>(zero_examples::llama::pipeline_layers(config), mesh, options);
+      zero::InitOptions init;
+      init.group = world;
+      init.mesh = mesh;
+      engine = std::make_unique<zero::Engine>(zero::initialize(ds, pipe, init));
+    } else {
+      model = LlamaForCausalLM(config);
+      engine = std::make_unique<zero::Engine>(zero::initialize(ds, model));
+    }
+  }
+  void load_weights(const LlamaConfig& config, const std::string& dir) {
+    zero::WeightsLoadOptions o;
+    if (pipe) o.name_in_files = [config](const std::string& name) { return zero_examples::llama::hf_name(config, name); };
+    engine->load_weights(dir, o);
+  }
+  zero::comm::ProcessGroup& dp() { return *engine->mesh().dp_group(); }
+  // One micro-batch's mean loss (whole model), or one optimizer step's (pipeline).
+  // `rows(k)`: micro-batch k's token sequences [micro, T].
+  double run(const std::function<at::Tensor(int64_t)>& rows, bool training) {
+    if (pipe) {
+      int64_t k = 0;
+      auto next = [&]() -> zero::Engine::Batch {
+        at::Tensor batch = rows(k++);
+        const int64_t T = batch.size(1);
+        return {batch.slice(1, 0, T - 1), batch.slice(1, 1, T)};
+      };
+      return training ? engine->train_batch(next) : engine->eval_batch(next);
+    }
+    double total = 0;
+    for (int64_t k = 0; k < (training ? gas : 1); ++k) {
+      at::Tensor batch = rows(k);
+      const int64_t T = batch.size(1);
+      at::Tensor loss = model->loss(batch.slice(1, 0, T - 1), batch.slice(1, 1, T));
+      if (training) {
+        engine->backward(loss);
+        engine->step();
+      }
+      total += loss.item<double>();
+    }
+    return total / static_cast<double>(training ? gas : 1);
+  }
+};
+
 int eval(const Args& a) {
   const LlamaConfig config = LlamaConfig::from_file(a.hf_dir + "/config.json");
   const int64_t ctx = a.ctx > 0 ? a.ctx : config.max_position_embeddings;
@@ -153,34 +216,47 @@ int eval(const Args& a) {
                                 " tokens, fewer than one sequence of --ctx " + std::to_string(ctx));
   tokens.check(sequences * ctx, config.vocab_size);
 
-  torch::manual_seed(0);
-  LlamaForCausalLM model(config);
-  zero::Engine engine = zero::initialize(
-      a.config.empty() ? zero::Config::from_json(
-                             R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "SGD", "params": {"lr": 0}}})")
-                       : zero::Config::from_file(a.config),
-      model);
-  engine.load_weights(a.hf_dir);
-  model->eval();
-  // Data-parallel ranks share the sequences; tensor-parallel ranks compute each together.
-  zero::comm::ProcessGroup& dp = *engine.mesh().dp_group();
-  const int rank = dp.rank(), world = dp.size();
+  Trained t(config,
+            a.config.empty() ? zero::Config::from_json(
+                                   R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "SGD", "params": {"lr": 0}}})")
+                             : zero::Config::from_file(a.config));
+  t.load_weights(config, a.hf_dir);
+  t.engine->train(false);
+  // Data-parallel ranks share the sequences; tensor-parallel (and pipeline) ranks compute each together.
+  zero::comm::ProcessGroup& dp = t.dp();
   double total = 0;
+  int64_t evaluated = 0;
   torch::NoGradGuard no_grad;
-  for (int64_t s = rank; s < sequences; s += world) {
-    at::Tensor ids = tokens.sequence(s * ctx, ctx);
-    at::Tensor logits = model->forward(ids).to(torch::kFloat);
-    at::Tensor ce = torch::nn::functional::cross_entropy(
-        logits[0].slice(0, 0, ctx - 1), ids[0].slice(0, 1, ctx),
-        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
-    total += ce.to(torch::kDouble).sum().item<double>();
+  if (t.pipe) {
+    // Each eval_batch: micro sequences per data-parallel rank, its mean over all of them.
+    const int64_t per_call = t.micro * dp.size();
+    for (int64_t first = 0; first + per_call <= sequences; first += per_call) {
+      auto rows = [&](int64_t) {
+        at::Tensor batch = torch::empty({t.micro, ctx}, torch::kLong);
+        for (int64_t i = 0; i < t.micro; ++i) batch[i].copy_(tokens.sequence((first + dp.rank() * t.micro + i) * ctx, ctx)[0]);
+        return batch;
+      };
+      total += t.run(rows, false) * static_cast<double>(per_call * (ctx - 1));
+      evaluated += per_call;
+    }
+  } else {
+    for (int64_t s = dp.rank(); s < sequences; s += dp.size()) {
+      at::Tensor ids = tokens.sequence(s * ctx, ctx);
+      at::Tensor logits = t.model->forward(ids).to(torch::kFloat);
+      at::Tensor ce = torch::nn::functional::cross_entropy(
+          logits[0].slice(0, 0, ctx - 1), ids[0].slice(0, 1, ctx),
+          torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+      total += ce.to(torch::kDouble).sum().item<double>();
+    }
+    at::Tensor sum = torch::tensor({total}, torch::kDouble);
+    dp.all_reduce(sum, zero::comm::ReduceOp::Sum);
+    total = sum.item<double>();
+    evaluated = sequences;
   }
-  at::Tensor sum = torch::tensor({total}, torch::kDouble);
-  dp.all_reduce(sum, zero::comm::ReduceOp::Sum);
-  if (engine.group().rank() == 0) {
-    std::printf("%lld sequences of %lld tokens, %lld predictions\n", static_cast<long long>(sequences),
-                static_cast<long long>(ctx), static_cast<long long>(sequences * (ctx - 1)));
-    std::printf("loss %.10g\n", sum.item<double>() / static_cast<double>(sequences * (ctx - 1)));
+  if (t.engine->group().rank() == 0) {
+    std::printf("%lld sequences of %lld tokens, %lld predictions\n", static_cast<long long>(evaluated),
+                static_cast<long long>(ctx), static_cast<long long>(evaluated * (ctx - 1)));
+    std::printf("loss %.10g\n", total / static_cast<double>(evaluated * (ctx - 1)));
   }
   return 0;
 }
@@ -224,40 +300,39 @@ int train(const Args& a) {
   tokens.check(sequences * a.ctx, config.vocab_size);
 
   const zero::Config ds_config = zero::Config::from_file(a.config);
-  torch::manual_seed(0);
-  LlamaForCausalLM model(config);
-  zero::Engine engine = zero::initialize(ds_config, model);
+  if (ds_config.parallelism.pipeline_parallel() > 1 && !a.save_hf.empty())
+    throw std::invalid_argument("--save-hf with pipeline stages: save with --save and write Hugging Face's files with "
+                                "zero-ckpt export --to hf (each stage holds its own layers)");
+  Trained t(config, ds_config);
   if (a.load.empty()) {
-    engine.load_weights(a.hf_dir);
+    t.load_weights(config, a.hf_dir);
   } else {
-    engine.load_checkpoint(a.load);
+    t.engine->load_checkpoint(a.load);
   }
-  zero::comm::ProcessGroup& dp = *engine.mesh().dp_group();
-  const int64_t micro = ds_config.batch.train_micro_batch_size_per_gpu.value_or(1);
-  const int64_t gas = ds_config.batch.gradient_accumulation_steps.value_or(1);
-  const bool print = engine.group().rank() == 0;
-  for (int64_t step = engine.global_steps(); step < a.steps; ++step) {
-    double total = 0;
-    for (int64_t k = 0; k < gas; ++k) {
-      at::Tensor batch = torch::empty({micro, a.ctx}, torch::kLong);
-      for (int64_t i = 0; i < micro; ++i) {
-        const int64_t s = ((step * gas + k) * micro * dp.size() + dp.rank() * micro + i) % sequences;
+  zero::comm::ProcessGroup& dp = t.dp();
+  const bool print = t.engine->group().rank() == 0;
+  for (int64_t step = t.engine->global_steps(); step < a.steps; ++step) {
+    auto rows = [&](int64_t k) {
+      at::Tensor batch = torch::empty({t.micro, a.ctx}, torch::kLong);
+      for (int64_t i = 0; i < t.micro; ++i) {
+        const int64_t s = ((step * t.gas + k) * t.micro * dp.size() + dp.rank() * t.micro + i) % sequences;
         batch[i].copy_(tokens.sequence(s * a.ctx, a.ctx)[0]);
       }
-      at::Tensor loss = model->loss(batch.slice(1, 0, a.ctx - 1), batch.slice(1, 1, a.ctx));
-      engine.backward(loss);
-      engine.step();
-      total += loss.item<double>();
+      return batch;
+    };
+    double loss = t.run(rows, true);
+    if (!t.pipe) {  // train_batch averages over the data-parallel ranks itself
+      at::Tensor mean = torch::tensor({loss}, torch::kDouble);
+      dp.all_reduce(mean, zero::comm::ReduceOp::Sum);
+      loss = mean.item<double>() / dp.size();
     }
-    at::Tensor mean = torch::tensor({total / static_cast<double>(gas)}, torch::kDouble);
-    dp.all_reduce(mean, zero::comm::ReduceOp::Sum);
     if (print)
-      std::printf("step %lld loss %.10g grad_norm %.10g lr %.6g\n", static_cast<long long>(step + 1),
-                  mean.item<double>() / dp.size(), engine.last_grad_norm(), engine.lr());
+      std::printf("step %lld loss %.10g grad_norm %.10g lr %.6g\n", static_cast<long long>(step + 1), loss,
+                  t.engine->last_grad_norm(), t.engine->lr());
     std::fflush(stdout);
   }
-  if (!a.save.empty()) engine.save_checkpoint(a.save);
-  if (!a.save_hf.empty()) save_hf(engine, a.hf_dir, a.save_hf);
+  if (!a.save.empty()) t.engine->save_checkpoint(a.save);
+  if (!a.save_hf.empty()) save_hf(*t.engine, a.hf_dir, a.save_hf);
   return 0;
 }
 

@@ -4,11 +4,13 @@
 # ranks: every step's loss within TOLERANCE (relative, 1e-5) and gradient
 # norm within NORM_TOLERANCE (1e-4; the two Adam kernels round differently,
 # see tests/peers/same_curve.sh).
+# PEER_CONFIG gives DeepSpeed another config with the same global batch and
+# optimizer (zero's layout with pipeline stages, DeepSpeed's without).
 # Usage: same_curve.sh ZERO_RUN ZERO_LLAMA PYTHON FIXTURE TOKENS CONFIG STEPS WORK
 # Exits 77 (skipped) with the reason when PYTHON cannot import deepspeed and transformers.
 set -euo pipefail
 zero_run="$1" llama="$2" python="$3" fixture="$4" tokens="$5" config="$6" steps="$7" work="$8"
-tolerance="${TOLERANCE:-1e-5}" norm_tolerance="${NORM_TOLERANCE:-1e-4}"
+tolerance="${TOLERANCE:-1e-5}" norm_tolerance="${NORM_TOLERANCE:-1e-4}" peer_config="${PEER_CONFIG:-$6}"
 here="$(cd "$(dirname "$0")" && pwd)"
 if ! why="$("$python" -c "import os; os.environ['DS_ACCELERATOR'] = 'cpu'; import deepspeed, transformers" 2>&1)"; then
   echo "SKIPPED: $python cannot import deepspeed and transformers (${why##*$'\n'}); run tools/setup-deps.sh with ZERO_TORCH=wheel"
@@ -17,7 +19,7 @@ fi
 rm -rf "$work" && mkdir -p "$work"
 "$zero_run" --nproc 2 "$llama" train --hf-dir "$fixture" --config "$config" --tokens "$tokens" --ctx 16 --steps "$steps" |
   sed -n 's/^\[rank 0\] \(step .*\)/\1/p' > "$work/zero.txt"
-"$zero_run" --nproc 2 "$python" "$here/../../bench/llama_peer.py" --hf-dir "$fixture" --config "$config" \
+"$zero_run" --nproc 2 "$python" "$here/../../bench/llama_peer.py" --hf-dir "$fixture" --config "$peer_config" \
   --tokens "$tokens" --ctx 16 --steps "$steps" --out "$work/deepspeed.json"
 "$python" - "$work/zero.txt" "$work/deepspeed.json" "$tolerance" "$norm_tolerance" << 'EOF_PY'
 import json, sys
