@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
-"""transformers' LlamaForCausalLM trained by DeepSpeed on the batches
-zero-llama train uses, for the comparison of tests/llama/same_curve.sh.
+"""transformers' LlamaForCausalLM trained by DeepSpeed (or PyTorch DDP) on
+the batches zero-llama train uses: the comparison of
+tests/llama/same_curve.sh and bench/run_llama.sh.
 
   zero-run --nproc N python bench/llama_peer.py --hf-dir DIR --config DS_CONFIG --tokens FILE \\
-      --ctx T --steps S --out OUT.json
+      --ctx T --steps S --out OUT.json [--ddp]
+
+--ddp: torch.nn.parallel.DistributedDataParallel and torch.optim.AdamW with
+the ds_config's micro-batch, lr, betas, eps and weight decay, instead of
+deepspeed.initialize (no scheduler or clipping: a speed reference).
 
 Step s's micro-batch k on data-parallel rank d holds the token file's
 sequences (s*gas + k)*micro*dp + d*micro + i (i < micro), modulo their
 number, as zero-llama train takes them. The loss is the mean float32
 cross-entropy of the next-token predictions (T-1 per sequence). OUT:
-{"losses", "grad_norms", "lr"}, one entry per step (losses averaged over the
-ranks). One thread per rank, eager attention (transformers' reference).
+{"losses", "grad_norms", "lr", "step_s"}, one entry per step (losses averaged
+over the ranks; step_s: rank 0's wall time of the step). One thread per rank, eager attention (transformers' reference).
 If deepspeed cannot be imported, it says why in one line and exits 2.
 """
 import argparse
@@ -32,6 +37,7 @@ def main():
     p.add_argument("--ctx", type=int, required=True)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--ddp", action="store_true")
     args = p.parse_args()
     try:
         import deepspeed
@@ -47,11 +53,39 @@ def main():
     config = json.load(open(args.config))
     micro, gas = config["train_micro_batch_size_per_gpu"], config.get("gradient_accumulation_steps", 1)
     model = AutoModelForCausalLM.from_pretrained(args.hf_dir, attn_implementation="eager")
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    if args.ddp:
+        params = config["optimizer"].get("params", {})
+        optimizer = torch.optim.AdamW(model.parameters(), lr=params.get("lr", 1e-3), betas=tuple(params.get("betas", (0.9, 0.999))),
+                                      eps=params.get("eps", 1e-8), weight_decay=params.get("weight_decay", 0.01))
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+
+        class Engine:  # the calls below, on DDP and torch.optim
+            def __call__(self, **kw):
+                return ddp(**kw)
+
+            def backward(self, loss):
+                (loss / gas).backward()
+
+            def step(self):
+                self.micro = getattr(self, "micro", 0) + 1
+                if self.micro % gas == 0:
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+
+            def get_global_grad_norm(self):
+                return None
+
+            def get_lr(self):
+                return [optimizer.param_groups[0]["lr"]]
+        engine = Engine()
+    else:
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     tokens = torch.from_numpy(np.fromfile(args.tokens, dtype="<u2").astype(np.int64))
     sequences = len(tokens) // args.ctx
-    losses, norms, lrs = [], [], []
+    losses, norms, lrs, times = [], [], [], []
+    import time
     for step in range(args.steps):
+        started = time.perf_counter()
         total = 0.0
         for k in range(gas):
             rows = [((step * gas + k) * micro * world + rank * micro + i) % sequences for i in range(micro)]
@@ -61,6 +95,7 @@ def main():
             engine.backward(loss)
             engine.step()
             total += loss.item()
+        times.append(time.perf_counter() - started)
         mean = torch.tensor([total / gas], dtype=torch.float64)
         torch.distributed.all_reduce(mean)
         losses.append(mean.item() / world)
@@ -69,7 +104,7 @@ def main():
         lrs.append(engine.get_lr()[0])
     if rank == 0:
         with open(args.out, "w") as f:
-            json.dump({"losses": losses, "grad_norms": norms, "lr": lrs, "deepspeed": deepspeed.__version__,
+            json.dump({"losses": losses, "grad_norms": norms, "lr": lrs, "step_s": times, "deepspeed": deepspeed.__version__,
                        "transformers": __import__("transformers").__version__, "world": world}, f)
     torch.distributed.barrier()
     sys.stdout.flush()

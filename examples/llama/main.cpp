@@ -20,7 +20,8 @@
 // i (i < micro), modulo the file's sequences: the same data at any world
 // size with the same global batch. --save writes a zero checkpoint;
 // --save-hf the weights in Hugging Face's layout (model.safetensors and
-// config.json), which transformers loads.
+// config.json), which transformers loads. --timing adds each step's wall
+// time in seconds to its line ("time S"), for bench/run_llama.sh.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -28,6 +29,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -50,11 +52,12 @@ using zero_examples::llama::LlamaForCausalLM;
 const char* const kUsage =
     "usage: zero-llama eval --hf-dir DIR --tokens FILE [--tokens-dtype uint16|uint32] [--ctx T] [--config DS_CONFIG]\n"
     "       zero-llama train --hf-dir DIR --config DS_CONFIG --tokens FILE --steps N --ctx T\n"
-    "                        [--tokens-dtype uint16|uint32] [--save-hf OUT] [--save CKPT] [--load CKPT]\n";
+    "                        [--tokens-dtype uint16|uint32] [--save-hf OUT] [--save CKPT] [--load CKPT] [--timing]\n";
 
 struct Args {
   std::string command, hf_dir, tokens, tokens_dtype = "uint16", config, save_hf, save, load;
   int64_t ctx = 0, steps = -1;
+  bool timing = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -68,6 +71,11 @@ Args parse(int argc, char** argv) {
                                             {"--save", &a.save},     {"--load", &a.load}};
   for (int i = 2; i < argc; i += 2) {
     const std::string flag = argv[i];
+    if (flag == "--timing") {  // a flag without a value
+      a.timing = true;
+      --i;
+      continue;
+    }
     if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
     const std::string value = argv[i + 1];
     if (texts.count(flag)) {
@@ -312,6 +320,7 @@ int train(const Args& a) {
   zero::comm::ProcessGroup& dp = t.dp();
   const bool print = t.engine->group().rank() == 0;
   for (int64_t step = t.engine->global_steps(); step < a.steps; ++step) {
+    const auto started = std::chrono::steady_clock::now();
     auto rows = [&](int64_t k) {
       at::Tensor batch = torch::empty({t.micro, a.ctx}, torch::kLong);
       for (int64_t i = 0; i < t.micro; ++i) {
@@ -326,9 +335,13 @@ int train(const Args& a) {
       dp.all_reduce(mean, zero::comm::ReduceOp::Sum);
       loss = mean.item<double>() / dp.size();
     }
-    if (print)
-      std::printf("step %lld loss %.10g grad_norm %.10g lr %.6g\n", static_cast<long long>(step + 1), loss,
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (print) {
+      std::printf("step %lld loss %.10g grad_norm %.10g lr %.6g", static_cast<long long>(step + 1), loss,
                   t.engine->last_grad_norm(), t.engine->lr());
+      if (a.timing) std::printf(" time %.6f", seconds);
+      std::printf("\n");
+    }
     std::fflush(stdout);
   }
   if (!a.save.empty()) t.engine->save_checkpoint(a.save);
