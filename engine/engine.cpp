@@ -8,12 +8,15 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <filesystem>
 
 #include <tbb/task_arena.h>
 
+#include "ckpt/checkpoint.h"
 #include "core/blas_kernels.h"
 #include "core/heap.h"
 #include "engine/engine_impl.h"
+#include "engine/checkpoint_io.h"
 #include "engine/engine_setup.h"
 #include "zero/error.h"
 #include "zero/log.h"
@@ -263,6 +266,38 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::gathered_state_dict() {
   for (const auto& p : impl_->module->named_parameters()) out.emplace_back(p.key(), p.value().detach().clone());
   for (const auto& b : impl_->module->named_buffers()) out.emplace_back(b.key(), b.value().detach().clone());
   return out;
+}
+
+void Engine::save_16bit_model(const std::string& dir, const std::string& filename) {
+  const auto shape = impl_->mesh->shape();
+  if (shape.tp > 1 || shape.pp > 1) {
+    throw EngineError("save_16bit_model: with tp " + std::to_string(shape.tp) + " x pp " + std::to_string(shape.pp) +
+                      " no rank holds the whole model; save_checkpoint, then write one file with zero-ckpt export --to hf");
+  }
+  const auto state = gathered_state_dict();  // a collective
+  std::string error;
+  if (impl_->pg->rank() == 0) {
+    try {
+      std::filesystem::create_directories(dir);
+      std::vector<ckpt::TensorData> tensors;
+      std::vector<at::Tensor> kept;
+      for (const auto& [name, t] : state) {
+        kept.push_back(t.contiguous().cpu());
+        ckpt::TensorData d;
+        d.name = name;
+        d.dtype = engine::to_ckpt(kept.back().scalar_type());
+        d.shape = kept.back().sizes().vec();
+        d.data = kept.back().data_ptr();
+        d.bytes = kept.back().nbytes();
+        tensors.push_back(d);
+      }
+      ckpt::write_safetensors((std::filesystem::path(dir) / filename).string(), tensors, {{"format", "pt"}});
+    } catch (const std::exception& e) {
+      error = std::string("save_16bit_model: ") + e.what();
+    }
+  }
+  error = comm::agreed_error(*impl_->pg, error, "save_16bit_model");
+  if (!error.empty()) throw CheckpointError(error);
 }
 
 Engine initialize(const Config& config, std::shared_ptr<torch::nn::Module> model, InitOptions options) {

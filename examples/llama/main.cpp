@@ -40,7 +40,6 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/checkpoint.h"
 #include "llama/llama.h"
 #include "zero/zero.h"
 
@@ -269,31 +268,12 @@ int eval(const Args& a) {
   return 0;
 }
 
-// The model's weights in Hugging Face's layout: model.safetensors (rank 0
-// writes what every rank gathers) and the config.json it was built from.
+// The model's weights in Hugging Face's layout: model.safetensors and the
+// config.json the model was built from.
 void save_hf(zero::Engine& engine, const std::string& hf_dir, const std::string& out) {
-  const auto state = engine.gathered_state_dict();  // a collective
-  if (engine.group().rank() != 0) return;
-  std::filesystem::create_directories(out);
-  std::vector<zero::ckpt::TensorData> tensors;
-  std::vector<at::Tensor> kept;
-  for (const auto& [name, t] : state) {
-    kept.push_back(t.contiguous().cpu());
-    zero::ckpt::TensorData d;
-    d.name = name;
-    d.dtype = t.scalar_type() == torch::kBFloat16 ? zero::ckpt::DType::BF16
-              : t.scalar_type() == torch::kHalf   ? zero::ckpt::DType::F16
-                                                  : zero::ckpt::DType::F32;
-    kept.back() = kept.back().to(t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kHalf ? t.scalar_type()
-                                                                                                           : torch::kFloat);
-    d.shape = kept.back().sizes().vec();
-    d.data = kept.back().data_ptr();
-    d.bytes = kept.back().nbytes();
-    tensors.push_back(d);
-  }
-  zero::ckpt::write_safetensors(out + "/model.safetensors", tensors, {{"format", "pt"}});
-  std::filesystem::copy_file(hf_dir + "/config.json", out + "/config.json",
-                             std::filesystem::copy_options::overwrite_existing);
+  engine.save_16bit_model(out);  // a collective; rank 0 writes
+  if (engine.group().rank() == 0)
+    std::filesystem::copy_file(hf_dir + "/config.json", out + "/config.json", std::filesystem::copy_options::overwrite_existing);
 }
 
 int train(const Args& a) {

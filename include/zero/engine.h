@@ -179,6 +179,13 @@ class Engine {
   // rank, in the training dtype (with tensor parallelism, this rank's
   // slices of the split ones). A collective.
   std::vector<std::pair<std::string, at::Tensor>> gathered_state_dict();
+  // DeepSpeed's save_16bit_model: the gathered weights (and buffers) in the
+  // training dtype, as one safetensors file <dir>/<filename> that
+  // transformers and Engine::load_weights read, written by rank 0 (replaced
+  // durably). A collective; every rank raises if the write failed. With
+  // tensor or pipeline parallelism no rank holds the whole model: an
+  // EngineError says to save_checkpoint and run zero-ckpt export --to hf.
+  void save_16bit_model(const std::string& dir, const std::string& filename = "model.safetensors");
 
   // Sharded checkpoints (ckpt/checkpoint.h, Note [Checkpoint layout]). A
   // collective: every rank writes its own file into <dir>/<tag>/ in

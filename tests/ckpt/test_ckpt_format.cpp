@@ -152,8 +152,9 @@ TEST_F(CkptTest, EveryDtypeRoundTripsByteForByte) {
     EXPECT_EQ(e["data_offsets"][0].get<uint64_t>(), pos);
     pos += ts[i].bytes;
     EXPECT_EQ(e["data_offsets"][1].get<uint64_t>(), pos);
-    if (ts[i].bytes > 0)  // an empty tensor's storage may be null, which memcmp must not get
+    if (ts[i].bytes > 0) {  // an empty tensor's storage may be null, which memcmp must not get
       EXPECT_EQ(0, std::memcmp(bytes.data() + 8 + n + e["data_offsets"][0].get<uint64_t>(), storage[i].data(), ts[i].bytes));
+    }
   }
   EXPECT_EQ(8 + n + pos, bytes.size());
 
