@@ -33,7 +33,7 @@ case "$kind" in
     # The torch-free half: config parser, checkpoint format and tools, the
     # torch.save reader and DeepSpeed's folders in and out, fuzz corpora.
     quick_targets=(test_config test_ckpt_format test_torchsave test_interop zero-ckpt zero-config fuzz_replay)
-    quick_tests='^(config\.|ckpt\.(CkptTest|Manifest|Dtypes|WeightFilesTest|python_reader)|torchsave\.|interop\.(ImportDeepSpeed|ExportDeepSpeed)\.|fuzz\.)'
+    quick_tests='^(config\.|ckpt\.(CkptTest|Manifest|Dtypes|WeightFilesTest|python_reader)|torchsave\.|interop\.(ImportDeepSpeed|ExportDeepSpeed|ExportHf)\.|fuzz\.)'
     ;;
   thread)
     dir="${ZERO_SANITIZE_DIR:-$prefix-tsan}"
