@@ -52,6 +52,8 @@ zero::tp::Linear linear(int64_t in, int64_t out, bool bias, double std) {
   return l;
 }
 
+bool vocab_parallel(const LlamaConfig& c, const zero::tp::Group& tp);
+
 // [.., D] -> [.., D] with the halves swapped and the second negated.
 at::Tensor rotate_half(const at::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
@@ -242,11 +244,21 @@ at::Tensor PipeDecoderLayerImpl::forward(const at::Tensor& x) {
 
 // ---- model ------------------------------------------------------------------
 
-LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : config_(c) {
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+namespace {
+bool vocab_parallel(const LlamaConfig& c, const zero::tp::Group& tp) {
+  return tp && tp->size() > 1 && c.vocab_size % tp->size() == 0;
+}
+}  // namespace
+
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, zero::tp::Group tp) : config_(c) {
+  if (vocab_parallel(c, tp)) {
+    vocab_embed = register_module("embed_tokens", zero::tp::VocabParallelEmbedding(c.vocab_size, c.hidden_size, tp));
+  } else {
+    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  }
   {
     torch::NoGradGuard no_grad;
-    torch::nn::init::normal_(embed_tokens->weight, 0.0, kInitStd);
+    torch::nn::init::normal_(vocab_embed ? vocab_embed->weight : embed_tokens->weight, 0.0, kInitStd);
   }
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(zero::Unit<DecoderLayer>(DecoderLayer(c)));
@@ -259,15 +271,21 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& tokens) {
   const int64_t B = tokens.size(0), T = tokens.size(1);
   TORCH_CHECK(T <= config_.max_position_embeddings, "Llama: ", T, " positions exceed max_position_embeddings ",
               config_.max_position_embeddings);
-  at::Tensor x = embed_tokens(tokens);
+  at::Tensor x = vocab_embed ? vocab_embed(tokens) : embed_tokens(tokens);
   const auto [cos, sin] = rope_cos_sin(inv_freq_, B, T, x.scalar_type(), x.device());
   for (size_t i = 0; i < layers->size(); ++i) x = layer(i)->call(x, cos, sin);
   return norm(x);
 }
 
-LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c) : config_(c) {
-  model = register_module("model", LlamaModel(c));
-  if (!c.tie_word_embeddings) {
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, zero::tp::Group tp) : config_(c) {
+  model = register_module("model", LlamaModel(c, tp));
+  if (vocab_parallel(c, tp)) tp_ = tp;
+  if (!c.tie_word_embeddings && tp_) {
+    vocab_head = register_module("lm_head", zero::tp::ColumnParallelLinear(c.hidden_size, c.vocab_size, tp_, /*bias=*/false,
+                                                                           /*gather_output=*/true));
+    torch::NoGradGuard no_grad;
+    torch::nn::init::normal_(vocab_head->weight, 0.0, kInitStd);
+  } else if (!c.tie_word_embeddings) {
     lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
     init_linear(*lm_head, kInitStd);
   }
@@ -275,7 +293,11 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c) : config_(c) {
 
 at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
   at::Tensor h = model(tokens);
-  return config_.tie_word_embeddings ? torch::linear(h, model->embed_tokens->weight) : lm_head(h);
+  if (!config_.tie_word_embeddings) return vocab_head ? vocab_head(h) : lm_head(h);
+  if (!tp_) return torch::linear(h, model->embedding_weight());
+  // The tied head over this rank's vocabulary rows, the logits gathered.
+  at::Tensor local = torch::linear(zero::tp::copy_to_tensor_parallel(h, tp_), model->embedding_weight());
+  return zero::tp::gather_from_tensor_parallel(local, tp_);
 }
 
 at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {

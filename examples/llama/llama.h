@@ -109,12 +109,17 @@ TORCH_MODULE(PipeDecoderLayer);
 // "model": embed_tokens, layers, norm.
 class LlamaModelImpl : public torch::nn::Module {
  public:
-  explicit LlamaModelImpl(const LlamaConfig& c);
+  // With a tensor-parallel group of more than one rank (and a vocabulary it
+  // divides), embed_tokens is split by vocabulary rows (vocab_embed).
+  explicit LlamaModelImpl(const LlamaConfig& c, zero::tp::Group tp = nullptr);
   at::Tensor forward(const at::Tensor& tokens);  // [B,T] -> hidden [B,T,C]
   std::shared_ptr<zero::UnitImpl<DecoderLayer>> layer(size_t i) const {
     return layers->ptr<zero::UnitImpl<DecoderLayer>>(i);
   }
-  torch::nn::Embedding embed_tokens{nullptr};
+  // The embedding's weight (this rank's rows when vocab-parallel).
+  const at::Tensor& embedding_weight() const { return vocab_embed ? vocab_embed->weight : embed_tokens->weight; }
+  torch::nn::Embedding embed_tokens{nullptr};          // registered as "embed_tokens", or
+  zero::tp::VocabParallelEmbedding vocab_embed{nullptr};  // this one, under the same name
   torch::nn::ModuleList layers{nullptr};
   RMSNorm norm{nullptr};
 
@@ -129,17 +134,23 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // Weights are initialised as transformers does (normal(0,
   // initializer_range 0.02), norms 1), deterministic given the seed;
   // loading a checkpoint replaces them.
-  explicit LlamaForCausalLMImpl(const LlamaConfig& c);
+  // `tp`: a tensor-parallel group; with more than one rank (and a vocabulary
+  // it divides) the embedding and the head are split by vocabulary rows and
+  // the logits gathered (Megatron's vocab-parallel layers); the decoder
+  // layers are split by AutoTP's Llama rules (zero::tp::llama_rules()).
+  explicit LlamaForCausalLMImpl(const LlamaConfig& c, zero::tp::Group tp = nullptr);
   at::Tensor forward(const at::Tensor& tokens);  // [B,T] int64 -> logits [B,T,vocab]
   // Mean next-token cross-entropy (in float32) of forward(tokens) against targets [B,T].
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets);
   const LlamaConfig& config() const { return config_; }
 
   LlamaModel model{nullptr};
-  torch::nn::Linear lm_head{nullptr};  // absent when tie_word_embeddings
+  torch::nn::Linear lm_head{nullptr};  // absent when tie_word_embeddings, or
+  zero::tp::ColumnParallelLinear vocab_head{nullptr};  // vocab-parallel, registered as "lm_head"
 
  private:
   LlamaConfig config_;
+  zero::tp::Group tp_;  // set when the vocabulary is split
 };
 TORCH_MODULE(LlamaForCausalLM);
 

@@ -172,6 +172,17 @@ struct Trained {
       init.group = world;
       init.mesh = mesh;
       engine = std::make_unique<zero::Engine>(zero::initialize(ds, pipe, init));
+    } else if (ds.parallelism.tensor_parallel() > 1) {
+      // Built on the mesh: the vocabulary split (embedding and head), then
+      // AutoTP's Llama rules for the decoder layers.
+      auto world = zero::comm::init_process_group();
+      auto mesh = std::make_shared<zero::Mesh>(world, static_cast<int>(ds.parallelism.tensor_parallel()), 1);
+      model = LlamaForCausalLM(config, mesh->tp_group());
+      zero::tp::auto_tensor_parallel(*model, mesh->tp_group(), zero::tp::llama_rules());
+      zero::InitOptions init;
+      init.group = world;
+      init.mesh = mesh;
+      engine = std::make_unique<zero::Engine>(zero::initialize(ds, model, init));
     } else {
       model = LlamaForCausalLM(config);
       engine = std::make_unique<zero::Engine>(zero::initialize(ds, model));

@@ -21,7 +21,7 @@ expect() {  # expect NEEDLE ARGS...: the run fails and its error holds NEEDLE
 }
 cp "$tokens" "$work/bad_id.bin"
 printf '\xe8\x03' | dd of="$work/bad_id.bin" bs=1 seek=40 conv=notrunc status=none  # id 1000 at byte 40
-expect "holds id 1000 at byte offset 40, not below the model's vocab_size 97" eval --hf-dir "$fixture" --tokens "$work/bad_id.bin" --ctx 16
+expect "holds id 1000 at byte offset 40, not below the model's vocab_size 96" eval --hf-dir "$fixture" --tokens "$work/bad_id.bin" --ctx 16
 expect "--ctx 65 is beyond the model's max_position_embeddings 64" eval --hf-dir "$fixture" --tokens "$tokens" --ctx 65
 head -c 201 "$tokens" > "$work/odd.bin"
 expect "has 201 bytes, not a multiple of 2" eval --hf-dir "$fixture" --tokens "$work/odd.bin" --ctx 16
