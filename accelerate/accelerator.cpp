@@ -8,8 +8,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "accelerate/data_loader.h"
 #include "core/env.h"
+#include "data/data_loader.h"
+#include "zero/accelerate.h"
 #include "zero/error.h"
 #include "zero/log.h"
 #include "zero/launch_info.h"
@@ -247,8 +248,9 @@ Accelerator::~Accelerator() = default;
 DataLoader Accelerator::prepare(std::shared_ptr<Dataset> dataset, const DataLoaderOptions& options) {
   Impl& s = *impl_;
   if (!dataset) throw EngineError("Accelerator::prepare got no dataset");
-  if (options.batch_size < 1) {
-    throw ConfigError("DataLoaderOptions::batch_size must be >= 1, got " + std::to_string(options.batch_size));
+  const int64_t batch_size = options.batch_size.value_or(1);
+  if (batch_size < 1) {
+    throw ConfigError("DataLoaderOptions::batch_size must be >= 1, got " + std::to_string(batch_size));
   }
   auto state = std::make_shared<DataLoader::State>();
   state->dataset = std::move(dataset);
@@ -258,13 +260,13 @@ DataLoader Accelerator::prepare(std::shared_ptr<Dataset> dataset, const DataLoad
   state->dp_size = s.world->size();
   state->device = s.device;
   if (s.options.split_batches) {
-    if (options.batch_size % state->dp_size != 0) {
-      throw ConfigError("split_batches: the global batch_size " + std::to_string(options.batch_size) +
+    if (batch_size % state->dp_size != 0) {
+      throw ConfigError("split_batches: the global batch_size " + std::to_string(batch_size) +
                         " does not divide over " + std::to_string(state->dp_size) + " ranks");
     }
-    state->per_rank = options.batch_size / state->dp_size;
+    state->per_rank = batch_size / state->dp_size;
   } else {
-    state->per_rank = options.batch_size;
+    state->per_rank = batch_size;
   }
   if (state->num_samples() < 1) throw EngineError("Accelerator::prepare: the dataset is empty");
   // The first loader decides the micro batch the ds_config leaves open.
@@ -428,6 +430,13 @@ void Accelerator::load_state(const std::string& dir, const std::string& tag) {
 
 torch::nn::Module& Accelerator::unwrap_model() { return impl_->need_engine("unwrap_model").module(); }
 Engine& Accelerator::engine() { return impl_->need_engine("engine"); }
+void Accelerator::save_model(const std::string& dir) {
+  if (!impl_->need_engine("save_model").save_16bit_model(dir)) {
+    throw ConfigError("save_model at ZeRO stage 3 needs zero_optimization.stage3_gather_16bit_weights_on_model_save: "
+                      "true in the ds_config, as in Accelerate");
+  }
+}
+
 std::vector<std::pair<std::string, at::Tensor>> Accelerator::get_state_dict() {
   return impl_->need_engine("get_state_dict").gathered_state_dict();
 }

@@ -303,6 +303,24 @@ class FragmentReader {
   std::unique_ptr<Impl> impl_;
 };
 
+// The tensors of a checkpoint as consolidate writes them: full fp32 weights
+// of every parameter (master fragments for trainable ones, frozen ones and
+// floating buffers converted to F32, others as stored), described first
+// (data null) and read one at a time.
+class ConsolidatedTensors {
+ public:
+  ConsolidatedTensors(const std::string& dir, const std::string& tag);
+  ~ConsolidatedTensors();
+  const Manifest& manifest() const;
+  const std::vector<TensorData>& tensors() const;
+  // Tensor i's bytes (tensors()[i]'s dtype and size), valid until the next read.
+  const void* read(size_t i);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // Assembles full fp32 weights of every parameter (master fragments for
 // trainable ones, frozen ones and floating buffers converted to F32, others
 // as stored) and writes them to one safetensors file at `out`, one tensor

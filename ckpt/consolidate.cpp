@@ -34,32 +34,40 @@ void check_output(const std::string& dir, const Manifest& m, const std::string& 
 
 }  // namespace
 
-int64_t consolidate(const std::string& dir, const std::string& tag, const std::string& out) {
-  const Manifest m = read_manifest(dir, tag);
-  check_output(dir, m, out);
-  FragmentReader reader(dir, m);
-  // The header first (names, dtypes, shapes), then each tensor read when the
-  // writer reaches it, into one buffer: memory for the largest tensor only.
+struct ConsolidatedTensors::Impl {
   struct Source {
     bool fragments = false;  // a trainable parameter: its fp32 fragments
     int rank = 0;            // else the whole tensor "module/<name>" in this rank's file
     bool to_f32 = false;     // converted from F16/BF16/F64
   };
+  Manifest m;
+  std::string dir;
+  FragmentReader reader;
   std::vector<TensorData> tensors;
   std::vector<Source> sources;
+  std::vector<float> floats;
+  std::vector<uint8_t> raw;
+  Impl(const std::string& d, const std::string& tag) : m(read_manifest(d, tag)), dir(d), reader(d, m) {}
+};
+
+// The names, dtypes and shapes first (the header), then each tensor read
+// when asked, into one buffer: memory for the largest tensor only.
+ConsolidatedTensors::ConsolidatedTensors(const std::string& dir, const std::string& tag)
+    : impl_(std::make_unique<Impl>(dir, tag)) {
+  Impl& s = *impl_;
   auto add_whole = [&](const std::string& name) {
-    const int rank = reader.file_holding("module/" + name);
-    TensorData t = reader.describe_whole(rank, "module/" + name);
+    const int rank = s.reader.file_holding("module/" + name);
+    TensorData t = s.reader.describe_whole(rank, "module/" + name);
     t.name = name;
     const bool to_f32 = dtype_is_floating(t.dtype) && t.dtype != DType::F32;
     if (to_f32) {
       t.bytes = t.bytes / dtype_size(t.dtype) * 4;
       t.dtype = DType::F32;
     }
-    tensors.push_back(std::move(t));
-    sources.push_back({false, rank, to_f32});
+    s.tensors.push_back(std::move(t));
+    s.sources.push_back({false, rank, to_f32});
   };
-  for (const ParamInfo& p : m.params) {
+  for (const ParamInfo& p : s.m.params) {
     if (!p.trainable) {
       add_whole(p.name);
       continue;
@@ -68,44 +76,55 @@ int64_t consolidate(const std::string& dir, const std::string& tag, const std::s
     for (int64_t d : p.shape) n *= d;  // bounded by read_manifest
     // The shape is the manifest's claim: check it against the fragments'
     // bytes before a buffer of that size is allocated.
-    const int64_t covered = reader.covered_elements("fp32", p.name);
+    const int64_t covered = s.reader.covered_elements("fp32", p.name);
     if (covered < n)
-      throw CheckpointError("checkpoint " + tag_dir(dir, m.tag) + ": the manifest gives parameter \"" + p.name +
+      throw CheckpointError("checkpoint " + tag_dir(dir, s.m.tag) + ": the manifest gives parameter \"" + p.name +
                             "\" " + std::to_string(n) + " elements but its fp32 fragments in the rank files cover the first " +
                             std::to_string(covered) + ": elements [" + std::to_string(covered) + ", " + std::to_string(n) +
                             ") are missing; the checkpoint is damaged or incomplete");
-    tensors.push_back({p.name, DType::F32, p.shape, nullptr, static_cast<size_t>(n) * 4});
-    sources.push_back({true, 0, false});
+    s.tensors.push_back({p.name, DType::F32, p.shape, nullptr, static_cast<size_t>(n) * 4});
+    s.sources.push_back({true, 0, false});
   }
-  for (const std::string& b : m.buffers) add_whole(b);
+  for (const std::string& b : s.m.buffers) add_whole(b);
+}
 
-  std::vector<float> floats;
-  std::vector<uint8_t> raw;
+ConsolidatedTensors::~ConsolidatedTensors() = default;
+const Manifest& ConsolidatedTensors::manifest() const { return impl_->m; }
+const std::vector<TensorData>& ConsolidatedTensors::tensors() const { return impl_->tensors; }
+
+const void* ConsolidatedTensors::read(size_t i) {
+  Impl& s = *impl_;
+  const TensorData& t = s.tensors.at(i);
+  const Impl::Source& src = s.sources[i];
+  if (src.fragments) {
+    s.floats.resize(t.bytes / 4);
+    s.reader.read_f32("fp32", t.name, 0, static_cast<int64_t>(s.floats.size()), s.floats.data());
+    return s.floats.data();
+  }
+  const TensorData stored = s.reader.read_whole(src.rank, "module/" + t.name, s.raw);
+  if (!src.to_f32) return s.raw.data();
+  s.floats.resize(t.bytes / 4);
+  convert_to_f32(stored.dtype, s.raw.data(), s.floats.size(), s.floats.data());
+  return s.floats.data();
+}
+
+int64_t consolidate(const std::string& dir, const std::string& tag, const std::string& out) {
+  ConsolidatedTensors source(dir, tag);
+  const Manifest& m = source.manifest();
+  check_output(dir, m, out);
   int64_t total = 0;
-  for (const TensorData& t : tensors) total += static_cast<int64_t>(t.bytes);
+  for (const TensorData& t : source.tensors()) total += static_cast<int64_t>(t.bytes);
   Progress progress("consolidating " + tag_dir(dir, m.tag), total);
-  auto fetch = [&](size_t i) -> const void* {
-    const TensorData& t = tensors[i];
-    const Source& src = sources[i];
-    progress.advance(static_cast<int64_t>(t.bytes));  // counted as it is read
-    if (src.fragments) {
-      floats.resize(t.bytes / 4);
-      reader.read_f32("fp32", t.name, 0, static_cast<int64_t>(floats.size()), floats.data());
-      return floats.data();
-    }
-    const TensorData stored = reader.read_whole(src.rank, "module/" + t.name, raw);
-    if (!src.to_f32) return raw.data();
-    floats.resize(t.bytes / 4);
-    convert_to_f32(stored.dtype, raw.data(), floats.size(), floats.data());
-    return floats.data();
-  };
-  write_safetensors(out, tensors,
+  write_safetensors(out, source.tensors(),
                     {{"format", "pt"},
                      {"source", "zero-ckpt consolidate"},
                      {"checkpoint_tag", m.tag},
                      {"checkpoint_world_size", std::to_string(m.world_size)}},
-                    fetch);
-  return static_cast<int64_t>(tensors.size());
+                    [&](size_t i) -> const void* {
+                      progress.advance(static_cast<int64_t>(source.tensors()[i].bytes));  // counted as it is read
+                      return source.read(i);
+                    });
+  return static_cast<int64_t>(source.tensors().size());
 }
 
 }  // namespace zero::ckpt

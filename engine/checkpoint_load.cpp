@@ -264,6 +264,15 @@ void restore_counters(TrainingState& s, const EngineRecord& e, const LoadOptions
 
 std::string load_checkpoint(TrainingState& s, const std::string& dir, const std::string& tag_in, const LoadOptions& options) {
   const std::string tag = tag_in.empty() ? ckpt::read_latest(dir) : tag_in;
+  if (tag_in.empty()) {
+    // Each rank read `latest` itself: another job saving into the folder
+    // meanwhile could give them different steps.
+    const std::string differs = comm::disagreement(s.pg, {{"the tag " + dir + "/latest names", tag}});
+    if (!differs.empty()) {
+      throw CheckpointError("load_checkpoint: " + differs +
+                            "; is another job saving into the same folder? Load with an explicit tag");
+    }
+  }
   const ckpt::Manifest m = ckpt::read_manifest(dir, tag);
   const std::string where = (fs::path(dir) / tag).string();
   if (!m.tag_in_file.empty()) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include <tbb/task_arena.h>
+#include <xxhash.h>
 
 #include "ckpt/checkpoint.h"
 #include "core/blas_kernels.h"
@@ -82,6 +83,7 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
   s.dtype = training_dtype(s.config);
   s.gas = *s.config.batch.gradient_accumulation_steps;
   s.build_params(options, parts);
+  s.broadcast_buffers = options.broadcast_buffers;
   s.setup_activation_checkpointing();
   s.telemetry = std::make_unique<engine::Telemetry>(s.config, s.pg, *s.module, s.model_device, s.dtype,
                                                     s.pipeline && s.pipeline->has_links(), [&s] { return s.memory(); });
@@ -117,11 +119,42 @@ void Engine::Impl::check_loaded(const char* what) const {
                     "); load the weights or a checkpoint again before training or saving");
 }
 
+// Note [Call order]
+// DeepSpeed's loop is backward(), step() per micro-step; step() counts the
+// micro-step and updates at every gradient_accumulation_steps-th. A step()
+// with no backward() before it would count a micro-step that has no
+// gradients (and update on too few): it is refused by name, before anything
+// changes. A second backward() before step() is DeepSpeed's way to add
+// losses within one micro-step (e.g. two heads); it is kept, with one
+// warning, since it is also what a loop that forgot step() does. Likewise the engine is one rank's side of
+// collectives that must come in the same order on every rank: calls from a
+// second thread would interleave them. The first thread that trains owns
+// the engine; another thread's call is refused rather than left to fail
+// later with an unrelated message.
+void Engine::Impl::check_thread(const char* what, bool binds) {
+  const std::thread::id me = std::this_thread::get_id();
+  if (!training_thread) {
+    if (!binds) return;
+    training_thread = me;
+  }
+  if (*training_thread != me) {
+    throw EngineError(std::string(what) + " was called from another thread than the one training with this engine; "
+                      "the engine is not thread-safe: call backward, step and the checkpoint calls from one thread");
+  }
+}
+
 void Engine::backward(const at::Tensor& loss) {
   Impl& s = *impl_;
+  s.check_thread("engine.backward");
   s.check_loaded("engine.backward");
   if (s.pipeline && s.pipeline->has_links()) {
     throw EngineError("engine.backward: a pipeline of stages trains with engine.train_batch(next_batch)");
+  }
+  if (s.backward_pending) {
+    log::warn_once("engine.backward twice", "engine",
+                   "engine.backward was called again before engine.step(): the gradients add up within the same "
+                   "micro-step, as in DeepSpeed, and count as one of the gradient_accumulation_steps; call "
+                   "engine.step() after each backward to count each as a micro-step (warned once)");
   }
   if (!loss.requires_grad()) throw EngineError("engine.backward: the loss does not require grad (was it computed under no_grad or eval?)");
   s.telemetry->backward_starts(loss);
@@ -138,19 +171,52 @@ void Engine::backward(const at::Tensor& loss) {
   }
   const auto reduce_start = engine::Clock::now();
   s.sharded->end_backward();
+  s.backward_pending = true;
   s.telemetry->backward_ends(reduce_start);
   if (!boundary) s.telemetry->forward_starts(s.steps.global_steps);  // the next micro-step's; at the boundary after the step
 }
 
 void Engine::step() {
   Impl& s = *impl_;
+  s.check_thread("engine.step");
   s.check_loaded("engine.step");
   if (s.pipeline && s.pipeline->has_links()) {
     throw EngineError("engine.step: a pipeline of stages trains with engine.train_batch(next_batch)");
   }
+  if (!s.backward_pending) {
+    throw EngineError("engine.step was called without an engine.backward(loss) before it (micro step " +
+                      std::to_string(s.steps.micro_steps) + "): call backward on each micro-batch's loss, then step");
+  }
+  s.backward_pending = false;
   ++s.steps.micro_steps;
   if (s.steps.micro_steps % s.gas != 0) return;
   s.optimizer_step(std::nullopt);
+}
+
+// The ranks compare one XXH3-64 digest per buffer (an all-gather of 8
+// bytes each) and broadcast only those that differ: a causal mask that no
+// forward changes costs a hash, a BatchNorm's running statistics a
+// broadcast. (Version counters would not do: LibTorch's batch_norm kernel
+// writes running_mean without bumping its version.)
+void Engine::Impl::sync_buffers() {
+  if (!broadcast_buffers) return;
+  comm::ProcessGroup& dp = *mesh->dp_group();
+  if (dp.size() == 1) return;
+  std::vector<at::Tensor> buffers = module->buffers();
+  if (buffers.empty()) return;
+  const int64_t n = static_cast<int64_t>(buffers.size());
+  at::Tensor mine = torch::empty({n}, torch::kLong);
+  for (int64_t i = 0; i < n; ++i) {
+    const at::Tensor host = buffers[static_cast<size_t>(i)].to(at::kCPU).contiguous();
+    mine[i] = static_cast<int64_t>(XXH3_64bits(host.data_ptr(), host.nbytes()));
+  }
+  at::Tensor all = torch::empty({dp.size(), n}, torch::kLong);
+  dp.all_gather(all, mine);
+  const at::Tensor differs = (all != all[0]).any(0);
+  torch::NoGradGuard no_grad;
+  for (int64_t i = 0; i < n; ++i) {
+    if (differs[i].item<bool>()) dp.broadcast(buffers[static_cast<size_t>(i)], 0);
+  }
 }
 
 // The step's host kernels (offload/cpu_optimizer.h: sums of squares, the
@@ -185,11 +251,13 @@ void Engine::Impl::optimizer_step(std::optional<double> agreed_loss) {
   record.lr = steps.lr, record.loss_scale = loss_scale(), record.grad_norm = last_norm;
   record.step_s = engine::seconds_since(start), record.publish_s = result.publish_seconds;
   record.host = optimizer->take_timing();
+  sync_buffers();
   telemetry->step_done(record, agreed_loss);
 }
 
 double Engine::train_batch(const std::function<Batch()>& next_batch) {
   Impl& s = *impl_;
+  s.check_thread("engine.train_batch");
   s.check_loaded("engine.train_batch");
   if (!s.pipeline) {
     throw EngineError("engine.train_batch runs a zero::pipe::PipelineModule; for other models call "
@@ -223,11 +291,36 @@ double Engine::eval_batch(const std::function<Batch()>& next_batch) {
 int64_t Engine::pipeline_bytes_sent() const { return impl_->pipeline ? impl_->pipeline->bytes_sent() : 0; }
 
 void Engine::train(bool on) { impl_->module->train(on); }
+at::ScalarType Engine::dtype() const { return impl_->dtype; }
+
+at::Tensor Engine::cast_tensor(const at::Tensor& t) const {
+  const Impl& s = *impl_;
+  if (s.config.fp16.enabled && s.config.fp16.auto_cast && t.defined() && at::isFloatingType(t.scalar_type())) {
+    return t.to(at::kHalf);
+  }
+  return t;
+}
+
+void Engine::rethrow_forward_error(const c10::Error& e) const {
+  const std::string text = e.what_without_backtrace();
+  const at::ScalarType dtype = impl_->dtype;
+  const bool mismatch = text.find("scalar type") != std::string::npos || text.find("same dtype") != std::string::npos ||
+                        text.find("dtype") != std::string::npos;
+  if (!mismatch || dtype == at::kFloat) return;
+  const std::string name = c10::toString(dtype);
+  throw EngineError(std::string("engine.forward: the model's weights are ") + name + " (" +
+                    (dtype == at::kHalf ? "fp16" : "bf16") + ".enabled) and an input is not: cast floating-point inputs " +
+                    "with x.to(engine.dtype())" + (dtype == at::kHalf ? ", or set fp16.auto_cast: true" : "") +
+                    ". LibTorch said: " + text.substr(0, text.find('\n')));
+}
 double Engine::lr() const { return impl_->steps.lr; }
 double Engine::loss_scale() const { return impl_->loss_scale(); }
 int64_t Engine::global_steps() const { return impl_->steps.global_steps; }
 int64_t Engine::skipped_steps() const { return impl_->steps.skipped_steps; }
 int64_t Engine::micro_steps() const { return impl_->steps.micro_steps; }
+int64_t Engine::train_batch_size() const { return *impl_->config.batch.train_batch_size; }
+int64_t Engine::train_micro_batch_size_per_gpu() const { return *impl_->config.batch.train_micro_batch_size_per_gpu; }
+int64_t Engine::gradient_accumulation_steps() const { return impl_->gas; }
 double Engine::last_grad_norm() const { return impl_->last_norm; }
 void Engine::set_gradient_clipping(double max_norm) {
   if (!(max_norm >= 0)) throw EngineError("set_gradient_clipping: max_norm must be >= 0, got " + std::to_string(max_norm));
@@ -242,6 +335,7 @@ MemoryReport Engine::memory_report() const { return impl_->memory(); }
 StepTimes Engine::take_step_times() { return impl_->telemetry->take_step_times(impl_->sharded->gather_wait_seconds()); }
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag, const std::string& client_state) {
+  impl_->check_thread("engine.save_checkpoint", /*binds=*/false);
   impl_->check_loaded("engine.save_checkpoint");
   impl_->telemetry->flush();  // the curves reach at least the checkpoint
   engine::TrainingState state = impl_->training_state();
@@ -249,15 +343,29 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag, con
 }
 
 std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag, const LoadOptions& options) {
+  impl_->check_thread("engine.load_checkpoint", /*binds=*/false);
   engine::TrainingState state = impl_->training_state();
-  return engine::load_checkpoint(state, dir, tag, options);
+  std::string client_state = engine::load_checkpoint(state, dir, tag, options);
+  impl_->backward_pending = false;  // the micro-step restarts from the checkpoint's
+  return client_state;
 }
 
-GatheredParameters Engine::gather_parameters(torch::nn::Module& module) {
-  partition::ShardedParams* sharded = impl_->sharded.get();
-  std::vector<int> buckets = sharded->gather_buckets_of(module.parameters());
-  if (buckets.empty()) return GatheredParameters();
-  return GatheredParameters([sharded, buckets] { sharded->release_buckets(buckets); });
+std::optional<std::string> Engine::load_checkpoint_if_present(const std::string& dir, const std::string& tag,
+                                                               const LoadOptions& options) {
+  // DeepSpeed's load_checkpoint returns (None, None) when there is no `latest`.
+  const bool present = tag.empty() ? std::filesystem::exists(std::filesystem::path(dir) / "latest")
+                                   : std::filesystem::exists(std::filesystem::path(dir) / tag);
+  at::Tensor seen = torch::tensor({present ? 1 : 0}, torch::kInt);
+  impl_->pg->all_reduce(seen, comm::ReduceOp::Sum);
+  const int ranks = seen.item<int>();
+  if (ranks == 0) return std::nullopt;
+  if (ranks != impl_->pg->size()) {
+    throw CheckpointError("load_checkpoint_if_present: " + std::to_string(ranks) + " of " +
+                          std::to_string(impl_->pg->size()) + " ranks see a checkpoint at " + dir +
+                          (tag.empty() ? "/latest" : "/" + tag) + " (this rank " + (present ? "does" : "does not") +
+                          "); every rank must see the same folder (a shared filesystem)");
+  }
+  return load_checkpoint(dir, tag, options);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Engine::gathered_state_dict() {
@@ -268,11 +376,21 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::gathered_state_dict() {
   return out;
 }
 
-void Engine::save_16bit_model(const std::string& dir, const std::string& filename) {
+bool Engine::save_16bit_model(const std::string& dir, const std::string& filename) {
   const auto shape = impl_->mesh->shape();
   if (shape.tp > 1 || shape.pp > 1) {
     throw EngineError("save_16bit_model: with tp " + std::to_string(shape.tp) + " x pp " + std::to_string(shape.pp) +
                       " no rank holds the whole model; save_checkpoint, then write one file with zero-ckpt export --to hf");
+  }
+  const auto& z = impl_->config.zero_optimization;
+  if (z.stage == 3 && !z.stage3_gather_16bit_weights_on_model_save) {
+    // DeepSpeed's rule: at stage 3 the whole model is gathered onto rank 0
+    // for this only when the config allows it; otherwise nothing is saved.
+    log::warn_once("save_16bit_model stage 3", "engine",
+                   "save_16bit_model did not save " + dir + ": at stage 3 it gathers the whole model only when "
+                   "zero_optimization.stage3_gather_16bit_weights_on_model_save is true (DeepSpeed's rule); set it, or "
+                   "save_checkpoint and write the weights with zero-ckpt export --to hf");
+    return false;
   }
   const auto state = gathered_state_dict();  // a collective
   std::string error;
@@ -298,6 +416,7 @@ void Engine::save_16bit_model(const std::string& dir, const std::string& filenam
   }
   error = comm::agreed_error(*impl_->pg, error, "save_16bit_model");
   if (!error.empty()) throw CheckpointError(error);
+  return true;
 }
 
 Engine initialize(const Config& config, std::shared_ptr<torch::nn::Module> model, InitOptions options) {

@@ -8,6 +8,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "engine/loss_scaler.h"
@@ -42,6 +44,11 @@ struct Engine::Impl {
   double last_norm = 0.0;
   std::string partly_loaded;  // TrainingState::partly_loaded
   std::unique_ptr<engine::Telemetry> telemetry;
+  // Note [Call order]: a backward() whose step() has not come yet; the
+  // thread that trains (the first to call backward, step or train_batch).
+  bool backward_pending = false;
+  std::optional<std::thread::id> training_thread;
+  bool broadcast_buffers = true;  // InitOptions::broadcast_buffers
   ~Impl();
 
   // Construction (engine_build.cpp).
@@ -56,6 +63,16 @@ struct Engine::Impl {
   double loss_scale() const { return scaler ? scaler->scale() : 1.0; }
   // Throws EngineError naming `what` while a failed load left the parameters partly loaded.
   void check_loaded(const char* what) const;
+  // Throws EngineError when `what` is called from another thread than the
+  // one training (Note [Call order]); `binds`: a call that makes its thread
+  // the training one when none is yet.
+  void check_thread(const char* what, bool binds = true);
+  // The buffers that differ between the data-parallel ranks, broadcast
+  // from the group's rank 0 (DDP's broadcast_buffers).
+  void sync_buffers();
+  // gather_parameters' modifier rank: its values of `touched` (whole,
+  // gathered) into every rank's masters and shards (gathered_parameters.cpp).
+  void write_back_gathered(const std::vector<at::Tensor>& touched, int modifier_rank);
 };
 
 }  // namespace zero

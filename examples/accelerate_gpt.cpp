@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 
 #include "gpt/corpus.h"
@@ -50,17 +51,44 @@ int main(int argc, char** argv) {
   options.width = 64;
   options.heads = 4;
   options.context = 32;
+  const char* usage =
+      "usage: zero-run --config-file launch.yaml zero-accelerate-gpt [--epochs 2] [--depth 2] [--width 64]\n"
+      "                [--context 32] [--batch 32] [--resume DIR] [--save DIR]\n"
+      "(zero-run config --output launch.yaml --num-processes 2 --zero-stage 2 writes a launch config)\n";
+  for (int i = 1; i < argc; ++i) {
+    const std::string key = argv[i];
+    if (key == "-h" || key == "--help") {
+      std::fputs(usage, stdout);
+      return 0;
+    }
+  }
+  if (argc % 2 == 0) {
+    std::fprintf(stderr, "zero-accelerate-gpt: %s needs a value\n\n%s", argv[argc - 1], usage);
+    return 2;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i], value = argv[i + 1];
-    if (key == "--epochs") epochs = std::stoll(value);
-    else if (key == "--batch") batch = std::stoll(value);
-    else if (key == "--depth") options.depth = std::stoll(value);
-    else if (key == "--width") options.width = std::stoll(value);
-    else if (key == "--context") options.context = std::stoll(value);
+    int64_t number = 0;
+    const bool numeric = key == "--epochs" || key == "--batch" || key == "--depth" || key == "--width" || key == "--context";
+    if (numeric) {
+      try {
+        size_t used = 0;
+        number = std::stoll(value, &used);
+        if (used != value.size() || number < 1) throw std::invalid_argument(value);
+      } catch (const std::exception&) {
+        std::fprintf(stderr, "zero-accelerate-gpt: %s %s: a whole number >= 1\n", key.c_str(), value.c_str());
+        return 2;
+      }
+    }
+    if (key == "--epochs") epochs = number;
+    else if (key == "--batch") batch = number;
+    else if (key == "--depth") options.depth = number;
+    else if (key == "--width") options.width = number;
+    else if (key == "--context") options.context = number;
     else if (key == "--resume") resume = value;
     else if (key == "--save") save = value;
     else {
-      std::fprintf(stderr, "zero-accelerate-gpt: unknown option %s\n", key.c_str());
+      std::fprintf(stderr, "zero-accelerate-gpt: unknown option %s\n\n%s", key.c_str(), usage);
       return 2;
     }
   }

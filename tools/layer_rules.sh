@@ -32,6 +32,7 @@ tensor_parallel.h type parallel
 pipeline.h type parallel
 activation_checkpointing.h type activations
 unit.h type partition
+data.h type data
 config.h facade config
 launch_config.h facade accelerate
 engine.h facade engine
@@ -39,7 +40,7 @@ init.h facade engine
 accelerate.h facade accelerate
 zero.h facade -'
 # The library's folders below the engine (engine/ and accelerate/ are above).
-below_engine='core comm offload partition activations parallel ckpt torchsave interop monitor profile config'
+below_engine='core comm offload partition activations parallel ckpt torchsave interop monitor profile data config'
 
 # ---- rule 2: which errors each library folder throws --------------------------
 # Each class names what is at fault, whichever file notices it:
@@ -61,6 +62,7 @@ torchsave CheckpointError
 interop CheckpointError
 monitor EngineError
 profile none
+data EngineError
 config ConfigError
 engine ConfigError OffloadError CheckpointError EngineError
 accelerate ConfigError CheckpointError EngineError'

@@ -15,18 +15,14 @@
 //                                       [--tokens-dtype D] [--save-hf OUT] [--save CKPT] [--load CKPT]
 //
 // trains with zero from the Hugging Face weights (or resumes CKPT) up to
-// global step N and prints one line per step. Step s's micro-batch k on
-// data-parallel rank d holds the sequences (s*gas + k)*micro*dp + d*micro +
-// i (i < micro), modulo the file's sequences: the same data at any world
-// size with the same global batch. --save writes a zero checkpoint;
+// global step N and prints one line per step. The sequences come through
+// the engine's data loader, in the file's order, repeated: micro-batch k of
+// step s on data-parallel rank d holds the sequences (s*gas + k)*micro*dp +
+// d*micro + i (i < micro), modulo the file's sequences: the same data at
+// any world size with the same global batch. --save writes a zero checkpoint;
 // --save-hf the weights in Hugging Face's layout (model.safetensors and
 // config.json), which transformers loads. --timing adds each step's wall
 // time in seconds to its line ("time S"), for bench/run_llama.sh.
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <torch/torch.h>
 
 #include <chrono>
@@ -36,6 +32,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -98,55 +95,22 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// A token file mapped read-only; ids read as int64.
-class TokenFile {
+// The token file's sequences repeated to `size` samples: sample i is
+// sequence i modulo the file's.
+class Repeated : public zero::Dataset {
  public:
-  TokenFile(const std::string& path, size_t width) : path_(path), width_(width) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    struct stat st {};
-    if (fd_ < 0 || ::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode))
-      throw std::invalid_argument("cannot read the token file " + path + " (a regular file of token ids)");
-    bytes_ = static_cast<size_t>(st.st_size);
-    if (bytes_ % width_ != 0)
-      throw std::invalid_argument("the token file " + path + " has " + std::to_string(bytes_) + " bytes, not a multiple of " +
-                                  std::to_string(width_) + " (--tokens-dtype " + (width_ == 2 ? "uint16" : "uint32") + ")");
-    if (bytes_ > 0) {
-      data_ = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd_, 0);
-      if (data_ == MAP_FAILED) throw std::invalid_argument("cannot map the token file " + path);
-    }
-  }
-  ~TokenFile() {
-    if (data_ && data_ != MAP_FAILED) ::munmap(data_, bytes_);
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int64_t size() const { return static_cast<int64_t>(bytes_ / width_); }
-  int64_t at(int64_t i) const {
-    const auto* p = static_cast<const unsigned char*>(data_) + i * width_;
-    int64_t v = 0;
-    for (size_t b = 0; b < width_; ++b) v |= static_cast<int64_t>(p[b]) << (8 * b);
-    return v;
-  }
-  // Every id below `vocab`, or an error naming the byte offset of the first that is not.
-  void check(int64_t count, int64_t vocab) const {
-    for (int64_t i = 0; i < count; ++i)
-      if (at(i) >= vocab)
-        throw std::invalid_argument("the token file " + path_ + " holds id " + std::to_string(at(i)) + " at byte offset " +
-                                    std::to_string(i * static_cast<int64_t>(width_)) + ", not below the model's vocab_size " +
-                                    std::to_string(vocab));
-  }
-  at::Tensor sequence(int64_t first, int64_t length) const {
-    at::Tensor ids = torch::empty({1, length}, torch::kLong);
-    auto* out = ids.data_ptr<int64_t>();
-    for (int64_t i = 0; i < length; ++i) out[i] = at(first + i);
-    return ids;
+  Repeated(std::shared_ptr<const zero::TokenDataset> file, int64_t size) : file_(std::move(file)), size_(size) {}
+  int64_t size() const override { return size_; }
+  std::vector<at::Tensor> get(int64_t index) const override { return file_->get(index % file_->size()); }
+  std::vector<at::Tensor> get_batch(const std::vector<int64_t>& indices) const override {
+    std::vector<int64_t> in_file;
+    for (int64_t i : indices) in_file.push_back(i % file_->size());
+    return file_->get_batch(in_file);
   }
 
  private:
-  std::string path_;
-  size_t width_;
-  int fd_ = -1;
-  size_t bytes_ = 0;
-  void* data_ = nullptr;
+  std::shared_ptr<const zero::TokenDataset> file_;
+  int64_t size_;
 };
 
 // The model and its engine: the whole model, or with pipeline.stages > 1
@@ -227,12 +191,12 @@ int eval(const Args& a) {
   if (ctx > config.max_position_embeddings)
     throw std::invalid_argument("--ctx " + std::to_string(ctx) + " is beyond the model's max_position_embeddings " +
                                 std::to_string(config.max_position_embeddings));
-  const TokenFile tokens(a.tokens, a.tokens_dtype == "uint16" ? 2 : 4);
-  const int64_t sequences = tokens.size() / ctx;
+  const zero::TokenDataset tokens(a.tokens, ctx, a.tokens_dtype == "uint16" ? 2 : 4);
+  const int64_t sequences = tokens.size();
   if (sequences == 0)
-    throw std::invalid_argument("the token file " + a.tokens + " holds " + std::to_string(tokens.size()) +
+    throw std::invalid_argument("the token file " + a.tokens + " holds " + std::to_string(tokens.tokens()) +
                                 " tokens, fewer than one sequence of --ctx " + std::to_string(ctx));
-  tokens.check(sequences * ctx, config.vocab_size);
+  tokens.check_ids(config.vocab_size);
 
   Trained t(config,
             a.config.empty() ? zero::Config::from_json(
@@ -250,16 +214,16 @@ int eval(const Args& a) {
     const int64_t per_call = t.micro * dp.size();
     for (int64_t first = 0; first + per_call <= sequences; first += per_call) {
       auto rows = [&](int64_t) {
-        at::Tensor batch = torch::empty({t.micro, ctx}, torch::kLong);
-        for (int64_t i = 0; i < t.micro; ++i) batch[i].copy_(tokens.sequence((first + dp.rank() * t.micro + i) * ctx, ctx)[0]);
-        return batch;
+        std::vector<int64_t> mine;
+        for (int64_t i = 0; i < t.micro; ++i) mine.push_back(first + dp.rank() * t.micro + i);
+        return tokens.get_batch(mine)[0];
       };
       total += t.run(rows, false) * static_cast<double>(per_call * (ctx - 1));
       evaluated += per_call;
     }
   } else {
     for (int64_t s = dp.rank(); s < sequences; s += dp.size()) {
-      at::Tensor ids = tokens.sequence(s * ctx, ctx);
+      at::Tensor ids = tokens.get_batch({s})[0];
       at::Tensor logits = t.model->forward(ids).to(torch::kFloat);
       at::Tensor ce = torch::nn::functional::cross_entropy(
           logits[0].slice(0, 0, ctx - 1), ids[0].slice(0, 1, ctx),
@@ -282,7 +246,9 @@ int eval(const Args& a) {
 // The model's weights in Hugging Face's layout: model.safetensors and the
 // config.json the model was built from.
 void save_hf(zero::Engine& engine, const std::string& hf_dir, const std::string& out) {
-  engine.save_16bit_model(out);  // a collective; rank 0 writes
+  if (!engine.save_16bit_model(out))  // a collective; rank 0 writes
+    throw std::invalid_argument("--save-hf at ZeRO stage 3 needs \"stage3_gather_16bit_weights_on_model_save\": true in "
+                                "zero_optimization (DeepSpeed's rule), or --save and zero-ckpt export --to hf");
   if (engine.group().rank() == 0)
     std::filesystem::copy_file(hf_dir + "/config.json", out + "/config.json", std::filesystem::copy_options::overwrite_existing);
 }
@@ -292,11 +258,10 @@ int train(const Args& a) {
   if (a.ctx > config.max_position_embeddings)
     throw std::invalid_argument("--ctx " + std::to_string(a.ctx) + " is beyond the model's max_position_embeddings " +
                                 std::to_string(config.max_position_embeddings));
-  const TokenFile tokens(a.tokens, a.tokens_dtype == "uint16" ? 2 : 4);
-  const int64_t sequences = tokens.size() / a.ctx;
-  if (sequences == 0)
+  auto tokens = std::make_shared<zero::TokenDataset>(a.tokens, a.ctx, a.tokens_dtype == "uint16" ? 2 : 4);
+  if (tokens->size() == 0)
     throw std::invalid_argument("the token file " + a.tokens + " holds fewer than one sequence of --ctx " + std::to_string(a.ctx));
-  tokens.check(sequences * a.ctx, config.vocab_size);
+  tokens->check_ids(config.vocab_size);
 
   const zero::Config ds_config = zero::Config::from_file(a.config);
   if (ds_config.parallelism.pipeline_parallel() > 1 && !a.save_hf.empty())
@@ -309,18 +274,28 @@ int train(const Args& a) {
     t.engine->load_checkpoint(a.load);
   }
   zero::comm::ProcessGroup& dp = t.dp();
+  // The engine's data loader, in order, over the file's sequences repeated
+  // as often as the steps need: global batch b (micro x dp sequences) is one
+  // micro-batch of every data-parallel rank. On resume the position follows
+  // from the steps taken.
+  const int64_t global_batch = t.micro * dp.size();
+  const int64_t needed = std::max<int64_t>(a.steps, 1) * t.gas * global_batch;
+  zero::DataLoaderOptions in_order;
+  in_order.shuffle = false;
+  in_order.drop_last = true;
+  zero::DataLoader loader = t.engine->data_loader(std::make_shared<Repeated>(tokens, needed), in_order);
+  loader.set_position({0, t.engine->global_steps() * t.gas * global_batch});
+  std::optional<zero::DataLoader::iterator> it;
+  auto next_rows = [&](int64_t) {
+    if (!it) it = loader.begin();
+    at::Tensor batch = (**it)[0];
+    ++*it;
+    return batch;
+  };
   const bool print = t.engine->group().rank() == 0;
   for (int64_t step = t.engine->global_steps(); step < a.steps; ++step) {
     const auto started = std::chrono::steady_clock::now();
-    auto rows = [&](int64_t k) {
-      at::Tensor batch = torch::empty({t.micro, a.ctx}, torch::kLong);
-      for (int64_t i = 0; i < t.micro; ++i) {
-        const int64_t s = ((step * t.gas + k) * t.micro * dp.size() + dp.rank() * t.micro + i) % sequences;
-        batch[i].copy_(tokens.sequence(s * a.ctx, a.ctx)[0]);
-      }
-      return batch;
-    };
-    double loss = t.run(rows, true);
+    double loss = t.run(next_rows, true);
     if (!t.pipe) {  // train_batch averages over the data-parallel ranks itself
       at::Tensor mean = torch::tensor({loss}, torch::kDouble);
       dp.all_reduce(mean, zero::comm::ReduceOp::Sum);

@@ -30,106 +30,11 @@
 #include <vector>
 
 #include "zero/config.h"
+#include "zero/data.h"
 #include "zero/engine.h"
 #include "zero/launch_config.h"
 
 namespace zero {
-
-// A map-style dataset: example i is a few tensors (inputs, labels, ...).
-class Dataset {
- public:
-  virtual ~Dataset() = default;
-  virtual int64_t size() const = 0;
-  virtual std::vector<at::Tensor> get(int64_t index) const = 0;
-  // The examples at `indices` collated: each tensor stacked along a new
-  // first dimension. Override when a dataset can do it at once.
-  virtual std::vector<at::Tensor> get_batch(const std::vector<int64_t>& indices) const;
-};
-
-// Rows of tensors that share their first dimension (torch's TensorDataset).
-class TensorDataset : public Dataset {
- public:
-  explicit TensorDataset(std::vector<at::Tensor> tensors);
-  int64_t size() const override;
-  std::vector<at::Tensor> get(int64_t index) const override;
-  std::vector<at::Tensor> get_batch(const std::vector<int64_t>& indices) const override;
-
- private:
-  std::vector<at::Tensor> tensors_;
-};
-
-struct DataLoaderOptions {
-  // Rows per rank per batch (Accelerate's default), or the global batch when
-  // split_batches is true.
-  int64_t batch_size = 1;
-  bool shuffle = true;   // a new order each epoch, from (seed, epoch) alone
-  // The last, incomplete global batch: dropped, or filled up with samples
-  // from the start of the epoch's order so every rank gets a full batch
-  // (Accelerate's even_batches); gather_for_metrics drops those again.
-  bool drop_last = false;
-  std::optional<uint64_t> seed;  // unset: the Accelerator's seed
-};
-
-// The data loader prepare() returns. Each global batch is `batch_size x
-// data-parallel ranks` consecutive samples of the epoch's order and rank d
-// takes rows [d*b, (d+1)*b): every sample once per epoch across the ranks,
-// and the same global batches at any world size with the same global batch.
-// Iterating goes on from the current position (after load_state: mid-epoch)
-// to the end of the epoch, which moves the position to the next epoch.
-class DataLoader {
- public:
-  using Batch = std::vector<at::Tensor>;
-  struct Position {
-    int64_t epoch = 0;
-    int64_t samples = 0;  // samples of the epoch's order already handed out, all ranks together
-  };
-
-  int64_t epoch() const;
-  // Starts epoch `epoch` from its first batch; keeps the position when it is
-  // already in that epoch (so a resumed loop may call it).
-  void set_epoch(int64_t epoch);
-  // Batches this rank gets in the rest of the current epoch.
-  int64_t remaining_batches() const;
-  // Batches per epoch (on each rank).
-  int64_t batches_per_epoch() const;
-  int64_t global_batch_size() const;
-  int64_t batch_size_per_rank() const;
-  Position position() const;
-  void set_position(const Position& position);
-  // The dataset indices of global batch `batch` (counted from `position`'s
-  // samples) of `epoch`, all ranks' rows in order; what the loader hands out.
-  std::vector<int64_t> global_batch_indices(int64_t epoch, int64_t first_sample) const;
-
-  class iterator {
-   public:
-    using iterator_category = std::input_iterator_tag;
-    using value_type = Batch;
-    using difference_type = std::ptrdiff_t;
-    using pointer = const Batch*;
-    using reference = const Batch&;
-    iterator() = default;
-    explicit iterator(DataLoader* loader);
-    const Batch& operator*() const { return batch_; }
-    const Batch* operator->() const { return &batch_; }
-    iterator& operator++();
-    bool operator==(const iterator& other) const { return loader_ == other.loader_; }
-    bool operator!=(const iterator& other) const { return !(*this == other); }
-
-   private:
-    void load();
-    DataLoader* loader_ = nullptr;
-    Batch batch_;
-  };
-  iterator begin() { return iterator(this); }
-  iterator end() { return iterator(); }
-
-  struct State;  // accelerate/data_loader.h
-  explicit DataLoader(std::shared_ptr<State> state);
-  const std::shared_ptr<State>& state() const { return state_; }
-
- private:
-  std::shared_ptr<State> state_;
-};
 
 struct AcceleratorOptions {
   // "no" | "fp16" | "bf16"; unset: the launch config's, else what the ds_config
@@ -162,8 +67,12 @@ class Accelerator {
   // model when the ds_config leaves train_micro_batch_size_per_gpu to it.
   DataLoader prepare(std::shared_ptr<Dataset> dataset, const DataLoaderOptions& options = {});
   // Builds the engine: the model moves to device(), ZeRO partitions it.
-  // `optimizer` / `scheduler`: what a ds_config without those sections
-  // trains with (giving them when the ds_config has its own is an error).
+  // `optimizer` / `scheduler`: zero::OptimizerConfig / zero::SchedulerConfig
+  // (zero/config.h; e.g. {"AdamW", params} with params.lr set), the
+  // ds_config's "optimizer" and "scheduler" sections as structs, for a
+  // ds_config without those sections (giving them when it has its own is
+  // an error). Not a torch::optim object: the optimizer runs on each rank's
+  // partition, so zero builds it.
   Engine& prepare(std::shared_ptr<torch::nn::Module> model, const std::optional<OptimizerConfig>& optimizer = {},
                   const std::optional<SchedulerConfig>& scheduler = {});
   template <typename M>
@@ -212,6 +121,10 @@ class Accelerator {
   // continue where they were (the rest of the epoch in its order); the
   // random generators are restored when the world size is the same.
   void load_state(const std::string& dir, const std::string& tag = "");
+
+  // Accelerate's save_model: the whole model's weights in the training
+  // dtype as <dir>/model.safetensors (Engine::save_16bit_model). A collective.
+  void save_model(const std::string& dir);
 
   torch::nn::Module& unwrap_model();
   Engine& engine();

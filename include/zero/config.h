@@ -298,7 +298,7 @@ struct FlopsProfilerConfig {
 // N}, or {"tp": {"tp_size": N}} as DeepSpeed's inference config has it) and
 // the pipeline's size ("pipeline": {"stages": N}, or "pipeline_parallel":
 // {"pp_size": N}). The data-parallel size is world / (tp * pp). Pipeline
-// sizes above 1 are refused until pipeline parallelism lands.
+// sizes above 1 train a zero::pipe::PipelineModule (zero/pipeline.h).
 struct ParallelismConfig {
   int64_t autotp_size = 0;       // 0: off (DeepSpeed)
   int64_t tp_size = 1;

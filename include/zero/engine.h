@@ -14,11 +14,14 @@
 #include <functional>
 #include <utility>
 #include <memory>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "zero/comm.h"
 #include "zero/config.h"
+#include "zero/data.h"
 #include "zero/mesh.h"
 
 namespace zero {
@@ -40,6 +43,13 @@ struct InitOptions {
   // (include/zero/tensor_parallel.h); its sizes must be the config's.
   // Empty: the engine builds it over `group` from the config's sizes.
   std::shared_ptr<Mesh> mesh;
+  // DDP's broadcast_buffers: buffers that differ between the data-parallel
+  // ranks after a step (BatchNorm's running statistics, from each rank's
+  // data) are broadcast from the group's rank 0, so that every rank, and the
+  // checkpoint, holds the same. The ranks compare an 8-byte hash of each
+  // buffer per step; only those that differ travel. false: each rank keeps
+  // its own (DeepSpeed's behaviour after initialize).
+  bool broadcast_buffers = true;
 };
 
 // Bytes this rank holds, by kind.
@@ -134,8 +144,14 @@ class Engine {
   // One micro-step's backward: the loss is scaled by the fp16 loss scale and
   // divided by gradient_accumulation_steps, as DeepSpeed does.
   void backward(const at::Tensor& loss);
-  // Call once per micro-step; updates the parameters at the accumulation
-  // boundary and clears the gradients, as DeepSpeed's step() does.
+  // Call once per micro-step, after its backward(); updates the parameters
+  // at the accumulation boundary and clears the gradients, as DeepSpeed's
+  // step() does. step() without a backward() before it is an EngineError
+  // (it would count a micro-step that is not there); backward() twice
+  // before step() adds both into one micro-step, as DeepSpeed does, and
+  // warns once. The engine is not thread-safe: the thread that
+  // first trains with it is the only one that may (an EngineError names
+  // the call made from another).
   void step();
   // True when the next step() call will update the parameters.
   bool is_gradient_accumulation_boundary() const;
@@ -157,6 +173,33 @@ class Engine {
   // pipeline stages.
   int64_t pipeline_bytes_sent() const;
 
+  // DeepSpeed's engine(inputs): `model->forward(inputs...)`, `model` being
+  // the module given to initialize. With fp16.auto_cast each floating-point
+  // tensor input is cast to fp16 first, as DeepSpeed does. A forward that
+  // fails because an input's dtype is not the model's (fp16 and bf16 convert
+  // the model) is an EngineError saying what to cast.
+  template <typename Model, typename... Inputs>
+  auto forward(Model& model, Inputs&&... inputs) {
+    try {
+      return model->forward(cast_input(std::forward<Inputs>(inputs))...);
+    } catch (const c10::Error& e) {
+      rethrow_forward_error(e);
+      throw;
+    }
+  }
+  // What forward() passes on: a floating-point tensor in fp16 under
+  // fp16.auto_cast, anything else as it is.
+  template <typename T>
+  decltype(auto) cast_input(T&& input) const {
+    if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+      return cast_tensor(input);
+    } else {
+      return std::forward<T>(input);
+    }
+  }
+  // The dtype the model's weights are in: Float, Half (fp16) or BFloat16 (bf16).
+  at::ScalarType dtype() const;
+
   void train(bool on = true);
   void eval() { train(false); }
 
@@ -165,6 +208,11 @@ class Engine {
   int64_t global_steps() const;   // optimizer steps taken, skipped ones included (DeepSpeed)
   int64_t skipped_steps() const;  // steps skipped for an fp16 overflow
   int64_t micro_steps() const;
+  // The batch triad as resolved for this world (DeepSpeed's accessors):
+  // train_batch_size = micro batch x gradient_accumulation_steps x data-parallel ranks.
+  int64_t train_batch_size() const;
+  int64_t train_micro_batch_size_per_gpu() const;
+  int64_t gradient_accumulation_steps() const;
   double last_grad_norm() const;  // global L2 norm of the last step's gradients, unscaled, before clipping
   // The max global gradient norm of the updates from now on (the config's
   // gradient_clipping; 0: no clipping).
@@ -173,8 +221,13 @@ class Engine {
   StepTimes take_step_times();
 
   // Stage 3: gathers the parameters of `module` (a part of the model, or the
-  // whole) until the returned object goes away. A collective.
-  GatheredParameters gather_parameters(torch::nn::Module& module);
+  // whole) until the returned object goes away. A collective (every rank
+  // creates and destroys it). DeepSpeed's GatheredParameters: changes to the
+  // parameters inside are lost (they are copies) unless `modifier_rank` is
+  // given; then, when the object goes away, that data-parallel rank's
+  // parameters become every rank's, in the master weights and the shards,
+  // at any stage (Note [Modified gathered parameters]).
+  GatheredParameters gather_parameters(torch::nn::Module& module, std::optional<int> modifier_rank = std::nullopt);
   // Full copies of the model's parameters and buffers, by name, on every
   // rank, in the training dtype (with tensor parallelism, this rank's
   // slices of the split ones). A collective.
@@ -185,7 +238,10 @@ class Engine {
   // durably). A collective; every rank raises if the write failed. With
   // tensor or pipeline parallelism no rank holds the whole model: an
   // EngineError says to save_checkpoint and run zero-ckpt export --to hf.
-  void save_16bit_model(const std::string& dir, const std::string& filename = "model.safetensors");
+  // At stage 3 it saves only with zero_optimization.
+  // stage3_gather_16bit_weights_on_model_save true, as in DeepSpeed;
+  // otherwise it warns and returns false (on every rank).
+  bool save_16bit_model(const std::string& dir, const std::string& filename = "model.safetensors");
 
   // Sharded checkpoints (ckpt/checkpoint.h, Note [Checkpoint layout]). A
   // collective: every rank writes its own file into <dir>/<tag>/ in
@@ -196,6 +252,12 @@ class Engine {
   // Loads <dir>/<tag> (empty: the tag <dir>/latest names), saved at any
   // world size and stage, and returns its client_state JSON text. A collective.
   std::string load_checkpoint(const std::string& dir, const std::string& tag = "", const LoadOptions& options = {});
+  // Resume-if-present (DeepSpeed's load_checkpoint returning None): nullopt
+  // when <dir>/latest (or <dir>/<tag>) does not exist on any rank, else what
+  // load_checkpoint returns. A damaged checkpoint still raises, and so does
+  // one that only some ranks see. A collective.
+  std::optional<std::string> load_checkpoint_if_present(const std::string& dir, const std::string& tag = "",
+                                                        const LoadOptions& options = {});
 
   // Weights from safetensors files into the model as it is partitioned: one
   // file (Hugging Face's model.safetensors, or what `zero-ckpt consolidate`
@@ -208,6 +270,14 @@ class Engine {
   // states and counters stay as they are. A collective.
   void load_weights(const std::string& path, const WeightsLoadOptions& options = {});
 
+  // DeepSpeed's deepspeed_io: a loader over `dataset` that hands this
+  // data-parallel rank its rows of each global batch, on the model's device.
+  // Its batch_size: rows per rank, unset: train_micro_batch_size_per_gpu.
+  // Shuffled from (seed, epoch) unless options.shuffle is false (unset seed: 0,
+  // DistributedSampler's). Tensor-parallel and pipeline ranks of one
+  // data-parallel rank get the same rows.
+  DataLoader data_loader(std::shared_ptr<Dataset> dataset, const DataLoaderOptions& options = {});
+
   torch::nn::Module& module();
   std::shared_ptr<torch::nn::Module> module_ptr();
   // The world: every rank of the job.
@@ -218,11 +288,24 @@ class Engine {
   const Config& config() const;
 
  private:
+  at::Tensor cast_tensor(const at::Tensor& t) const;
+  // An EngineError for a dtype mismatch; returns for anything else.
+  void rethrow_forward_error(const c10::Error& e) const;
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 
 Engine initialize(const Config& config, std::shared_ptr<torch::nn::Module> model, InitOptions options = {});
+
+// DeepSpeed's get_fp32_state_dict_from_zero_checkpoint: a checkpoint's full
+// fp32 weights, frozen parameters and buffers by name, read without an
+// engine or a process group, whatever world size and stage saved it (what
+// `zero-ckpt consolidate` writes). `tag` "": the one <dir>/latest names.
+// Holds the whole model in memory; for larger ones use zero-ckpt consolidate
+// and Engine::load_weights, which stream.
+std::vector<std::pair<std::string, at::Tensor>> fp32_state_dict_from_checkpoint(const std::string& dir,
+                                                                                const std::string& tag = "");
 
 template <typename M>
 Engine initialize(const Config& config, torch::nn::ModuleHolder<M>& model, InitOptions options = {}) {

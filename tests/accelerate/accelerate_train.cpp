@@ -22,6 +22,7 @@
 #include <map>
 #include <string>
 
+#include "ckpt/checkpoint.h"
 #include "zero/accelerate.h"
 #include "zero/error.h"
 
@@ -193,7 +194,21 @@ int curve(int argc, char** argv) {
     }
   }
   double checksum = 0;
-  for (const auto& [name, tensor] : acc.get_state_dict()) checksum += tensor.to(torch::kDouble).abs().sum().item<double>();
+  const auto state = acc.get_state_dict();
+  for (const auto& [name, tensor] : state) checksum += tensor.to(torch::kDouble).abs().sum().item<double>();
+  // save_model's file holds the same tensors, bytes read back.
+  const std::string model_dir = out_path + ".model";
+  acc.save_model(model_dir);
+  if (acc.is_main_process()) {
+    zero::ckpt::SafetensorsFile file(model_dir + "/model.safetensors");
+    if (file.entries().size() != state.size()) throw zero::EngineError("save_model wrote a different number of tensors");
+    for (const auto& [name, tensor] : state) {
+      const auto& entry = file.entries().at(name);
+      at::Tensor back = torch::empty(tensor.sizes(), tensor.options());
+      file.read(name, 0, entry.end - entry.begin, back.data_ptr());
+      if (!torch::equal(back, tensor)) throw zero::EngineError("save_model: " + name + " differs from get_state_dict's");
+    }
+  }
   if (acc.is_main_process()) {
     char text[64];
     std::snprintf(text, sizeof text, "%a", checksum);

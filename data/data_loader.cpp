@@ -1,5 +1,5 @@
-// zero::DataLoader: each rank's share of every global batch (zero/accelerate.h).
-#include "accelerate/data_loader.h"
+// zero::DataLoader: each rank's share of every global batch (zero/data.h).
+#include "data/data_loader.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 

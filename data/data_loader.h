@@ -1,13 +1,13 @@
 #pragma once
-// The state behind zero::DataLoader (zero/accelerate.h), shared with the
-// Accelerator that saves and restores its position and reads how much of
-// the last batch was padding.
+// The state behind zero::DataLoader (zero/data.h), shared with what builds
+// loaders: the Accelerator, which saves and restores their positions and
+// reads how much of the last batch was padding, and the engine.
 #include <torch/torch.h>
 
 #include <memory>
 #include <vector>
 
-#include "zero/accelerate.h"
+#include "zero/data.h"
 
 namespace zero {
 

@@ -6,9 +6,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <map>
 
-#include "accelerate/data_loader.h"
+#include "data/data_loader.h"
+#include "zero/error.h"
 
 namespace {
 
@@ -143,6 +148,85 @@ TEST(DataLoader, APositionCarriesOverToAnotherWorldSize) {
   EXPECT_EQ(second[0].remaining_batches(), static_cast<int64_t>(reference.size()) - 3);
   const auto rest = epoch_batches(second);
   EXPECT_EQ(rest, std::vector<std::vector<int64_t>>(reference.begin() + 3, reference.end()));
+}
+
+// ---- TokenDataset: the ids read back against the bytes written --------------
+
+// Writes `ids` as little-endian integers of `width` bytes; returns the path.
+std::string token_file(const std::string& name, const std::vector<uint32_t>& ids, int width) {
+  const std::string path = (std::filesystem::temp_directory_path() / ("zero_test_data_" + name)).string();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  for (uint32_t id : ids)
+    for (int b = 0; b < width; ++b) out.put(static_cast<char>((id >> (8 * b)) & 0xff));
+  return path;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const zero::EngineError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(TokenDataset, SequencesAreTheFileCutInOrderAndTheRemainderDropped) {
+  for (int width : {2, 4}) {
+    std::vector<uint32_t> ids;
+    for (uint32_t i = 0; i < 23; ++i) ids.push_back(width == 2 ? 65535 - 7 * i : 70000 + 1000 * i);  // beyond one byte
+    const std::string path = token_file("cut" + std::to_string(width), ids, width);
+    zero::TokenDataset data(path, 5, width);
+    EXPECT_EQ(data.tokens(), 23);
+    EXPECT_EQ(data.size(), 4);  // 3 tokens left over
+    const at::Tensor batch = data.get_batch({3, 0})[0];
+    ASSERT_EQ(batch.sizes(), (std::vector<int64_t>{2, 5}));
+    EXPECT_EQ(batch.scalar_type(), torch::kLong);
+    for (int64_t j = 0; j < 5; ++j) {
+      EXPECT_EQ(batch[0][j].item<int64_t>(), ids[15 + j]);
+      EXPECT_EQ(batch[1][j].item<int64_t>(), ids[j]);
+    }
+    EXPECT_TRUE(torch::equal(data.get(2)[0], torch::tensor(std::vector<int64_t>(ids.begin() + 10, ids.begin() + 15), torch::kLong)));
+    EXPECT_NE(error_of([&] { data.get_batch({4}); }).find("sequence 4 is out of range (4 sequences of 5)"), std::string::npos);
+    std::remove(path.c_str());
+  }
+}
+
+TEST(TokenDataset, BadFilesAndIdsAreNamed) {
+  const std::string odd = token_file("odd", {1, 2, 3}, 1);  // 3 bytes
+  EXPECT_NE(error_of([&] { zero::TokenDataset(odd, 1, 2); }).find("has 3 bytes, not a multiple of 2"), std::string::npos);
+  EXPECT_NE(error_of([&] { zero::TokenDataset(odd + ".missing", 1, 2); }).find("cannot read the token file"), std::string::npos);
+  EXPECT_NE(error_of([&] { zero::TokenDataset(odd, 1, 3); }).find("bytes_per_token must be 2 (uint16) or 4 (uint32)"),
+            std::string::npos);
+  const std::string big = token_file("big", {1, 2, 3, 96, 4, 4000}, 2);
+  zero::TokenDataset data(big, 2, 2);
+  EXPECT_NO_THROW(data.check_ids(4001));
+  EXPECT_NE(error_of([&] { data.check_ids(96); }).find("holds id 96 at byte offset 6, not below the model's vocab_size 96"),
+            std::string::npos);
+  zero::TokenDataset first_two(big, 4, 2);  // the last 2 ids are not in a whole sequence: not checked
+  EXPECT_NO_THROW(first_two.check_ids(97));
+  std::remove(odd.c_str());
+  std::remove(big.c_str());
+}
+
+TEST(TokenDataset, ALoaderOverItHandsOutItsSequences) {
+  std::vector<uint32_t> ids(40);
+  for (uint32_t i = 0; i < 40; ++i) ids[i] = i;
+  const std::string path = token_file("loader", ids, 2);
+  auto s = std::make_shared<DataLoader::State>();
+  s->dataset = std::make_shared<zero::TokenDataset>(path, 4, 2);  // 10 sequences
+  s->options.shuffle = false;
+  s->per_rank = 2;
+  s->dp_rank = 1;
+  s->dp_size = 2;
+  DataLoader loader(s);
+  std::vector<int64_t> firsts;
+  for (const auto& batch : loader) {
+    ASSERT_EQ(batch[0].sizes(), (std::vector<int64_t>{2, 4}));
+    firsts.push_back(batch[0][0][0].item<int64_t>());
+  }
+  // Global batches of 4 sequences, rank 1 taking the 3rd and 4th; the last filled up from the start.
+  EXPECT_EQ(firsts, (std::vector<int64_t>{8, 24, 0}));
+  std::remove(path.c_str());
 }
 
 }  // namespace
