@@ -10,29 +10,51 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <set>
+#include <optional>
 #include <sstream>
+#include <vector>
 
+#include "core/did_you_mean.h"
 #include "zero/error.h"
 
 namespace zero {
 namespace {
 
+// The keys this reader takes (the branches of from_yaml and read_deepspeed).
+const std::vector<std::string> kReadTop = {
+    "compute_environment", "distributed_type",  "num_processes",   "num_machines",
+    "machine_rank",        "main_process_ip",   "main_process_port", "mixed_precision",
+    "use_cpu",             "gradient_accumulation_steps", "deepspeed_config"};
+const std::vector<std::string> kReadDeepSpeed = {
+    "deepspeed_config_file",       "zero_stage",              "offload_optimizer_device", "offload_param_device",
+    "offload_optimizer_nvme_path", "offload_param_nvme_path", "gradient_clipping",        "gradient_accumulation_steps"};
 // Keys Accelerate writes that have no meaning here; accepted silently.
-const std::set<std::string> kIgnoredTop = {
+const std::vector<std::string> kIgnoredTop = {
     "debug",         "downcast_bf16",    "enable_cpu_affinity", "gpu_ids",       "main_training_function",
     "rdzv_backend",  "same_network",     "tpu_env",             "tpu_use_cluster", "tpu_use_sudo",
-    "tpu_name",      "tpu_zone",         "commands",            "command_file",  "dynamo_config",
-    "dynamo_backend", "ipex_config",     "mpirun_config",       "megatron_lm_config", "fsdp_config",
-    "num_cpu_threads_per_process"};
-const std::set<std::string> kIgnoredDeepSpeed = {
+    "tpu_name",      "tpu_zone",         "tpu_vm",              "commands",      "command_file",
+    "dynamo_config", "dynamo_backend",   "ipex_config",         "mpirun_config", "megatron_lm_config",
+    "fsdp_config",   "fp8_config",       "num_cpu_threads_per_process"};
+const std::vector<std::string> kIgnoredDeepSpeed = {
     "deepspeed_hostfile",   "deepspeed_multinode_launcher", "zero3_init_flag",           "zero3_save_16bit_model",
     "deepspeed_moe_layer_cls_names", "deepspeed_exclusion_filter", "deepspeed_inclusion_filter"};
 
 #ifdef ZERO_HAVE_YAML
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
+bool listed(const std::vector<std::string>& keys, const std::string& key) {
+  return std::find(keys.begin(), keys.end(), key) != keys.end();
+}
+
+std::vector<std::string> joined(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+using text::lower;
+
+std::string list(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& i : items) out += (out.empty() ? "" : ", ") + i;
+  return out;
 }
 
 class Reader {
@@ -97,8 +119,30 @@ class Reader {
     fail(key, "expected one of " + list + ", found '" + *text + "'");
   }
 
-  void unknown(const std::string& key, std::vector<std::string>& warnings) const {
-    warnings.push_back(where() + ": unknown key '" + key + "' is ignored (a typo?)");
+  // Note [Unknown keys]
+  // A key this reader neither reads nor knows as Accelerate's is an error, as
+  // in a ds_config (config/config_reader.cpp): a typo (zero_stgae) must not
+  // train with the default it leaves in place. The message names the nearest
+  // key of the same mapping, else the same key in the other mapping (a
+  // deepspeed_config key at the top, or the reverse), else the keys read there.
+  [[noreturn]] void unknown(const std::string& key, bool in_deepspeed) const {
+    const auto& read = in_deepspeed ? kReadDeepSpeed : kReadTop;
+    const auto here = joined(read, in_deepspeed ? kIgnoredDeepSpeed : kIgnoredTop);
+    const auto& other_read = in_deepspeed ? kReadTop : kReadDeepSpeed;
+    const std::string other_prefix = in_deepspeed ? "" : "deepspeed_config.";
+    const std::string path = in_deepspeed ? "deepspeed_config." + key : key;
+    std::string message = "unknown key";
+    if (auto guess = text::nearest(key, here)) {
+      message += "; did you mean \"" + *guess + "\"?";
+    } else if (auto elsewhere = text::nearest(key, other_read)) {
+      message += "; did you mean \"" + other_prefix + *elsewhere + "\"" +
+                 (in_deepspeed ? " (a top-level key, outside deepspeed_config)" : "") + "?";
+    } else {
+      message += (in_deepspeed ? "; deepspeed_config takes " : "; zero reads ") + list(read) +
+                 (in_deepspeed ? "" : " (and accepts the other keys Accelerate writes)") +
+                 "; correct the key or remove it";
+    }
+    fail(path, message);
   }
 
  private:
@@ -136,11 +180,10 @@ void read_deepspeed(const Reader& r, const YAML::Node& node, LaunchConfig& c) {
       ds.gradient_clipping = r.number(v, path);
     } else if (key == "gradient_accumulation_steps") {
       ds.gradient_accumulation_steps = r.integer(v, path, 1, 1 << 30);
-    } else if (kIgnoredDeepSpeed.count(key)) {
+    } else if (listed(kIgnoredDeepSpeed, key)) {
       continue;
     } else {
-      r.unknown(path, c.warnings);
-      continue;
+      r.unknown(key, true);
     }
     if (!v.IsNull()) given.push_back(key);
   }
@@ -234,8 +277,8 @@ LaunchConfig LaunchConfig::from_yaml(const std::string& text, const std::string&
       c.gradient_accumulation_steps = r.integer(v, key, 1, 1 << 30);
     } else if (key == "deepspeed_config") {
       if (!v.IsNull()) read_deepspeed(r, v, c);
-    } else if (!kIgnoredTop.count(key)) {
-      r.unknown(key, c.warnings);
+    } else if (!listed(kIgnoredTop, key)) {
+      r.unknown(key, false);
     }
   }
 

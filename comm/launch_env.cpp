@@ -1,5 +1,6 @@
 // Where this process sits in the job, from the variables its launcher set.
-// Order: torchrun (and our zero-run, which sets the same), OpenMPI, Slurm.
+// Order: torchrun (and our zero-run, which sets the same and marks its ranks
+// with ZERO_LAUNCHER=zero-run, tools/launcher/environment.cpp), OpenMPI, Slurm.
 #include <sstream>
 
 #include "core/env.h"
@@ -42,7 +43,7 @@ void validate(const LaunchInfo& info) {
 LaunchInfo LaunchInfo::from_env() {
   LaunchInfo info;
   if (env::is_set("RANK") && env::is_set("WORLD_SIZE")) {
-    info.source = "torchrun";
+    info.source = env::get("ZERO_LAUNCHER") == "zero-run" ? "zero-run" : "torchrun";
     info.rank = required_int("RANK");
     info.world_size = required_int("WORLD_SIZE");
     info.local_rank = optional_int("LOCAL_RANK", info.rank);
@@ -68,7 +69,8 @@ LaunchInfo LaunchInfo::from_env() {
   }
   info.master_addr = env::get("MASTER_ADDR", "127.0.0.1");
   info.master_port = optional_int("MASTER_PORT", 29500);
-  if (info.world_size > 1 && info.source != "torchrun" && !env::is_set("MASTER_ADDR")) {
+  if (info.world_size > 1 && info.source != "torchrun" && info.source != "zero-run" &&
+      !env::is_set("MASTER_ADDR")) {
     // mpirun and srun do not name a rendezvous host: the user must.
     throw CommError("launched by " + info.source + " with " + std::to_string(info.world_size) +
                     " ranks but MASTER_ADDR is not set: export MASTER_ADDR=<host of rank 0> "

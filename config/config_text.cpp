@@ -6,45 +6,14 @@
 #include <cstdlib>
 
 #include "config/config_detail.h"
+#include "core/did_you_mean.h"
 
 namespace zero::config_detail {
 
-std::string lower(const std::string& s) {
-  std::string out = s;
-  std::transform(out.begin(), out.end(), out.begin(),
-                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-  return out;
-}
-
-// Levenshtein distance, one row at a time.
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t above = row[j];
-      size_t substitute = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
-      row[j] = std::min({above + 1, row[j - 1] + 1, substitute});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
+std::string lower(const std::string& s) { return text::lower(s); }
+size_t edit_distance(const std::string& a, const std::string& b) { return text::edit_distance(a, b); }
 std::optional<std::string> nearest(const std::string& key, const std::vector<std::string>& candidates) {
-  const std::string k = lower(key);
-  std::optional<std::string> best;
-  size_t best_distance = std::max<size_t>(2, k.size() / 3) + 1;   // farther is no typo
-  for (const auto& c : candidates) {
-    size_t d = edit_distance(k, lower(c));
-    if (d < best_distance) {
-      best_distance = d;
-      best = c;
-    }
-  }
-  return best;
+  return text::nearest(key, candidates);
 }
 
 std::string show(const Json& v) {

@@ -24,8 +24,11 @@
 //
 // Rules: a key Accelerate writes that means nothing here (gpu_ids,
 // rdzv_backend, tpu_*, dynamo_config, ...) is accepted silently; any other
-// key is warned about by name; a wrong type is a ConfigError naming the key,
-// what was expected and what was found. Torch-free (zero-run links it).
+// key is a ConfigError naming the file, the key and the nearest known key,
+// as an unknown ds_config key is (`deepspeed_config.zero_stgae: unknown key;
+// did you mean "zero_stage"?`), so that a typo never trains with a default;
+// a wrong type is a ConfigError naming the key, what was expected and what
+// was found. Torch-free (zero-run links it).
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -58,7 +61,8 @@ struct LaunchConfig {
     std::optional<int64_t> gradient_accumulation_steps;
   } deepspeed;
 
-  // One line per unknown key, by its path.
+  // Settings read but without effect (deepspeed_config under another
+  // distributed_type), one line each; whoever reads the file prints them.
   std::vector<std::string> warnings;
 
   // Throws zero::ConfigError naming the file, the key and the problem.

@@ -20,7 +20,7 @@ struct LaunchInfo {
   // the store, workers connect as clients under store_prefix.
   bool agent_store = false;
   std::string store_prefix;
-  std::string source = "single";  // "torchrun", "openmpi", "slurm" or "single"
+  std::string source = "single";  // "zero-run", "torchrun", "openmpi", "slurm" or "single"
 
   static LaunchInfo from_env();
   std::string describe() const;

@@ -13,7 +13,7 @@ namespace {
 const char* kAll[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                       "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "OMPI_COMM_WORLD_RANK",
                       "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-                      "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"};
+                      "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "ZERO_LAUNCHER"};
 
 class LaunchEnv : public ::testing::Test {
  protected:
@@ -35,6 +35,16 @@ TEST_F(LaunchEnv, NoVariablesMeansOneProcess) {
   auto out = torch::empty({10});
   world->all_gather(out, t);
   EXPECT_TRUE(out.equal(t));
+}
+
+// zero-run sets torchrun's variables and marks its ranks, so that errors
+// name the launcher the user ran.
+TEST_F(LaunchEnv, ZeroRunIsTorchrunsVariablesMarked) {
+  set("RANK", "1"), set("WORLD_SIZE", "2"), set("ZERO_LAUNCHER", "zero-run");
+  auto info = zero::comm::LaunchInfo::from_env();
+  EXPECT_EQ(info.source, "zero-run");
+  EXPECT_EQ(info.rank, 1);
+  EXPECT_EQ(info.master_addr, "127.0.0.1");  // zero-run's default rendezvous, as torchrun's
 }
 
 TEST_F(LaunchEnv, Torchrun) {

@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
           "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
           "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
           "TORCHELASTIC_USE_AGENT_STORE", "OMP_NUM_THREADS", "ZERO_TEST_INHERITED",
-          "LD_PRELOAD", "TCMALLOC_RELEASE_RATE", "MALLOC_CONF", "OPENBLAS_CORETYPE"};
+          "LD_PRELOAD", "TCMALLOC_RELEASE_RATE", "MALLOC_CONF", "OPENBLAS_CORETYPE", "ZERO_LAUNCHER"};
       for (const char* name : kNames) {
         const char* v = std::getenv(name);
         if (v) std::printf("env %s=%s\n", name, v);

@@ -267,6 +267,20 @@ TEST(Env, EachRankGetsTorchrunVariables) {
   EXPECT_NE(r.out.find("[rank 0] bind ok\n"), std::string::npos) << r.summary();
 }
 
+// A rank cannot tell zero-run from torchrun by torchrun's variables; the
+// marker lets its messages name the launcher that started it (Note [Launch
+// environment]). An inherited marker (a program that ran under zero-run
+// starting another job) is replaced, never passed on.
+TEST(Env, RanksAreMarkedAsStartedByZeroRun) {
+  Job::Env env;
+  env.set = {{"ZERO_LAUNCHER", "torchrun"}};
+  Result r = run({"--nproc", "2", kProbe, "env"}, env);
+  ASSERT_TRUE(r.exited_with(0)) << r.summary();
+  auto ranks = parse_env(r.out);
+  ASSERT_EQ(ranks.size(), 2u) << r.summary();
+  for (auto& kv : ranks) EXPECT_EQ(kv.second["ZERO_LAUNCHER"], "zero-run") << "rank " << kv.first;
+}
+
 TEST(Env, MultiNodeGlobalRanks) {
   Result r = run({"--nproc", "2", "--nnodes", "3", "--node-rank", "1", "--master-addr", "10.1.2.3",
                   "--master-port", "29555", kProbe, "env"});
@@ -667,6 +681,36 @@ TEST(Usage, BadCommandLinesExitWith2AndSayWhy) {
     EXPECT_EQ(r.err.rfind(c.message, 0), 0u) << "zero-run" << cmd << "\n" << r.summary();
     EXPECT_NE(r.err.find("usage: zero-run --nproc N"), std::string::npos) << "zero-run" << cmd;
     EXPECT_EQ(r.out, "") << "zero-run" << cmd;
+  }
+}
+
+// A launch config's unknown key stops zero-run before any rank starts, with
+// one message naming the file, the key and the nearest known key (Note
+// [Unknown keys] in accelerate/launch_config.cpp), not a warning per process
+// and a run with the key's default.
+TEST(Usage, ALaunchConfigTypoIsOneErrorBeforeAnyRankStarts) {
+#ifndef ZERO_HAVE_YAML
+  GTEST_SKIP() << "zero-run was built without yaml-cpp";
+#endif
+  TempDir dir;
+  struct Case {
+    std::string yaml, message;
+  };
+  const std::vector<Case> cases = {
+      {"distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zero_stgae: 3\n",
+       ": deepspeed_config.zero_stgae: unknown key; did you mean \"zero_stage\"?\n"},
+      {"distributed_type: MULTI_CPU\nnum_process: 2\n", ": num_process: unknown key; did you mean \"num_processes\"?\n"},
+  };
+  for (const Case& c : cases) {
+    const std::string file = dir.file("launch.yaml");
+    std::ofstream(file) << c.yaml;
+    Result r = run({"--config-file", file, kProbe, "print", "started"});
+    EXPECT_TRUE(r.exited_with(2)) << r.summary();
+    const std::string expected = "zero-run: launch config " + file + c.message;
+    EXPECT_EQ(r.err.rfind(expected, 0), 0u) << r.summary();
+    EXPECT_EQ(r.err.find("unknown key", expected.size()), std::string::npos) << "said twice\n" << r.summary();
+    EXPECT_EQ(r.err.find("warning"), std::string::npos) << r.summary();
+    EXPECT_EQ(r.out, "") << "a rank started\n" << r.summary();
   }
 }
 

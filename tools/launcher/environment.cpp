@@ -28,6 +28,9 @@ namespace zero_run {
 // among the local ranks, so that ranks do not oversubscribe the cores.
 // LD_PRELOAD gains the heap allocator of --allocator (allocator.h) with its
 // tuning variables, each only where the user has not set it.
+// ZERO_LAUNCHER=zero-run marks the ranks as started by zero-run (replacing
+// an inherited value): torchrun sets the same variables, and only this one
+// tells a rank's messages to name zero-run rather than torchrun.
 
 namespace {
 
@@ -66,7 +69,7 @@ Environment::Environment(const LaunchOptions& o, int master_port) : options_(o) 
       "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
       "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
       "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-      "TORCHELASTIC_USE_AGENT_STORE"};
+      "TORCHELASTIC_USE_AGENT_STORE", "ZERO_LAUNCHER"};
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     bool replaced = false;
     for (const char* name : kReplaced) replaced = replaced || has_name(*e, name);
@@ -88,6 +91,7 @@ Environment::Environment(const LaunchOptions& o, int master_port) : options_(o) 
   common_.push_back("TORCHELASTIC_RESTART_COUNT=0");
   common_.push_back("TORCHELASTIC_MAX_RESTARTS=0");
   common_.push_back("TORCHELASTIC_RUN_ID=none");
+  common_.push_back("ZERO_LAUNCHER=zero-run");
   if (o.nproc > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
     common_.push_back("OMP_NUM_THREADS=" + std::to_string(std::max(1, available_cpus() / o.nproc)));
   }
