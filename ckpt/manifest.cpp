@@ -9,6 +9,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "core/json_depth.h"
+#include "core/json_duplicates.h"
 #include "core/regular_file.h"
 #include "zero/error.h"
 
@@ -347,11 +348,13 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
     fail(path + " nests deeper than " + std::to_string(core::kMaxJsonDepth) +
          " levels, which no manifest does; the manifest is damaged: load another tag");
   json j;
+  std::optional<std::string> duplicate;
   try {
-    j = json::parse(text);
+    j = core::parse_json_noting_duplicates<json>(text, duplicate);
   } catch (const json::exception& e) {
     fail(path + " is not valid JSON (" + e.what() + "); the manifest is damaged: load another tag");
   }
+  if (duplicate) fail(path + " holds the key " + *duplicate + " twice; the manifest is damaged: load another tag");
   return Manifest::from_json(j, path);
 }
 

@@ -16,6 +16,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/file_io.h"
 #include "core/json_depth.h"
+#include "core/json_duplicates.h"
 #include "core/regular_file.h"
 #include "zero/error.h"
 
@@ -135,11 +136,13 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     if (core::json_nests_deeper_than(text))
       fail(where + "the header nests deeper than " + std::to_string(core::kMaxJsonDepth) + " levels: it is not a safetensors header");
     nlohmann::json header;
+    std::optional<std::string> duplicate;
     try {
-      header = nlohmann::json::parse(text);
+      header = core::parse_json_noting_duplicates<nlohmann::json>(text, duplicate);
     } catch (const nlohmann::json::exception& e) {
       fail(where + "the header is not valid JSON (" + e.what() + ")");
     }
+    if (duplicate) fail(where + "the header names " + *duplicate + " twice");
     if (!header.is_object()) fail(where + "the header is not a JSON object");
 
     const uint64_t data_bytes = file_bytes_ - data_start_;

@@ -9,6 +9,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "core/json_depth.h"
+#include "core/json_duplicates.h"
 #include "core/regular_file.h"
 #include "zero/error.h"
 
@@ -28,11 +29,13 @@ std::map<std::string, std::string> read_index(const std::string& path) {
   if (!core::read_regular_file(path, kMaxIndexBytes, text, error)) fail(error);
   if (core::json_nests_deeper_than(text)) fail(path + " nests deeper than any weight index does; it is damaged");
   nlohmann::json j;
+  std::optional<std::string> duplicate;
   try {
-    j = nlohmann::json::parse(text);
+    j = core::parse_json_noting_duplicates<nlohmann::json>(text, duplicate);
   } catch (const nlohmann::json::exception& e) {
     fail(path + " is not valid JSON (" + e.what() + ")");
   }
+  if (duplicate) fail(path + " holds the key " + *duplicate + " twice; which shard holds that tensor is ambiguous");
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
     fail(path + " has no \"weight_map\" object (tensor name -> shard file), which a Hugging Face index holds");
   }

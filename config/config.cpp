@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/json_depth.h"
+#include "core/json_duplicates.h"
 #include "core/regular_file.h"
 #include "config/config_detail.h"
 #include "zero/error.h"
@@ -17,76 +18,28 @@ namespace {
 
 using config_detail::Json;
 
-// Follows the parser's events to name the path of a duplicated key, which
-// the parser itself would silently overwrite.
-class DuplicateFinder {
- public:
-  void on(Json::parse_event_t event, const Json& parsed) {
-    switch (event) {
-      case Json::parse_event_t::object_start: stack_.push_back({true, {}, "", 0}); break;
-      case Json::parse_event_t::array_start: stack_.push_back({false, {}, "", 0}); break;
-      case Json::parse_event_t::key: on_key(parsed.get<std::string>()); break;
-      case Json::parse_event_t::object_end:
-      case Json::parse_event_t::array_end:
-        if (!stack_.empty()) stack_.pop_back();
-        advance();
-        break;
-      case Json::parse_event_t::value: advance(); break;
-    }
-  }
-  const std::optional<std::string>& duplicate() const { return duplicate_; }
-
- private:
-  struct Frame {
-    bool object;
-    std::vector<std::string> keys;
-    std::string key;
-    size_t index;
-  };
-
-  void on_key(const std::string& key) {
-    if (stack_.empty()) return;
-    Frame& top = stack_.back();
-    top.key = key;
-    bool seen = std::find(top.keys.begin(), top.keys.end(), key) != top.keys.end();
-    if (seen && !duplicate_) duplicate_ = path();
-    top.keys.push_back(key);
-  }
-  void advance() {
-    if (!stack_.empty() && !stack_.back().object) ++stack_.back().index;
-  }
-  std::string path() const {
-    std::string p;
-    for (const Frame& f : stack_) {
-      if (f.object) p += (p.empty() ? "" : ".") + f.key;
-      else p += "[" + std::to_string(f.index) + "]";
-    }
-    return p;
-  }
-
-  std::vector<Frame> stack_;
-  std::optional<std::string> duplicate_;
-};
+// Far more than any ds_config section has; reading stops there (see core/json_duplicates.h).
+constexpr size_t kMaxKeysPerObject = 10000;
 
 Json parse(const std::string& text) {
   if (core::json_nests_deeper_than(text))
     throw ConfigError("invalid JSON: nested deeper than " + std::to_string(core::kMaxJsonDepth) +
                       " levels (a ds_config nests a few)");
-  DuplicateFinder finder;
+  std::optional<std::string> duplicate;
   Json root;
   try {
-    auto callback = [&finder](int, Json::parse_event_t event, Json& parsed) {
-      finder.on(event, parsed);
-      return true;
-    };
-    root = Json::parse(text, callback, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+    root = core::parse_json_noting_duplicates<Json>(text, duplicate, /*ignore_comments=*/true, kMaxKeysPerObject);
+  } catch (const core::TooManyKeys& e) {
+    const std::string where = e.what();
+    throw ConfigError("invalid ds_config: " + (where.empty() ? std::string("the top-level object") : where) +
+                      " holds more than " + std::to_string(kMaxKeysPerObject) +
+                      " keys; a ds_config section has a few dozen");
   } catch (const Json::parse_error& e) {
     std::string what = e.what();   // "[json.exception.parse_error.101] parse error at line 3, column 5: ..."
     size_t start = what.find("] ");
     throw ConfigError("invalid JSON: " + (start == std::string::npos ? what : what.substr(start + 2)));
   }
-  if (finder.duplicate())
-    throw ConfigError(*finder.duplicate() + ": duplicate key (a key may appear once per object)");
+  if (duplicate) throw ConfigError(*duplicate + ": duplicate key (a key may appear once per object)");
   if (!root.is_object()) throw ConfigError("a ds_config must be a JSON object; found " + config_detail::show(root));
   return root;
 }

@@ -264,6 +264,11 @@ TEST_F(CkptTest, MalformedHeadersAreRejectedNamingTheProblem) {
   p = raw("offsets", R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [8, 4]}})", 8);
   EXPECT_CONTAINS(open_error(p), "before begin");
 
+  // A tensor named twice: the parser would keep the second silently.
+  p = raw("twice", R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                       "x": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", 8);
+  EXPECT_CONTAINS(open_error(p), "the header names x twice");
+
   p = raw("metadata", R"({"__metadata__": {"k": 3}})", 0);
   EXPECT_CONTAINS(open_error(p), "__metadata__");
 
@@ -454,6 +459,10 @@ TEST(Manifest, InvalidManifestsAreRejected) {
   EXPECT_CONTAINS(bad([](auto& j) { j["params"][0]["shape"] = {2, -3}; }), "-3");
   EXPECT_CONTAINS(bad([](auto& j) { j = nlohmann::json::array(); }), "JSON object");
   EXPECT_CONTAINS(bad([](auto& j) { j.erase("files"); }), "M.json: required key \"files\" is missing");
+  // A key written twice in the file's text (stage 2, then 0): refused, not the last kept.
+  std::string text = good.dump();
+  text.insert(text.size() - 1, R"(, "stage": 0)");
+  EXPECT_CONTAINS(error_of([&] { zero::ckpt::parse_manifest(text, "M.json"); }), "M.json holds the key stage twice");
 }
 
 TEST_F(CkptTest, LatestAndTagErrorsSayWhatToDo) {

@@ -251,6 +251,12 @@ TEST(ConfigSyntax, CommentsAreAllowedAsInHjson) {
 TEST(ConfigSyntax, DuplicateKeysAreErrors) {
   expect_error(R"({"fp16": {"enabled": true}, "fp16": {"enabled": false}})", {"fp16: duplicate key"});
   expect_error(R"({"optimizer": {"type": "Adam", "params": {"lr": 1, "lr": 2}}})", {"optimizer.params.lr: duplicate key"});
+  // A million keys would take hours to read into an ordered object: the
+  // reader stops past 10,000 in one object, naming it.
+  std::string many = R"({"train_batch_size": 8, "zero_optimization": {)";
+  for (int i = 0; i <= 10000; ++i) many += (i ? ", " : "") + std::string("\"k") + std::to_string(i) + "\": 0";
+  many += "}}";
+  expect_error(many, {"invalid ds_config: zero_optimization holds more than 10000 keys"});
   // Same key in different objects is fine.
   EXPECT_NO_THROW(parse(R"({"fp16": {"enabled": false}, "bf16": {"enabled": false}})"));
 }
