@@ -75,16 +75,36 @@ int main(int argc, char** argv) {
   int stage = -1;  // -1: the config's
   bool expect_learning = true;
   GPTOptions options;
+  if (argc % 2 == 0) {
+    std::fprintf(stderr, "zero-main: %s needs a value\n", argv[argc - 1]);
+    return 2;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i];
     const std::string value = argv[i + 1];
+    // A number option: a whole number, 0 or more (--stage), else 1 or more.
+    auto number = [&](int64_t least) {
+      size_t used = 0;
+      int64_t n = -1;
+      try {
+        n = std::stoll(value, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != value.size() || n < least) {
+        std::fprintf(stderr, "zero-main: %s %s: a whole number >= %lld\n", key.c_str(), value.c_str(),
+                     static_cast<long long>(least));
+        std::exit(2);
+      }
+      return n;
+    };
     if (key == "--config") config_path = value;
-    else if (key == "--steps") steps = std::stoll(value);
-    else if (key == "--stage") stage = std::stoi(value);
-    else if (key == "--depth") options.depth = std::stoll(value);
-    else if (key == "--width") options.width = std::stoll(value);
-    else if (key == "--heads") options.heads = std::stoll(value);
-    else if (key == "--context") options.context = std::stoll(value);
+    else if (key == "--steps") steps = number(1);
+    else if (key == "--stage") stage = static_cast<int>(number(0));
+    else if (key == "--depth") options.depth = number(1);
+    else if (key == "--width") options.width = number(1);
+    else if (key == "--heads") options.heads = number(1);
+    else if (key == "--context") options.context = number(1);
     else if (key == "--expect-learning") expect_learning = value != "0";
     else {
       std::fprintf(stderr, "zero-main: unknown option %s\n", key.c_str());

@@ -13,7 +13,7 @@ namespace {
 const char* kAll[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                       "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "OMPI_COMM_WORLD_RANK",
                       "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-                      "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "ZERO_LAUNCHER"};
+                      "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "ZERO_LAUNCHER", "ZERO_COMM_TIMEOUT"};
 
 class LaunchEnv : public ::testing::Test {
  protected:
@@ -35,6 +35,25 @@ TEST_F(LaunchEnv, NoVariablesMeansOneProcess) {
   auto out = torch::empty({10});
   world->all_gather(out, t);
   EXPECT_TRUE(out.equal(t));
+}
+
+// A timeout that is not a number of seconds is named, not replaced by the
+// default or handed to c10d (where 0 or -5 time out at once).
+TEST_F(LaunchEnv, ABadCommTimeoutIsNamed) {
+  for (const char* bad : {"abc", "0", "-5", "99999999999999999999", "10s"}) {
+    set("ZERO_COMM_TIMEOUT", bad);
+    try {
+      zero::comm::init_process_group(zero::comm::LaunchInfo::from_env());
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const zero::CommError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("ZERO_COMM_TIMEOUT=") + bad +
+                                           ": the seconds a collective may wait, a whole number from 1 to 604800"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  set("ZERO_COMM_TIMEOUT", "45");
+  EXPECT_EQ(zero::comm::init_process_group(zero::comm::LaunchInfo::from_env())->size(), 1);
 }
 
 // zero-run sets torchrun's variables and marks its ranks, so that errors
