@@ -192,6 +192,26 @@ void read_bucket(TrainingState& s, Source& source, size_t k, const std::vector<s
 // Master weights (and optimizer states) of this rank's partition, bucket by
 // bucket; each bucket's parameters are published (all-gathered) while the
 // next one is read.
+// Master weights that are NaN or infinite would train to NaN losses without
+// a word: a checkpoint holding them is damaged (or saved after training
+// diverged), and is refused naming the parameter.
+void check_finite(TrainingState& s, size_t k, const std::vector<partition::FlatLayout::Fragment>& fragments) {
+  const at::Tensor& master = s.params.masters().tensors()[k];
+  if (torch::isfinite(master).all().item<bool>()) return;
+  const int64_t first = torch::nonzero(torch::isfinite(master).logical_not()).flatten()[0].item<int64_t>();
+  std::string name = "(padding)";
+  int64_t offset = 0;
+  for (const auto& f : fragments) {
+    if (f.bucket == static_cast<int64_t>(k) && first >= f.start && first < f.start + f.length) {
+      name = s.params.param_name(f.param);
+      offset = f.param_offset + (first - f.start);
+    }
+  }
+  throw CheckpointError("load_checkpoint: the master weights of parameter " + name + " hold " +
+                        std::to_string(master[first].item<float>()) + " at element " + std::to_string(offset) +
+                        "; a checkpoint with non-finite weights would train to NaN: load an earlier tag");
+}
+
 void read_partition(TrainingState& s, Source* source, const std::vector<std::string>& kinds, NvmeWindow& window,
                     Attempts& attempts) {
   const auto fragments = s.params.fragments();  // computed once: a walk over the whole layout
@@ -207,6 +227,7 @@ void read_partition(TrainingState& s, Source* source, const std::vector<std::str
       if (attempts.error.empty()) attempts.error = e.what();
     }
     attempts.run([&] { read_bucket(s, *source, k, kinds, fragments, staged); });
+    attempts.run([&] { check_finite(s, k, fragments); });
     s.params.masters().publish_bucket(k);  // the loaded master weights become the parameters
     if (source && (!staged.empty() || s.optimizer.nvme_store())) source->reader->wait_for_hashes();  // they read the memory about to go
   }

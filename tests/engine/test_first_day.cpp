@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <limits>
 #include <thread>
 
 #include "world_main.h"
@@ -334,6 +335,28 @@ TEST(Save16bitModel, AtStage3OnlyWithGather16bitWeightsOnModelSave) {
     g_world->barrier();
     EXPECT_EQ(fs::exists(dir / "model.safetensors"), allowed);
   }
+  g_world->barrier();
+  if (g_world->rank() == 0) fs::remove_all(dir);
+}
+
+// A checkpoint whose master weights hold NaN (saved after training
+// diverged, with valid checksums) is refused naming the parameter.
+TEST(Resume, NonFiniteMasterWeightsAreRefusedByName) {
+  const fs::path dir = fs::temp_directory_path() / ("zero_test_first_day_nan" + std::to_string(g_world->size()));
+  if (g_world->rank() == 0) fs::remove_all(dir);
+  g_world->barrier();
+  auto m = std::make_shared<Stack>();
+  auto engine = stack_engine(m, 2, "fp32");
+  {
+    auto scope = engine.gather_parameters(*m->second, 0);
+    torch::NoGradGuard no_grad;
+    m->second->inner()->weight[1][2] = std::numeric_limits<float>::quiet_NaN();
+  }
+  engine.save_checkpoint(dir.string());
+  auto again = std::make_shared<Stack>();
+  auto resumed = stack_engine(again, 2, "fp32");
+  const std::string error = error_of([&] { resumed.load_checkpoint(dir.string()); });
+  EXPECT_NE(error.find("the master weights of parameter second.weight hold nan at element 8"), std::string::npos) << error;
   g_world->barrier();
   if (g_world->rank() == 0) fs::remove_all(dir);
 }
