@@ -4,6 +4,7 @@
 #include "ckpt/file_io.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,13 +56,33 @@ std::string hint_for(int e) {
 
 // ---- AtomicWriter --------------------------------------------------------------
 
+// The staging file is made anew (O_EXCL, O_NOFOLLOW) after removing any
+// leftover of that name: a symlink planted at <path>.tmp would otherwise
+// carry the write into a file outside the checkpoint. The destination must
+// be a regular file or absent: the rename would replace a device node or a
+// FIFO given as an output path (as root, /dev/null itself).
 AtomicWriter::AtomicWriter(std::string path, uint64_t total)
     : path_(std::move(path)), tmp_(path_ + ".tmp"), total_(total) {
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  struct stat st {};
+  if (::lstat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) {
+    fail(path_ + " exists and is not a regular file (" +
+         (S_ISCHR(st.st_mode) ? "a character device" : S_ISBLK(st.st_mode) ? "a block device"
+                                                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                                                       : S_ISDIR(st.st_mode) ? "a directory"
+                                                                              : "a special file") +
+         "); write to a file path instead; nothing was changed");
+  }
+  if (::unlink(tmp_.c_str()) != 0 && errno != ENOENT) {
+    int e = errno;
+    fail(errno_text(e) + " removing the leftover staging file " + tmp_ + " to write " + path_ + hint_for(e) +
+         "; an existing " + path_ + " is untouched");
+  }
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd_ < 0) {
     int e = errno;
-    fail(errno_text(e) + " creating " + tmp_ + " to write " + path_ + hint_for(e) + "; an existing " + path_ +
-         " is untouched");
+    fail(errno_text(e) + " creating " + tmp_ + " to write " + path_ + hint_for(e) +
+         (e == EEXIST ? " (another process created it meanwhile: is a second save writing here?)" : "") +
+         "; an existing " + path_ + " is untouched");
   }
 }
 

@@ -12,6 +12,27 @@ using namespace ckpt_test;
 
 namespace {
 
+// Outputs that cannot be redirected: a symlink planted at the staging name
+// (<file>.tmp) is replaced, not written through, and a device node or FIFO
+// given as the output is refused and left as it is.
+TEST_F(CkptTest, AStagingSymlinkOrASpecialFileCannotRedirectAWrite) {
+  const std::string outside = dir_ + "/outside.txt";
+  spit(outside, "keep me");
+  const std::string target = dir_ + "/latest";
+  ASSERT_EQ(::symlink(outside.c_str(), (target + ".tmp").c_str()), 0);
+  write_file_durably(target, "global_step7");
+  EXPECT_EQ(slurp(target), "global_step7");
+  EXPECT_EQ(slurp(outside), "keep me");
+  EXPECT_FALSE(fs::exists(fs::symlink_status(target + ".tmp")));
+
+  const std::string fifo = dir_ + "/out.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_CONTAINS(error_of([&] { write_file_durably(fifo, "x"); }), fifo + " exists and is not a regular file (a FIFO)");
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  EXPECT_CONTAINS(error_of([&] { write_file_durably("/dev/null", "x"); }),
+                  "/dev/null exists and is not a regular file (a character device)");
+}
+
 // A FIFO where `latest`, a manifest or a rank file belongs: refused at
 // once, naming it (a plain open() would wait for a writer forever).
 TEST_F(CkptTest, NonRegularFilesAreRefusedWithoutWaiting) {
