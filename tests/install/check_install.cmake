@@ -1,7 +1,8 @@
 # Installs a build tree into a fresh prefix, checks what lands in bin/ (the
 # tools, no example), builds tests/install/consumer against it with
 # find_package(zero) (README, Install) and runs the result alone and under the
-# installed zero-run.
+# installed zero-run: a reduce-scatter, and a training program that resumes
+# at another world size and stage with the losses of an uninterrupted run.
 # Variables: BUILD_DIR, SOURCE_DIR, WORK_DIR, and CXX_FLAGS: the flags the
 # library was built with, which the consumer needs when they name a
 # sanitizer (its runtime must come first in the program).
@@ -99,6 +100,15 @@ run(${CMAKE_COMMAND} -S "${SOURCE_DIR}/tests/install/consumer" -B "${WORK_DIR}/b
 run(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
 run("${WORK_DIR}/build/consumer")
 run("${prefix}/bin/zero-run" --nproc 2 "${WORK_DIR}/build/consumer")
+# The README's user program: stage 2 on 2 ranks to step 4, then resumed
+# at stage 3 on 1 rank to step 8, against 8 uninterrupted steps on 2 ranks.
+set(train "${WORK_DIR}/train")
+file(REMOVE_RECURSE "${train}")
+file(MAKE_DIRECTORY "${train}")
+run("${prefix}/bin/zero-run" --nproc 2 "${WORK_DIR}/build/consumer" train 2 4 "${train}/ckpt" "${train}/resumed.log")
+run("${prefix}/bin/zero-run" --nproc 1 "${WORK_DIR}/build/consumer" train 3 8 "${train}/ckpt" "${train}/resumed.log")
+run("${prefix}/bin/zero-run" --nproc 2 "${WORK_DIR}/build/consumer" train 2 8 "${train}/reference" "${train}/reference.log")
+run("${WORK_DIR}/build/consumer" compare "${train}/resumed.log" "${train}/reference.log" 1e-5)
 if(LIBRARY_ONLY)
   file(REMOVE_RECURSE "${tree}")
 endif()
