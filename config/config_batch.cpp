@@ -43,6 +43,12 @@ void resolve_batch(BatchConfig& b, int world_size) {
   auto& gas = b.gradient_accumulation_steps;
   for (const auto& [key, value] : {std::make_pair(kTbs, tbs), std::make_pair(kMicro, micro), std::make_pair(kGas, gas)})
     if (value && *value < 1) throw ConfigError(std::string(key) + " must be >= 1; found " + n(*value));
+  // Far beyond any run (a billion samples a step): a value this large is a
+  // typo, and its products would overflow the counts derived from it.
+  constexpr int64_t kMax = (int64_t{1} << 31) - 1;
+  for (const auto& [key, value] : {std::make_pair(kTbs, tbs), std::make_pair(kMicro, micro), std::make_pair(kGas, gas)})
+    if (value && *value > kMax)
+      throw ConfigError(std::string(key) + " is " + n(*value) + ", above " + n(kMax) + "; is it a typo?");
   const int64_t ws = world_size;
   const std::string ws_text = "world_size " + n(ws);
 

@@ -127,8 +127,18 @@ TEST(Batch, WorldSizeMustBePositive) {
 }
 
 TEST(Batch, OverflowIsAnError) {
-  std::string message = config_error([] { resolved(batch_json(-1, int64_t{1} << 62, 4), 2); });
+  std::string message = config_error([] { resolved(batch_json(-1, int64_t{1} << 30, int64_t{1} << 30), 1 << 20); });
   EXPECT_NE(message.find("overflow"), std::string::npos) << message;
+}
+
+// 2^32 samples a step (or 2^31 accumulation steps) is a typo, not a run.
+TEST(Batch, ValuesBeyondTwoToThe31AreRefused) {
+  std::string message = config_error([] { resolved(batch_json(int64_t{1} << 32, -1, int64_t{1} << 31), 2); });
+  EXPECT_NE(message.find("train_batch_size is 4294967296, above 2147483647; is it a typo?"), std::string::npos) << message;
+  message = config_error([] { resolved(batch_json(-1, 8, int64_t{1} << 31), 2); });
+  EXPECT_NE(message.find("gradient_accumulation_steps is 2147483648, above 2147483647"), std::string::npos) << message;
+  expect_triad(resolved(batch_json(-1, 8, (int64_t{1} << 31) - 1), 1), int64_t{8} * ((int64_t{1} << 31) - 1), 8,
+               (int64_t{1} << 31) - 1);
 }
 
 // A resolved config keeps its three values: resolving again checks them.
