@@ -304,8 +304,8 @@ at::Tensor Engine::cast_tensor(const at::Tensor& t) const {
 void Engine::rethrow_forward_error(const c10::Error& e) const {
   const std::string text = e.what_without_backtrace();
   const at::ScalarType dtype = impl_->dtype;
-  const bool mismatch = text.find("scalar type") != std::string::npos || text.find("same dtype") != std::string::npos ||
-                        text.find("dtype") != std::string::npos;
+  // "expected scalar type BFloat16 but found Float", "... must have the same dtype"
+  const bool mismatch = text.find("scalar type") != std::string::npos || text.find("dtype") != std::string::npos;
   if (!mismatch || dtype == at::kFloat) return;
   const std::string name = c10::toString(dtype);
   throw EngineError(std::string("engine.forward: the model's weights are ") + name + " (" +

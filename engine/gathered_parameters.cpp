@@ -52,7 +52,7 @@ void Engine::Impl::write_back_gathered(const std::vector<at::Tensor>& touched, i
       if (source.scalar_type() == at::kFloat) {
         master.copy_(wide);
       } else {
-        const at::Tensor changed = master.to(source.scalar_type()).to(master.device()).ne(source.to(master.device()));
+        const at::Tensor changed = master.to(source.scalar_type()).ne(source.to(master.device()));
         master.copy_(torch::where(changed, wide, master));
       }
     }

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "ckpt/checkpoint.h"
+#include "tests/llama/llama_reference.h"
 #include "llama/llama.h"
 #include "zero/zero.h"
 
@@ -22,14 +23,8 @@ namespace fs = std::filesystem;
 using zero_examples::llama::LlamaConfig;
 using zero_examples::llama::LlamaForCausalLM;
 
-const fs::path kFixtures = ZERO_FIXTURES "/llama";
-
-std::vector<int64_t> first_sequence(int64_t ctx) {
-  std::ifstream in(kFixtures / "tokens.bin", std::ios::binary);
-  std::vector<int64_t> tokens;
-  for (uint16_t t; static_cast<int64_t>(tokens.size()) < ctx && in.read(reinterpret_cast<char*>(&t), 2);) tokens.push_back(t);
-  return tokens;
-}
+using llama_reference::first_sequence;
+using llama_reference::kFixtures;
 
 zero::Engine engine_for(LlamaForCausalLM& model) {
   return zero::initialize(
@@ -52,14 +47,11 @@ TEST(Llama, LogitsEqualTransformers) {
     zero::Engine engine = engine_for(model);
     engine.load_weights(kFixtures / name);
     model->eval();
-    zero::ckpt::SafetensorsFile reference(kFixtures / name / "logits.safetensors");
-    const auto& entry = reference.entries().at("logits");
-    at::Tensor want = torch::empty(entry.shape, torch::kFloat);
-    reference.read("logits", 0, entry.end - entry.begin, want.data_ptr());
+    const at::Tensor want = llama_reference::transformers_logits(name);
     torch::NoGradGuard no_grad;
-    at::Tensor ids = torch::tensor(first_sequence(entry.shape[0])).unsqueeze(0);
+    at::Tensor ids = torch::tensor(first_sequence(want.size(0))).unsqueeze(0);
     at::Tensor got = model->forward(ids)[0];
-    const double error = (got - want).abs().max().item<double>() / want.abs().max().item<double>();
+    const double error = llama_reference::relative_error(got, want);
     EXPECT_LT(error, 1e-5) << "largest difference, relative to the largest logit";
     std::printf("%s: logits within %.2e of transformers'\n", name.c_str(), error);
   }
