@@ -1,5 +1,6 @@
 #include "zero/log.h"
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -7,6 +8,7 @@
 #include <sstream>
 
 #include "core/env.h"
+#include "core/write_failure.h"
 
 namespace zero::log {
 namespace {
@@ -87,10 +89,19 @@ void write(Level level, const std::string& subsystem, const std::string& message
   if (level != Level::Info) line << " " << level_name(level);
   line << ": " << message << "\n";
   const std::string text = line.str();
-  std::lock_guard<std::mutex> lock(s.mu);
   FILE* out = level >= Level::Warn ? stderr : stdout;
-  std::fwrite(text.data(), 1, text.size(), out);
-  std::fflush(out);
+  int failed = 0;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    errno = 0;
+    if (std::fwrite(text.data(), 1, text.size(), out) != text.size() || std::fflush(out) != 0) {
+      failed = errno;
+      std::clearerr(out);
+    }
+  }
+  // A log on a full disk stops training like any writer (Note [Failed writes]
+  // in core/write_failure.h); outside the lock, as the report logs too.
+  if (write_failure::is_disk_error(failed)) write_failure::report("log", out == stderr ? "stderr" : "stdout", failed);
 }
 
 void warn_once(const std::string& key, const std::string& subsystem, const std::string& message) {

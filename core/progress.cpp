@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 
 #include "core/env.h"
+#include "core/write_failure.h"
 
 namespace zero {
 namespace {
@@ -77,6 +79,7 @@ void Progress::report(bool final) {
   const std::string speed = amount(rate) + (options_.bytes ? "/s" : " per s");
   const std::string eta = final ? "in " + clock_text(elapsed)
                                 : (rate > 0 ? "ETA " + clock_text(static_cast<double>(total_ - done_) / rate) : "ETA ?");
+  errno = 0;
   if (terminal_) {
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(share * kWidth);
@@ -89,7 +92,15 @@ void Progress::report(bool final) {
                  amount(static_cast<double>(done_)).c_str(), amount(static_cast<double>(total_)).c_str(), speed.c_str(),
                  eta.c_str());
   }
-  std::fflush(options_.out);
+  if (std::ferror(options_.out) || std::fflush(options_.out) != 0) {
+    const int failed = errno;
+    std::clearerr(options_.out);
+    // Stops training like any writer on a full disk (Note [Failed writes] in core/write_failure.h).
+    if (write_failure::is_disk_error(failed)) {
+      write_failure::report("progress report", options_.out == stderr ? "stderr" : options_.out == stdout ? "stdout" : "its file",
+                            failed);
+    }
+  }
 }
 
 }  // namespace zero

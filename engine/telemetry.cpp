@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "activations/activation_memory.h"
+#include "core/write_failure.h"
 #include "profile/device_peak.h"
 #include "zero/activation_checkpointing.h"
 #include "zero/error.h"
@@ -30,6 +31,12 @@ at::Tensor mean_of(const at::Tensor& sum, int64_t count) {
       .reshape({1})
       .to(at::kCPU)
       .to(at::kDouble);
+}
+
+// `value` (1 element, fp64) and this rank's "a write failed" flag, for a
+// step boundary's collective to carry (Note [Failed writes] in core/write_failure.h).
+at::Tensor with_write_flag(const at::Tensor& value) {
+  return torch::cat({value, torch::tensor({write_failure::pending() ? 1.0 : 0.0}, torch::kDouble)});
 }
 
 }  // namespace
@@ -108,6 +115,9 @@ Telemetry::~Telemetry() {
   } catch (const std::exception& e) {
     log::warn("monitor", std::string("the last step's loss was not written: ") + e.what());
   }
+  monitors_.reset();
+  // What failed as the engine went away was logged; the next engine in this process starts clean.
+  write_failure::take();
   if (!config_.comms_logger.enabled) return;
   log_comms_summary("at the end");
   comm::configure_comms_logger({});  // this engine turned it on
@@ -192,12 +202,12 @@ StepTimes Telemetry::take_step_times(double gather_wait_total) {
 void Telemetry::record_step(const StepRecord& r, std::optional<double> agreed_loss) {
   if (!monitoring()) return;
   write_pending_step();
-  if (agreed_loss) {
-    pending_loss_value_ = torch::tensor({*agreed_loss}, torch::kDouble);
-  } else {
-    pending_loss_value_ = mean_of(step_loss_sum_, step_loss_count_);
-    pending_loss_ = pg_->all_reduce_async(pending_loss_value_, comm::ReduceOp::Avg);
-  }
+  // With the flag of Note [Failed writes]; a pipeline's loss is agreed already and kept as it is.
+  pending_agreed_loss_ = agreed_loss;
+  pending_loss_value_ = with_write_flag(agreed_loss ? torch::tensor({*agreed_loss}, torch::kDouble)
+                                                    : mean_of(step_loss_sum_, step_loss_count_));
+  pending_loss_ = pg_->all_reduce_async(pending_loss_value_, comm::ReduceOp::Avg);
+  pending_step_ = r.global_steps;
   step_loss_sum_ = at::Tensor();
   step_loss_count_ = 0;
   const double step_s = seconds_since(recorded_at_);
@@ -251,19 +261,34 @@ void Telemetry::record_step(const StepRecord& r, std::optional<double> agreed_lo
 }
 
 void Telemetry::write_pending_step() {
-  if (pending_loss_) pending_loss_->wait();
+  if (!pending_loss_) return;
+  pending_loss_->wait();
   pending_loss_.reset();
-  if (monitors_ && !pending_events_.empty()) {
-    pending_events_.front().value = pending_loss_value_.item<double>();  // train_loss comes first
+  const bool failed = pending_loss_value_[1].item<double>() > 0;
+  if (monitors_ && !pending_events_.empty() && !failed) {
+    // train_loss comes first
+    pending_events_.front().value = pending_agreed_loss_ ? *pending_agreed_loss_ : pending_loss_value_[0].item<double>();
     monitors_->write(std::move(pending_events_));
   }
   pending_events_.clear();
+  if (failed) stop_for_failed_write(pending_step_);
+}
+
+// Every rank is here together: the flag came in the same collective.
+void Telemetry::stop_for_failed_write(int64_t step) {
+  const std::string error = comm::agreed_error(*pg_, write_failure::take(), "a write failed on another rank");
+  throw EngineError((error.empty() ? std::string("a write failed on another rank") : error) +
+                    "\nevery rank stops at step " + std::to_string(step) +
+                    ": free space (or point that output elsewhere) and resume from the last checkpoint");
 }
 
 void Telemetry::flush() {
   if (!monitoring()) return;
   write_pending_step();
   if (monitors_) monitors_->flush();
+  // A collective every save pays anyway: the checkpoint must not go ahead on some ranks only.
+  const std::string error = comm::agreed_error(*pg_, write_failure::take(), "a write failed on another rank");
+  if (!error.empty()) throw EngineError(error + "\nthe checkpoint was not saved; free space (or point that output elsewhere)");
 }
 
 void Telemetry::log_comms_summary(const std::string& when) {
@@ -311,8 +336,9 @@ void Telemetry::finish_profile() {
 void Telemetry::log_progress(const StepRecord& r) {
   const int64_t every = config_.steps_per_print;
   if (every <= 0 || r.global_steps % every != 0) return;
-  at::Tensor mean = mean_of(loss_sum_, loss_count_);
+  at::Tensor mean = with_write_flag(mean_of(loss_sum_, loss_count_));
   pg_->all_reduce(mean, comm::ReduceOp::Avg);
+  if (mean[1].item<double>() > 0) stop_for_failed_write(r.global_steps);
   const double elapsed = seconds_since(window_start_);
   const Totals d = total_.since(progress_mark_);
   const double steps = static_cast<double>(std::max<int64_t>(d.steps, 1));
@@ -320,7 +346,7 @@ void Telemetry::log_progress(const StepRecord& r) {
   std::ostringstream line;
   line.setf(std::ios::fixed);
   line.precision(4);
-  line << "step " << r.global_steps << " loss " << mean.item<double>();
+  line << "step " << r.global_steps << " loss " << mean[0].item<double>();
   line.precision(3);
   line << " lr " << std::scientific << r.lr << std::fixed << " loss_scale " << r.loss_scale << " skipped "
        << r.skipped_steps << " grad_norm " << r.grad_norm;

@@ -89,6 +89,8 @@ class Telemetry {
   void setup_monitors();
   void record_step(const StepRecord& r, std::optional<double> agreed_loss);
   void write_pending_step();
+  // Raises on every rank the write failure one of them reported (Note [Failed writes]).
+  [[noreturn]] void stop_for_failed_write(int64_t step);
   void log_progress(const StepRecord& r);
   void log_comms_summary(const std::string& when);
   void finish_profile();
@@ -120,7 +122,9 @@ class Telemetry {
   int64_t step_loss_count_ = 0;
   Clock::time_point recorded_at_ = Clock::now();
   comm::WorkHandle pending_loss_;
-  at::Tensor pending_loss_value_;
+  at::Tensor pending_loss_value_;  // the step's loss and the flag of Note [Failed writes], averaged
+  std::optional<double> pending_agreed_loss_;  // a pipeline's
+  int64_t pending_step_ = 0;
   std::vector<monitor::Event> pending_events_;
   std::map<std::string, comm::CommOpSummary> comms_recorded_;  // each kind's totals at the last record
 

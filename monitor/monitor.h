@@ -8,16 +8,28 @@
 // Event per step, its scalars as Summary values under the same tags).
 //
 // Writes are queued and done by a thread of their own, off the training
-// loop; files are flushed on flush() (the engine calls it at each
-// checkpoint) and when the Monitors go away, so a crash loses at most the
-// steps since the last flush. Torch-free.
-#include <condition_variable>
+// loop, which hands each batch to the kernel (fflush) once written: a full
+// disk shows at once, and a crash loses at most the batch in hand. flush()
+// (the engine calls it at each checkpoint) waits for the queue. A failed
+// write is reported as Note [Failed writes] in core/write_failure.h says,
+// and the engine stops every rank; a stalled disk never blocks the step
+// (Note [A stalled monitor disk]). Torch-free.
+//
+// Note [A stalled monitor disk]: when the writer falls `max_queued` steps
+// behind (its disk hangs: NFS, a dying drive, a FIFO), write() drops the
+// step's rows instead of waiting, with one warning; the writer goes on where
+// it was when the disk comes back, and the CSV files simply lack those
+// steps. Training is never held up by its monitors: a monitor's row is
+// worth less than the step. flush() and the destructor wait at most
+// `patience` for a stalled writer; after that a checkpoint goes ahead
+// without the monitors' files flushed (a warning says so) and the
+// destructor leaves the thread behind (it owns its queue and files, and
+// ends when its write returns). A write that fails (ENOSPC, EIO, ...) is
+// not a stall: it stops training (Note [Failed writes]).
+#include <chrono>
 #include <cstdint>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace zero::monitor {
@@ -28,7 +40,9 @@ struct Event {
   int64_t step = 0;  // samples so far
 };
 
-// Where events go (one per monitor kind).
+// Where events go (one per monitor kind). write() and flush() run on the
+// writer thread; a failed write is reported (write_failure::report, naming
+// the monitor, the file and errno) and thrown as an EngineError.
 class Sink {
  public:
   virtual ~Sink() = default;
@@ -46,24 +60,27 @@ bool tensorboard_available();
 
 class Monitors {
  public:
-  explicit Monitors(std::vector<std::unique_ptr<Sink>> sinks);
-  ~Monitors();  // writes what is queued and flushes
+  // `max_queued`: the steps the writer may fall behind before rows are
+  // dropped; `patience`: how long flush() and the destructor wait for it.
+  explicit Monitors(std::vector<std::unique_ptr<Sink>> sinks, size_t max_queued = 256,
+                    std::chrono::milliseconds patience = std::chrono::seconds(10));
+  ~Monitors();  // writes what is queued and flushes (waiting at most `patience`)
   Monitors(const Monitors&) = delete;
   Monitors& operator=(const Monitors&) = delete;
 
-  void write(std::vector<Event> events);  // queued; returns at once
-  // Waits until everything queued is written, then flushes the files.
-  void flush();
+  // Queued; returns at once. Dropped, with one warning, while the writer is
+  // `max_queued` steps behind, and once a write has failed.
+  void write(std::vector<Event> events);
+  // Waits until everything queued is written and handed to the kernel;
+  // false when the writer did not finish within `patience` (a warning says
+  // so). A failed write is not raised here but reported (Note [Failed writes]).
+  bool flush();
+  int64_t dropped() const;  // steps whose rows were dropped
 
  private:
-  void run();
-  std::vector<std::unique_ptr<Sink>> sinks_;
-  std::mutex mu_;
-  std::condition_variable cv_, done_cv_;
-  std::deque<std::vector<Event>> queue_;
-  bool busy_ = false, flush_wanted_ = false, stop_ = false;
-  std::string error_;  // the first failed write, raised by the next call
-  std::thread thread_;
+  struct Shared;  // what the writer thread owns with this object
+  static void run(std::shared_ptr<Shared> s);
+  std::shared_ptr<Shared> s_;
 };
 
 }  // namespace zero::monitor

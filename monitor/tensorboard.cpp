@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <map>
 
+#include "core/write_failure.h"
 #include "zero/error.h"
 
 #ifdef ZERO_HAVE_TENSORBOARD
@@ -81,6 +82,13 @@ class TensorBoardSink : public Sink {
     version.set_wall_time(now_s());
     version.set_file_version("brain.Event:2");
     record(version);
+    // A full disk is found here, at initialize, where every rank agrees on it.
+    if (std::fflush(file_) != 0) {
+      const int e = errno;
+      std::fclose(file_);
+      throw EngineError("tensorboard: writing " + path_ + " failed: " + std::strerror(e) +
+                        "; set tensorboard.output_path to a folder on a disk with space");
+    }
   }
   ~TensorBoardSink() override { std::fclose(file_); }
 
@@ -104,6 +112,7 @@ class TensorBoardSink : public Sink {
 
  private:
   void record(const tensorboard::Event& event) {
+    errno = 0;
     const std::string data = event.SerializeAsString();
     const uint64_t length = data.size();  // little-endian on every machine zero runs on
     const uint32_t length_crc = masked_crc(&length, sizeof(length)), data_crc = masked_crc(data.data(), data.size());
@@ -114,7 +123,7 @@ class TensorBoardSink : public Sink {
     }
   }
   [[noreturn]] void fail() {
-    throw EngineError("tensorboard: writing " + path_ + " failed: " + std::strerror(errno));
+    throw EngineError(write_failure::report("tensorboard", path_, errno != 0 ? errno : EIO));
   }
   std::string path_;
   std::FILE* file_ = nullptr;

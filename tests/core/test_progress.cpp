@@ -4,13 +4,16 @@
 // '\r' when it is, silence for a quick operation, and a closing line.
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <regex>
 #include <string>
 #include <thread>
 
 #include "core/progress.h"
+#include "core/write_failure.h"
 
 namespace {
 
@@ -82,6 +85,27 @@ TEST(Progress, ARankThatDoesNotReportWritesNothing) {
     p.advance(5);
   });
   EXPECT_TRUE(text.empty());
+}
+
+// Its output on a full disk (/dev/full) is a failed write reported as
+// Note [Failed writes] says (core/write_failure.h), naming the report, its
+// output and ENOSPC's text; a closed pipe would not be (not the disk's fault).
+TEST(Progress, AFullDiskIsAFailedWrite) {
+  std::FILE* full = std::fopen("/dev/full", "w");
+  if (!full) GTEST_SKIP() << "no /dev/full here";
+  zero::write_failure::take();
+  zero::ProgressOptions options;
+  options.out = full;
+  options.terminal = 0;
+  options.line_every_s = 0;
+  {
+    zero::Progress progress("saving", 100, true, options);
+    progress.advance(50);
+  }
+  std::fclose(full);
+  EXPECT_EQ(zero::write_failure::take(), std::string("progress report: writing its file failed: ") + std::strerror(ENOSPC));
+  EXPECT_TRUE(zero::write_failure::is_disk_error(ENOSPC));
+  EXPECT_FALSE(zero::write_failure::is_disk_error(EPIPE));
 }
 
 }  // namespace
