@@ -2,12 +2,15 @@
 #include "launch_file.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <stdexcept>
 
@@ -163,19 +166,34 @@ int write_launch_file(int argc, char** argv) {
     return 1;
   }
   const std::string text = zero::default_launch_config_yaml(a);
+  // Staged in a fresh file (O_EXCL | O_NOFOLLOW: a symlink planted at the
+  // .tmp name cannot carry the write elsewhere), written whole and synced
+  // before the rename; a failure (a full disk: ENOSPC) names the file and
+  // errno's text, removes the staging file and leaves OUTPUT as it was.
   const std::string tmp = output + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << text;
-    if (!out.flush()) {
-      std::fprintf(stderr, "zero-run config: cannot write %s\n", tmp.c_str());
-      return 1;
-    }
-  }
-  if (std::rename(tmp.c_str(), output.c_str()) != 0) {
-    std::fprintf(stderr, "zero-run config: cannot replace %s\n", output.c_str());
+  const auto fail = [&](const char* what, int e, int fd) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    std::fprintf(stderr, "zero-run config: %s %s: %s; %s is unchanged\n", what, tmp.c_str(), std::strerror(e),
+                 output.c_str());
+    return 1;
+  };
+  ::unlink(tmp.c_str());  // a leftover of an interrupted run
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int e = errno;
+    std::fprintf(stderr, "zero-run config: cannot create %s: %s\n", tmp.c_str(), std::strerror(e));
     return 1;
   }
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return fail("cannot write", n < 0 ? errno : EIO, fd);
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) return fail("cannot sync", errno, fd);
+  if (::close(fd) != 0) return fail("cannot write", errno, -1);
+  if (std::rename(tmp.c_str(), output.c_str()) != 0) return fail("cannot rename to its place", errno, -1);
   try {
     zero::LaunchConfig::from_file(output);  // what was written must read back
   } catch (const zero::ConfigError& e) {
