@@ -218,6 +218,23 @@ void monitor_case(const std::string& writer, bool full_at_start) {
 TEST(CsvMonitor, FullFromTheStart) { monitor_case("csv_monitor", true); }
 TEST(CsvMonitor, FillsMidRun) { monitor_case("csv_monitor", false); }
 
+// The failed write found by the flush a checkpoint starts with: every rank
+// raises it before saving anything, and the earlier checkpoint stays.
+TEST(CsvMonitor, FullAtACheckpoint) {
+  Tmpfs disk(4);
+  SKIP_WITHOUT(disk);
+  const auto saved = save_earlier_checkpoint(disk.dir + "/ckpt");
+  const std::string out = disk.dir + "/monitors";
+  disk.fill();
+  torch::nn::Linear model = make_model();
+  auto engine = make_engine(model, config(csv_monitor(out)));
+  train_step(engine, model, 0);  // its rows reach the writer with the checkpoint's flush
+  Ended e = until_error<zero::EngineError>(Clock::now(), [&] { engine.save_checkpoint(disk.dir + "/ckpt"); });
+  expect_failed(e, "csv_monitor: writing " + out + "/run/", out, /*at_a_step=*/false);
+  EXPECT_NE(e.error.find("the checkpoint was not saved"), std::string::npos) << e.error;
+  expect_earlier_checkpoint_intact(disk.dir + "/ckpt", saved);
+}
+
 TEST(Tensorboard, FullFromTheStart) {
   if (!zero::monitor::tensorboard_available()) GTEST_SKIP() << "this build has no tensorboard writer (no protobuf)";
   monitor_case("tensorboard", true);
