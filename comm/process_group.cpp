@@ -267,19 +267,11 @@ std::shared_ptr<ProcessGroup> init_process_group(const GroupOptions& options) {
 
 // ZERO_COMM_TIMEOUT in seconds: a whole number from 1 to a week, or unset
 // (300). Anything else is an error here rather than a default taken
-// silently, or a timeout c10d reaches at once.
+// silently, or a timeout c10d reaches at once (core/env.h parses it).
 static std::chrono::milliseconds comm_timeout_from_env() {
-  constexpr long kMax = 7 * 24 * 3600;
-  const std::string text = env::get("ZERO_COMM_TIMEOUT");
-  if (text.empty()) return std::chrono::milliseconds(env::comm_timeout_s() * 1000);
-  char* end = nullptr;
-  errno = 0;
-  const long seconds = std::strtol(text.c_str(), &end, 10);
-  if (errno != 0 || end == text.c_str() || *end != '\0' || seconds < 1 || seconds > kMax) {
-    throw CommError("ZERO_COMM_TIMEOUT=" + text.substr(0, 40) + ": the seconds a collective may wait, a whole number from 1 to " +
-                    std::to_string(kMax) + " (unset: 300)");
-  }
-  return std::chrono::milliseconds(seconds * 1000);
+  const env::Number seconds = env::comm_timeout_s();
+  if (!seconds.error.empty()) throw CommError(seconds.error);
+  return std::chrono::milliseconds(seconds.value * 1000);
 }
 
 std::shared_ptr<ProcessGroup> init_process_group(const LaunchInfo& launch, const GroupOptions& options) {

@@ -452,7 +452,9 @@ std::unique_ptr<HostBackend> make_shm_backend(const GroupInfo& group) {
     }
     return nullptr;
   }
-  const size_t slot_bytes = size_t(env::shm_slot_kib()) << 10;
+  const env::Number slot_kib = env::shm_slot_kib();
+  if (!slot_kib.error.empty()) throw CommError(slot_kib.error);
+  const size_t slot_bytes = size_t(slot_kib.value) << 10;
   const size_t bytes = ShmBackend::segment_size(group.size, slot_bytes);
   std::string error;
   void* base = map_segment(group, bytes, error);

@@ -1,25 +1,51 @@
 #pragma once
-// Every tunable zero reads from the environment, one line each, in one place.
+// Every tunable zero reads from the environment, one line each, in one place,
+// and the one parser of the whole numbers zero reads from the environment
+// and from command lines.
+#include <optional>
 #include <string>
 
 namespace zero::env {
 
 std::string get(const char* name, const std::string& fallback = "");
-long get_int(const char* name, long fallback);
 bool is_set(const char* name);
+
+// A whole number in [min, max] written as decimal digits with an optional
+// sign and nothing else (no spaces, units, fractions or exponents); nullopt
+// for anything else, a value past the range or past long long included.
+std::optional<long long> parse_whole_number(const std::string& text, long long min, long long max);
+
+// A whole number read from the environment, or why it could not be.
+struct Number {
+  long long value = 0;
+  std::string error;  // "" when value holds the number
+};
+
+// NAME's value as a whole number in [min, max]; `fallback` when NAME is
+// unset or empty. Anything else is `error`, which names the variable, its
+// value, `meaning` and the range: "WORLD_SIZE=abc: the number of ranks, a
+// whole number from 1 to 65536". core/ throws nothing: the caller raises
+// the error class of its layer with this text.
+Number number(const char* name, std::optional<long long> fallback, long long min, long long max,
+              const std::string& meaning);
 
 // Logging (core/log.cpp).
 inline std::string log_level() { return get("ZERO_LOG_LEVEL", "info"); }
 inline std::string log_ranks() { return get("ZERO_LOG_RANKS", "0"); }
 // Seconds any collective or rendezvous may wait before naming the missing rank.
-inline long comm_timeout_s() { return get_int("ZERO_COMM_TIMEOUT", 300); }
+inline Number comm_timeout_s() {
+  return number("ZERO_COMM_TIMEOUT", 300, 1, 7 * 24 * 3600, "the seconds a collective may wait");
+}
 // Backend for CUDA tensors: "nccl" (default) or "gloo" (staged through host memory).
 inline std::string cuda_backend() { return get("ZERO_CUDA_BACKEND", "nccl"); }
 // Transport for host collectives: "auto" (default: shared memory when every
 // rank of a group runs on this host, else gloo), "shm" (required) or "gloo".
 inline std::string host_transport() { return get("ZERO_HOST_TRANSPORT", "auto"); }
-// Bytes per rank per chunk of a shared-memory collective, in KiB.
-inline long shm_slot_kib() { return get_int("ZERO_SHM_SLOT_KIB", 1024); }
+// Bytes per rank per chunk of a shared-memory collective, in KiB: from one
+// page to 1 GiB (a segment holds two chunks per rank).
+inline Number shm_slot_kib() {
+  return number("ZERO_SHM_SLOT_KIB", 1024, 4, 1 << 20, "the KiB per rank of a shared-memory chunk");
+}
 // Network interface or host name gloo binds to (default: the host name of MASTER_ADDR's route).
 inline std::string gloo_hostname() { return get("ZERO_GLOO_HOSTNAME", ""); }
 // Progress reports of long operations (core/progress.h): "0" silences them.

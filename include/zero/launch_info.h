@@ -10,6 +10,13 @@ namespace zero::comm {
 // else OpenMPI (OMPI_COMM_WORLD_*), else Slurm (SLURM_PROCID, SLURM_NTASKS,
 // SLURM_LOCALID); none of them means a single process.
 struct LaunchInfo {
+  // The most ranks a job may have. Far above any job run with ZeRO so far;
+  // a world size past it is a typo (WORLD_SIZE=100000000 would otherwise
+  // wait for ranks that never come), refused by name at every entry point:
+  // the launch variables, zero-run's --nproc x --nnodes and a launch
+  // config's num_processes.
+  static constexpr int kMaxWorldSize = 65536;
+
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;

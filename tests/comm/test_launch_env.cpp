@@ -3,7 +3,14 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "zero/comm.h"
 #include "zero/error.h"
@@ -107,27 +114,83 @@ TEST_F(LaunchEnv, OpenMpiThenSlurm) {
   EXPECT_EQ(info.local_rank, 3);
 }
 
+// Every launch variable is a whole number in its range (core/env.h's
+// parser, comm/launch_env.cpp's bounds); anything else is a CommError that
+// names the variable, its value and the range, before any rendezvous.
 TEST_F(LaunchEnv, BadValuesNameTheVariable) {
-  set("RANK", "x"), set("WORLD_SIZE", "2");
-  EXPECT_THROW(
-      {
-        try {
-          zero::comm::LaunchInfo::from_env();
-        } catch (const zero::CommError& e) {
-          EXPECT_NE(std::string(e.what()).find("RANK='x'"), std::string::npos) << e.what();
-          throw;
-        }
-      },
-      zero::CommError);
-  set("RANK", "2");
-  EXPECT_THROW(zero::comm::LaunchInfo::from_env(), zero::CommError);  // rank 2 of 2
-  ::unsetenv("RANK"), ::unsetenv("WORLD_SIZE");
-  set("SLURM_PROCID", "0"), set("SLURM_NTASKS", "2");  // srun names no rendezvous host
-  try {
-    zero::comm::LaunchInfo::from_env();
-    FAIL() << "expected CommError";
-  } catch (const zero::CommError& e) {
-    EXPECT_NE(std::string(e.what()).find("MASTER_ADDR"), std::string::npos) << e.what();
+  struct Case {
+    std::vector<std::pair<const char*, const char*>> env;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{{"RANK", "x"}, {"WORLD_SIZE", "2"}},
+       "RANK=x: this process's rank, below WORLD_SIZE=2, a whole number from 0 to 1; fix the torchrun command"},
+      {{{"RANK", "2"}, {"WORLD_SIZE", "2"}}, "RANK=2: this process's rank, below WORLD_SIZE=2, a whole number from 0 to 1"},
+      {{{"RANK", "-1"}, {"WORLD_SIZE", "2"}}, "RANK=-1: this process's rank, below WORLD_SIZE=2"},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "100000000"}},
+       "WORLD_SIZE=100000000: the number of ranks, a whole number from 1 to 65536"},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "0"}}, "WORLD_SIZE=0: the number of ranks, a whole number from 1 to 65536"},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "2 "}}, "WORLD_SIZE=2 : the number of ranks"},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "99999999999999999999"}}, "WORLD_SIZE=99999999999999999999: the number of ranks"},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "8"}},
+       "LOCAL_WORLD_SIZE=8: the ranks on this machine, at most WORLD_SIZE=4, a whole number from 1 to 4"},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}},
+       "LOCAL_RANK=2: this process's rank on this machine, below LOCAL_WORLD_SIZE=2, a whole number from 0 to 1"},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "0"}},
+       "MASTER_PORT=0: the TCP port of the rendezvous store, a whole number from 1 to 65535 (unset: 29500)"},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "http"}}, "MASTER_PORT=http: the TCP port"},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+        {"TORCHELASTIC_RESTART_COUNT", "once"}},
+       "TORCHELASTIC_RESTART_COUNT=once: torchrun's restarts so far, a whole number from 0 to 1073741824"},
+      {{{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "3"}, {"MASTER_ADDR", "h"}},
+       "OMPI_COMM_WORLD_RANK=3: this process's rank, below OMPI_COMM_WORLD_SIZE=3, a whole number from 0 to 2; "
+       "fix the mpirun command"},
+      {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1e3"}, {"MASTER_ADDR", "h"}},
+       "SLURM_NTASKS=1e3: the number of ranks, a whole number from 1 to 65536; fix the srun command"},
+      // srun names no rendezvous host.
+      {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}, "launched by slurm with 2 ranks but MASTER_ADDR is not set"},
+  };
+  for (const Case& c : cases) {
+    SetUp();
+    std::string described;
+    for (const auto& [name, value] : c.env) set(name, value), described += std::string(name) + "=" + value + " ";
+    try {
+      zero::comm::LaunchInfo::from_env();
+      ADD_FAILURE() << described << "was accepted";
+    } catch (const zero::CommError& e) {
+      EXPECT_NE(std::string(e.what()).find(c.message), std::string::npos) << described << "\n" << e.what();
+    }
+  }
+}
+
+// The same values given to a real rank (a test program joining the world
+// from its environment, as every zero program does) end it at once with the
+// message: WORLD_SIZE=100000000 waited 90 s without a word.
+TEST_F(LaunchEnv, ABadLaunchVariableEndsARankAtOnce) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"RANK=0 WORLD_SIZE=100000000", "WORLD_SIZE=100000000: the number of ranks, a whole number from 1 to 65536"},
+      {"RANK=abc WORLD_SIZE=2", "RANK=abc: this process's rank, below WORLD_SIZE=2"},
+      {"RANK=0 WORLD_SIZE=2 MASTER_PORT=99999", "MASTER_PORT=99999: the TCP port of the rendezvous store"},
+      {"ZERO_COMM_TIMEOUT=-5", "ZERO_COMM_TIMEOUT=-5: the seconds a collective may wait, a whole number from 1 to 604800"},
+      // Read once the ranks have met: both ranks of a real launch.
+      {"ZERO_SHM_SLOT_KIB=lots " ZERO_RUN " --nproc 2",
+       "ZERO_SHM_SLOT_KIB=lots: the KiB per rank of a shared-memory chunk, a whole number from 4 to 1048576"},
+  };
+  for (const auto& [env, message] : cases) {
+    const std::string cmd = "env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE -u MASTER_PORT " + env +
+                            " timeout 60 " TEST_COLLECTIVES " --gtest_filter=Collectives.AllGather* 2>&1";
+    const auto start = std::chrono::steady_clock::now();
+    FILE* p = ::popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+    const int status = ::pclose(p);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 124) << env << "\n" << out;
+    EXPECT_NE(out.find(message), std::string::npos) << env << "\n" << out;
+    EXPECT_EQ(out.find("terminate called"), std::string::npos) << env << "\n" << out;
+    EXPECT_LT(seconds, 20.0) << env;
   }
 }
 

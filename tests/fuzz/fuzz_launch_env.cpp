@@ -34,6 +34,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const zero::comm::LaunchInfo info = zero::comm::LaunchInfo::from_env();
     if (info.world_size < 1 || info.rank < 0 || info.rank >= info.world_size) std::abort();
+    if (info.world_size > zero::comm::LaunchInfo::kMaxWorldSize) std::abort();
+    if (info.local_world_size < 1 || info.local_world_size > info.world_size) std::abort();
+    if (info.local_rank < 0 || info.local_rank >= info.local_world_size) std::abort();
     if (info.master_port < 1 || info.master_port > 65535) std::abort();
     (void)info.describe();
   } catch (const zero::CommError&) {

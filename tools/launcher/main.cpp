@@ -9,8 +9,10 @@
 
 #include "allocator.h"
 #include "core/blas_kernels.h"
+#include "core/env.h"
 #include "launch_file.h"
 #include "launcher.h"
+#include "zero/launch_info.h"
 
 extern char** environ;
 
@@ -59,20 +61,21 @@ const char kHelp[] =
     "forwarded to every rank's process group, and zero-run then ends by the\n"
     "same signal.\n";
 
+// The most ranks a job may have (zero/launch_info.h): a bigger world is a typo.
+constexpr int kMaxWorld = zero::comm::LaunchInfo::kMaxWorldSize;
+
 struct UsageError {
   std::string message;
 };
 
 int parse_int(const std::string& option, const std::string& text, long min, long max) {
-  errno = 0;
-  char* end = nullptr;
-  long value = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno == ERANGE || value < min || value > max) {
+  const auto value = zero::env::parse_whole_number(text, min, max);  // the one parser of numbers (core/env.h)
+  if (!value) {
     std::string range = max == 2147483647L ? "an integer >= " + std::to_string(min)
                                            : "an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
     throw UsageError{option + " must be " + range + ", got '" + text + "'"};
   }
-  return static_cast<int>(value);
+  return static_cast<int>(*value);
 }
 
 double parse_seconds(const std::string& option, const std::string& text) {
@@ -128,12 +131,12 @@ zero_run::LaunchOptions parse(int argc, char** argv, bool* help) {
       if (value.empty()) throw UsageError{"--config-file must not be empty"};
       config_file = value;
     } else if (name == "--nproc" || name == "--nproc-per-node") {
-      o.nproc = parse_int(name, value, 1, 1 << 16);
+      o.nproc = parse_int(name, value, 1, kMaxWorld);
       have_nproc = true;
     } else if (name == "--nnodes") {
-      o.nnodes = parse_int(name, value, 1, 1 << 16);
+      o.nnodes = parse_int(name, value, 1, kMaxWorld);
     } else if (name == "--node-rank") {
-      o.node_rank = parse_int(name, value, 0, 2147483647L);
+      o.node_rank = parse_int(name, value, 0, kMaxWorld - 1);
     } else if (name == "--master-addr") {
       if (value.empty()) throw UsageError{"--master-addr must not be empty"};
       o.master_addr = value;
@@ -166,7 +169,11 @@ zero_run::LaunchOptions parse(int argc, char** argv, bool* help) {
   if (o.nnodes > 1 && !have_port) {
     throw UsageError{"--master-port is required when --nnodes > 1 (every node must use the same port)"};
   }
-  if (static_cast<long long>(o.nproc) * o.nnodes > 2147483647LL) throw UsageError{"--nproc * --nnodes is too large"};
+  if (static_cast<long long>(o.nproc) * o.nnodes > kMaxWorld) {
+    throw UsageError{"--nproc " + std::to_string(o.nproc) + " x --nnodes " + std::to_string(o.nnodes) + " is " +
+                     std::to_string(static_cast<long long>(o.nproc) * o.nnodes) + " ranks, more than the " +
+                     std::to_string(kMaxWorld) + " a job may have"};
+  }
   if (o.command.empty()) throw UsageError{"missing PROGRAM to run"};
   try {
     const zero_run::AllocatorChoice allocator = zero_run::choose_allocator(o.allocator, environ);
