@@ -2,23 +2,39 @@
 #include "zero/launch_config.h"
 
 #ifdef ZERO_HAVE_YAML
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 #endif
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <optional>
 #include <sstream>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/did_you_mean.h"
+#include "core/env.h"
+#include "core/json_depth.h"
+#include "core/regular_file.h"
 #include "zero/error.h"
+#include "zero/launch_info.h"
 
 namespace zero {
 namespace {
+
+// A launch config is a few hundred bytes; 1 MiB leaves room for comments
+// and is read in milliseconds. /dev/zero or a FIFO is refused before any
+// byte is read (core/regular_file.h).
+constexpr uint64_t kMaxLaunchConfigBytes = uint64_t{1} << 20;
+// As deep as the JSON readers allow (core/json_depth.h); a launch config nests 2.
+constexpr int kMaxLaunchConfigDepth = core::kMaxJsonDepth;
 
 // The keys this reader takes (the branches of from_yaml and read_deepspeed).
 const std::vector<std::string> kReadTop = {
@@ -76,14 +92,10 @@ class Reader {
   std::optional<int64_t> integer(const YAML::Node& n, const std::string& key, int64_t min, int64_t max) const {
     auto text = scalar(n, key);
     if (!text) return std::nullopt;
-    errno = 0;
-    char* end = nullptr;
-    const long long v = std::strtoll(text->c_str(), &end, 10);
-    if (text->empty() || *end != '\0' || errno == ERANGE) fail(key, "expected an integer, found '" + *text + "'");
-    if (v < min || v > max) {
-      fail(key, "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "], found " + *text);
-    }
-    return v;
+    if (!env::parse_whole_number(*text, LLONG_MIN, LLONG_MAX)) fail(key, "expected an integer, found '" + *text + "'");
+    auto v = env::parse_whole_number(*text, min, max);
+    if (!v) fail(key, "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "], found " + *text);
+    return *v;
   }
 
   std::optional<double> number(const YAML::Node& n, const std::string& key) const {
@@ -149,6 +161,109 @@ class Reader {
   std::string source_;
 };
 
+// Note [Launch config structure]
+// yaml-cpp keeps both entries of a key written twice in a mapping (a lookup
+// finds the first, a walk sees both, so the last silently wins here), takes
+// the first of several documents without a word, and recurses up to 2000
+// levels while parsing. Before the text becomes nodes, its events are
+// walked once through yaml-cpp's own parser: a key written twice in any
+// mapping (an alias to a scalar counts as that scalar), a second document,
+// or nesting past kMaxLaunchConfigDepth is a ConfigError naming it, the
+// first found. As with the JSON readers (core/json_duplicates.h), one hash
+// set per open mapping keeps this linear in the keys. Aliases are not
+// followed, so an alias bomb costs one event per alias.
+class StructureCheck : public YAML::EventHandler {
+ public:
+  explicit StructureCheck(const Reader& r) : r_(r) {}
+
+  void OnDocumentStart(const YAML::Mark&) override {
+    if (++documents_ > 1) r_.fail("", "holds more than one YAML document ('---' starts another); keep one");
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override { leaf("null", true); }
+  void OnAlias(const YAML::Mark&, YAML::anchor_t anchor) override {
+    auto it = scalars_.find(anchor);
+    if (it != scalars_.end()) leaf(it->second, true);
+    else leaf("", false);
+  }
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t anchor, const std::string& value) override {
+    if (anchor != YAML::NullAnchor) scalars_[anchor] = value;
+    leaf(value, true);
+  }
+  void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    open(false, m);
+  }
+  void OnSequenceEnd() override { close(); }
+  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    open(true, m);
+  }
+  void OnMapEnd() override { close(); }
+
+ private:
+  struct Frame {
+    bool map = false;
+    bool at_key = true;  // a mapping's next node is a key
+    std::string key;     // the current key ("" while it is a list or a mapping)
+    size_t index = 0;    // a list's next item
+    std::unordered_set<std::string> keys;
+  };
+
+  std::string path() const {
+    std::string p;
+    for (const Frame& f : stack_) {
+      if (f.map) p += (p.empty() ? "" : ".") + (f.key.empty() ? std::string("?") : f.key);
+      else p += "[" + std::to_string(f.index) + "]";
+    }
+    return p;
+  }
+  // A scalar, null or alias; `text` is its value when `named` (a possible key).
+  void leaf(const std::string& text, bool named) {
+    if (!stack_.empty() && stack_.back().map && stack_.back().at_key) {
+      Frame& top = stack_.back();
+      top.key = named ? text : "";
+      if (named && !top.keys.insert(text).second) {
+        r_.fail(path(), "duplicate key (a key may appear once per mapping; which one was meant?)");
+      }
+    }
+    done();
+  }
+  void open(bool map, const YAML::Mark& m) {
+    if (!stack_.empty() && stack_.back().map && stack_.back().at_key) stack_.back().key.clear();
+    if (static_cast<int>(stack_.size()) >= kMaxLaunchConfigDepth) {
+      r_.fail("", "nested deeper than " + std::to_string(kMaxLaunchConfigDepth) + " levels at line " +
+                      std::to_string(m.line + 1) + " (a launch config nests 2)");
+    }
+    stack_.emplace_back();
+    stack_.back().map = map;
+  }
+  void close() {
+    if (!stack_.empty()) stack_.pop_back();
+    done();
+  }
+  // A node of the innermost open list or mapping is complete.
+  void done() {
+    if (stack_.empty()) return;
+    Frame& top = stack_.back();
+    if (top.map) top.at_key = !top.at_key;
+    else ++top.index;
+  }
+
+  const Reader& r_;
+  int documents_ = 0;
+  std::vector<Frame> stack_;
+  std::unordered_map<YAML::anchor_t, std::string> scalars_;
+};
+
+// A mapping's key as text; a key that is a list, a mapping or null is an
+// error naming where it is (yaml-cpp's as<std::string> would throw
+// TypedBadConversion, which no caller expects).
+std::string key_of(const Reader& r, const YAML::Node& key, const std::string& within) {
+  if (key.IsScalar()) return key.Scalar();
+  const char* kind = key.IsMap() ? "a mapping" : key.IsSequence() ? "a list" : "empty";
+  r.fail(within, std::string("a key at line ") + std::to_string(key.Mark().line + 1) + " is " + kind +
+                     "; keys are plain names such as num_processes");
+}
+
 std::string folder_of(const std::string& path) {
   const auto slash = path.rfind('/');
   return slash == std::string::npos ? "" : path.substr(0, slash + 1);
@@ -159,7 +274,7 @@ void read_deepspeed(const Reader& r, const YAML::Node& node, LaunchConfig& c) {
   auto& ds = c.deepspeed;
   std::vector<std::string> given;
   for (const auto& kv : node) {
-    const std::string key = kv.first.as<std::string>();
+    const std::string key = key_of(r, kv.first, "deepspeed_config");
     const std::string path = "deepspeed_config." + key;
     const YAML::Node& v = kv.second;
     if (key == "deepspeed_config_file") {
@@ -209,14 +324,13 @@ void read_deepspeed(const Reader& r, const YAML::Node& node, LaunchConfig& c) {
 }  // namespace
 
 LaunchConfig LaunchConfig::from_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    throw ConfigError("launch config " + path + ": cannot be read (" + std::string(std::strerror(errno)) +
-                      "); write one with `zero-run config --output " + path + "`");
+  std::string text, error;
+  if (!core::read_regular_file(path, kMaxLaunchConfigBytes, text, error)) {
+    const bool missing = ::access(path.c_str(), F_OK) != 0 && errno == ENOENT;
+    throw ConfigError("launch config " + path + ": cannot be read: " + error +
+                      (missing ? "; write one with `zero-run config --output " + path + "`" : ""));
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  return from_yaml(text.str(), path);
+  return from_yaml(text, path);
 }
 
 #ifndef ZERO_HAVE_YAML
@@ -225,12 +339,22 @@ LaunchConfig LaunchConfig::from_yaml(const std::string&, const std::string& sour
                     "libyaml-cpp-dev (tools/setup-deps.sh does) and build again");
 }
 #else
-LaunchConfig LaunchConfig::from_yaml(const std::string& text, const std::string& source) {
-  Reader r(source);
+namespace {
+
+LaunchConfig read_yaml(const Reader& r, const std::string& text, const std::string& source) {
   LaunchConfig c;
   c.source = source;
+  if (text.size() > kMaxLaunchConfigBytes) {
+    r.fail("", "has " + std::to_string(text.size()) + " bytes, more than the " + std::to_string(kMaxLaunchConfigBytes) +
+                   " a launch config may have");
+  }
   YAML::Node root;
   try {
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    StructureCheck check(r);  // Note [Launch config structure]
+    while (parser.HandleNextDocument(check)) {
+    }
     root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     r.fail("", "is not valid YAML: " + std::string(e.what()));
@@ -240,7 +364,7 @@ LaunchConfig LaunchConfig::from_yaml(const std::string& text, const std::string&
 
   bool have_processes = false, have_type = false;
   for (const auto& kv : root) {
-    const std::string key = kv.first.as<std::string>();
+    const std::string key = key_of(r, kv.first, "");
     const YAML::Node& v = kv.second;
     if (key == "compute_environment") {
       auto env = r.scalar(v, key);
@@ -259,11 +383,11 @@ LaunchConfig LaunchConfig::from_yaml(const std::string& text, const std::string&
       c.distributed_type = *r.choice(v, key, {"NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED"});
       have_type = true;
     } else if (key == "num_processes") {
-      if (auto n = r.integer(v, key, 1, 1 << 20)) c.num_processes = static_cast<int>(*n), have_processes = true;
+      if (auto n = r.integer(v, key, 1, comm::LaunchInfo::kMaxWorldSize)) c.num_processes = static_cast<int>(*n), have_processes = true;
     } else if (key == "num_machines") {
-      if (auto n = r.integer(v, key, 1, 1 << 16)) c.num_machines = static_cast<int>(*n);
+      if (auto n = r.integer(v, key, 1, comm::LaunchInfo::kMaxWorldSize)) c.num_machines = static_cast<int>(*n);
     } else if (key == "machine_rank") {
-      if (auto n = r.integer(v, key, 0, 1 << 16)) c.machine_rank = static_cast<int>(*n);
+      if (auto n = r.integer(v, key, 0, comm::LaunchInfo::kMaxWorldSize - 1)) c.machine_rank = static_cast<int>(*n);
     } else if (key == "main_process_ip") {
       c.main_process_ip = r.scalar(v, key).value_or("");
     } else if (key == "main_process_port") {
@@ -312,6 +436,17 @@ LaunchConfig LaunchConfig::from_yaml(const std::string& text, const std::string&
                                               std::to_string(*c.deepspeed.gradient_accumulation_steps));
   }
   return c;
+}
+
+}  // namespace
+
+LaunchConfig LaunchConfig::from_yaml(const std::string& text, const std::string& source) {
+  Reader r(source);
+  try {
+    return read_yaml(r, text, source);
+  } catch (const YAML::Exception& e) {  // a slip in the reader: still a ConfigError naming the file
+    r.fail("", "cannot be read: " + std::string(e.what()));
+  }
 }
 #endif  // ZERO_HAVE_YAML
 

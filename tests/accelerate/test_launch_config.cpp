@@ -209,6 +209,33 @@ TEST(LaunchConfig, MissingFieldsAndConflictsAreErrors) {
   EXPECT_NE(error_of("").find("is empty"), std::string::npos);
 }
 
+// Note [Launch config structure] in accelerate/launch_config.cpp: what
+// yaml-cpp would take silently (a key twice, keeping the last here; a
+// second document, ignored) or recurse on (2000 levels) is refused by name,
+// and so is a text longer than a launch config file may be.
+TEST(LaunchConfig, AmbiguousOrOversizedTextIsRefused) {
+  const std::string base = "distributed_type: MULTI_CPU\nnum_processes: 1\n";
+  EXPECT_NE(error_of(base + "num_processes: 2\n").find("launch config launch.yaml: num_processes: duplicate key"),
+            std::string::npos);
+  EXPECT_NE(error_of(base + "deepspeed_config: {zero_stage: 1, 'zero_stage': 2}\n")
+                .find("deepspeed_config.zero_stage: duplicate key"),
+            std::string::npos);
+  EXPECT_NE(error_of(base + "fsdp_config: [{a: 1}, {b: 1, b: 2}]\n").find("fsdp_config[1].b: duplicate key"),
+            std::string::npos);
+  // The same name in two mappings, or a value repeated, is not a duplicate.
+  EXPECT_EQ(error_of(base + "fsdp_config: [{a: 1}, {a: 1}]\ngpu_ids: [1, 1]\n"), "");
+  EXPECT_NE(error_of(base + "...\n---\nnum_processes: 4\n").find("holds more than one YAML document"),
+            std::string::npos);
+  EXPECT_NE(error_of(base + "gpu_ids: " + std::string(64, '[') + std::string(64, ']') + "\n")
+                .find("nested deeper than 64 levels at line 3"),
+            std::string::npos);
+  EXPECT_EQ(error_of(base + "gpu_ids: " + std::string(63, '[') + std::string(63, ']') + "\n"), "");
+  EXPECT_NE(error_of(base + std::string(1 << 20, '#')).find("has 1048621 bytes, more than the 1048576 a launch config"),
+            std::string::npos);
+  EXPECT_NE(error_of(base + "? {a: 1}\n: 2\n").find("a key at line 3 is a mapping; keys are plain names"),
+            std::string::npos);
+}
+
 TEST(LaunchConfig, DeepSpeedConfigFileIsRelativeToTheLaunchConfig) {
   const auto c = LaunchConfig::from_yaml("distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n"
                                          "  deepspeed_config_file: ds.json\n", "/jobs/run1/launch.yaml");

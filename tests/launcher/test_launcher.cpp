@@ -718,6 +718,68 @@ TEST(Usage, ALaunchConfigTypoIsOneErrorBeforeAnyRankStarts) {
   }
 }
 
+// A launch config gets the checks of the JSON readers (accelerate/
+// launch_config.cpp): only a regular file of at most 1 MiB is read (/dev/zero
+// ended in std::bad_alloc and "terminate called", a FIFO hung), nesting is
+// bounded, a key written twice or a key that is not a name is an error
+// naming it and the file, and so is a second document. Each ends at once
+// with exit 2, before any rank starts.
+TEST(Usage, ALaunchConfigIsReadAsStrictlyAsADsConfig) {
+#ifndef ZERO_HAVE_YAML
+  GTEST_SKIP() << "zero-run was built without yaml-cpp";
+#endif
+  TempDir dir;
+  const std::string fifo = dir.file("fifo.yaml");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string head = "distributed_type: MULTI_CPU\nnum_processes: 1\n";
+  auto file = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir.file(name)) << text;
+    return dir.file(name);
+  };
+  struct Case {
+    std::string path, message;
+  };
+  const std::vector<Case> cases = {
+      {"/dev/zero", "launch config /dev/zero: cannot be read: /dev/zero is a character device, not a regular file"},
+      {fifo, "launch config " + fifo + ": cannot be read: " + fifo + " is a FIFO, not a regular file"},
+      {dir.str(), "launch config " + dir.str() + ": cannot be read: " + dir.str() + " is a directory, not a regular file"},
+      {file("big.yaml", head + std::string(1 << 20, '#')),
+       "launch config " + dir.file("big.yaml") + ": cannot be read: " + dir.file("big.yaml") + " has 1048621 bytes, "
+       "more than the 1048576 such a file may have"},
+      {file("deep.yaml", head + "gpu_ids: " + std::string(100, '[') + std::string(100, ']') + "\n"),
+       "launch config " + dir.file("deep.yaml") + ": nested deeper than 64 levels at line 3 (a launch config nests 2)"},
+      {file("dup.yaml", head + "num_processes: 2\n"),
+       "launch config " + dir.file("dup.yaml") + ": num_processes: duplicate key (a key may appear once per mapping; "
+       "which one was meant?)"},
+      {file("dup_ds.yaml", "distributed_type: DEEPSPEED\nnum_processes: 1\ndeepspeed_config:\n  zero_stage: 2\n"
+                           "  offload_param_device: none\n  zero_stage: 0\n"),
+       "launch config " + dir.file("dup_ds.yaml") + ": deepspeed_config.zero_stage: duplicate key"},
+      {file("dup_alias.yaml", "distributed_type: MULTI_CPU\n&n num_processes: 1\n*n : 2\n"),
+       "launch config " + dir.file("dup_alias.yaml") + ": num_processes: duplicate key"},
+      {file("list_key.yaml", head + "[num_processes]: 2\n"),
+       "launch config " + dir.file("list_key.yaml") + ": a key at line 3 is a list; keys are plain names"},
+      {file("map_key.yaml", "distributed_type: DEEPSPEED\nnum_processes: 1\ndeepspeed_config:\n  {zero_stage: 1}: 2\n"),
+       "launch config " + dir.file("map_key.yaml") + ": deepspeed_config: a key at line 4 is a mapping; keys are plain names"},
+      {file("list_value.yaml", "distributed_type: MULTI_CPU\nnum_processes: [1, 2]\n"),
+       "launch config " + dir.file("list_value.yaml") + ": num_processes: expected a single value, found a list"},
+      {file("map_value.yaml", head + "main_process_ip: {a: 1}\n"),
+       "launch config " + dir.file("map_value.yaml") + ": main_process_ip: expected a single value, found a mapping"},
+      {file("two_docs.yaml", head + "---\nnum_processes: 2\n"),
+       "launch config " + dir.file("two_docs.yaml") + ": holds more than one YAML document"},
+      {file("world.yaml", "distributed_type: MULTI_CPU\nnum_processes: 100000000\n"),
+       "launch config " + dir.file("world.yaml") + ": num_processes: must be in [1, 65536], found 100000000"},
+  };
+  for (const Case& c : cases) {
+    Job job({"--config-file", c.path, kProbe, "print", "started"});
+    Result r = job.wait(10);
+    EXPECT_TRUE(r.exited_with(2)) << c.path << "\n" << r.summary();
+    EXPECT_EQ(r.err.rfind("zero-run: " + c.message, 0), 0u) << r.summary();
+    EXPECT_LT(r.seconds, 5.0) << c.path;
+    EXPECT_EQ(r.err.find("terminate called"), std::string::npos) << r.summary();
+    EXPECT_EQ(r.out, "") << "a rank started\n" << r.summary();
+  }
+}
+
 TEST(Usage, HelpPrintsUsageAndExits0) {
   Result r = run({"--help"});
   EXPECT_TRUE(r.exited_with(0)) << r.summary();
