@@ -22,7 +22,10 @@
 //   heap                print "heap <name>": the malloc this process runs with (core/heap.h)
 //   blas                print "blas <name>": the kernels OpenBLAS picks when this
 //                       process loads it, "blas none" without OpenBLAS (core/blas_kernels.h)
-//   bind-master         bind a TCP socket to MASTER_ADDR:MASTER_PORT, print "bind ok" or the error
+//   bind-master         bind a TCP socket to MASTER_ADDR:MASTER_PORT with SO_REUSEADDR and
+//                       listen, as a store server does; print "bind ok" or the error
+//   take-master         the same without SO_REUSEADDR, as another program would;
+//                       print "take ok" or the error
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -114,11 +117,14 @@ void write_lines(int fd, int n) {
   }
 }
 
-void bind_master() {
+// Binds MASTER_ADDR:MASTER_PORT and listens, printing "<what> ok" or
+// "<what> failed: <reason>". `reuse`: with SO_REUSEADDR, as a rendezvous
+// store server does (c10d, libuv); without it, as any other program would.
+void bind_master(bool reuse, const char* what) {
   const char* addr = std::getenv("MASTER_ADDR");
   const char* port = std::getenv("MASTER_PORT");
   if (addr == nullptr || port == nullptr) {
-    std::printf("bind failed: MASTER_ADDR/MASTER_PORT unset\n");
+    std::printf("%s failed: MASTER_ADDR/MASTER_PORT unset\n", what);
     return;
   }
   addrinfo hints;
@@ -126,14 +132,16 @@ void bind_master() {
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
   if (::getaddrinfo(addr, port, &hints, &res) != 0 || res == nullptr) {
-    std::printf("bind failed: cannot resolve %s\n", addr);
+    std::printf("%s failed: cannot resolve %s\n", what, addr);
     return;
   }
   int s = ::socket(res->ai_family, SOCK_STREAM, 0);
-  if (s >= 0 && ::bind(s, res->ai_addr, res->ai_addrlen) == 0 && ::listen(s, 1) == 0) {
-    std::printf("bind ok\n");
+  const int on = 1;
+  if (s >= 0 && (!reuse || ::setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) == 0) &&
+      ::bind(s, res->ai_addr, res->ai_addrlen) == 0 && ::listen(s, 1) == 0) {
+    std::printf("%s ok\n", what);
   } else {
-    std::printf("bind failed: %s\n", std::strerror(errno));
+    std::printf("%s failed: %s\n", what, std::strerror(errno));
   }
   if (s >= 0) ::close(s);
   ::freeaddrinfo(res);
@@ -260,7 +268,9 @@ int main(int argc, char** argv) {
       }
       std::printf("fds%s\n", list.empty() ? " none" : list.c_str());
     } else if (cmd == "bind-master") {
-      if (here) bind_master();
+      if (here) bind_master(true, "bind");
+    } else if (cmd == "take-master") {
+      if (here) bind_master(false, "take");
     } else {
       std::fprintf(stderr, "launcher_probe: unknown command '%s'\n", cmd.c_str());
       return 100;

@@ -302,6 +302,32 @@ TEST(Env, MultiNodeGlobalRanks) {
   }
 }
 
+// Note [Held port] in tools/launcher/environment.cpp: the port zero-run
+// picks stays bound until the ranks are gone, so no other program can take
+// it between the choice and rank 0's store (a plain bind fails), while a
+// store server, which binds with SO_REUSEADDR, still can. Before, the probe
+// closed its socket at once and the port was anyone's.
+TEST(Env, TheChosenMasterPortStaysHeldUntilTheRanksEnd) {
+  Result r = run({"--nproc", "2", kProbe, "@0", "take-master", "@0", "bind-master"});
+  ASSERT_TRUE(r.exited_with(0)) << r.summary();
+  EXPECT_NE(r.out.find("[rank 0] take failed: Address already in use\n"), std::string::npos) << r.summary();
+  EXPECT_NE(r.out.find("[rank 0] bind ok\n"), std::string::npos) << r.summary();
+
+  // A port the user gives is not held: it is theirs to manage.
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in any{};
+  any.sin_family = AF_INET;
+  any.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof any;
+  ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&any), sizeof any), 0);
+  ASSERT_EQ(::getsockname(s, reinterpret_cast<sockaddr*>(&any), &len), 0);
+  const std::string port = std::to_string(ntohs(any.sin_port));
+  ::close(s);
+  Result given = run({"--nproc", "1", "--master-port", port, kProbe, "take-master"});
+  ASSERT_TRUE(given.exited_with(0)) << given.summary();
+  EXPECT_EQ(given.out, "[rank 0] take ok\n") << given.summary();
+}
+
 TEST(Env, GivenMasterPortIsUsedOnOneNode) {
   Result r = run({"--nproc=2", "--master-port=29556", "--master_addr=localhost", kProbe, "env"});
   ASSERT_TRUE(r.exited_with(0)) << r.summary();

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <tuple>
+#include <utility>
 
 extern char** environ;
 
@@ -48,18 +50,24 @@ int available_cpus() {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
-int bound_port(const sockaddr* addr, socklen_t len) {
+// A socket bound to `addr` with SO_REUSEADDR, and its port; -1 and 0 on failure.
+std::pair<int, int> bind_reusable(const sockaddr* addr, socklen_t len) {
   int s = ::socket(addr->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (s < 0) return 0;
+  if (s < 0) return {-1, 0};
+  const int on = 1;
   int port = 0;
   sockaddr_storage got;
   socklen_t got_len = sizeof got;
-  if (::bind(s, addr, len) == 0 && ::getsockname(s, reinterpret_cast<sockaddr*>(&got), &got_len) == 0) {
+  if (::setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) == 0 && ::bind(s, addr, len) == 0 &&
+      ::getsockname(s, reinterpret_cast<sockaddr*>(&got), &got_len) == 0) {
     if (got.ss_family == AF_INET) port = ntohs(reinterpret_cast<sockaddr_in*>(&got)->sin_port);
     if (got.ss_family == AF_INET6) port = ntohs(reinterpret_cast<sockaddr_in6*>(&got)->sin6_port);
   }
-  ::close(s);
-  return port;
+  if (port == 0) {
+    ::close(s);
+    return {-1, 0};
+  }
+  return {s, port};
 }
 
 }  // namespace
@@ -108,7 +116,21 @@ char** Environment::for_rank(int local_rank) {
   return pointers_.data();
 }
 
-int find_free_port(const std::string& host) {
+// Note [Held port]
+// Without --master-port, zero-run picks the rendezvous port by binding port
+// 0. Closing that socket before rank 0 listens would leave the port free
+// for anyone in between: another job's probe, or an outgoing connection
+// given it as its ephemeral port, and rank 0 would then fail to start the
+// store. So the socket stays bound, not listening, until the job ends.
+// While it is bound the kernel gives the port to no bind(0) and to no
+// outgoing connection, and a plain bind() of it fails with EADDRINUSE.
+// It is bound with SO_REUSEADDR, which the store servers set too (c10d's
+// own sockets and libuv's): Linux lets sockets that all set it bind one
+// port as long as none of the others listens, so rank 0's store binds and
+// listens on the port while zero-run still holds it (checked: LibTorch 1.13,
+// and torch 2.x's store with and without libuv). The socket is
+// close-on-exec, so no rank inherits it.
+HeldPort::HeldPort(const std::string& host) {
   addrinfo hints;
   std::memset(&hints, 0, sizeof hints);
   hints.ai_family = AF_UNSPEC;
@@ -116,16 +138,21 @@ int find_free_port(const std::string& host) {
   hints.ai_flags = AI_PASSIVE;
   addrinfo* found = nullptr;
   if (::getaddrinfo(host.c_str(), "0", &hints, &found) == 0) {
-    int port = 0;
-    for (addrinfo* a = found; a != nullptr && port == 0; a = a->ai_next) port = bound_port(a->ai_addr, a->ai_addrlen);
+    for (addrinfo* a = found; a != nullptr && port_ == 0; a = a->ai_next) {
+      std::tie(fd_, port_) = bind_reusable(a->ai_addr, a->ai_addrlen);
+    }
     ::freeaddrinfo(found);
-    if (port != 0) return port;
+    if (port_ != 0) return;
   }
   sockaddr_in any;
   std::memset(&any, 0, sizeof any);
   any.sin_family = AF_INET;
   any.sin_addr.s_addr = htonl(INADDR_ANY);
-  return bound_port(reinterpret_cast<sockaddr*>(&any), sizeof any);
+  std::tie(fd_, port_) = bind_reusable(reinterpret_cast<sockaddr*>(&any), sizeof any);
+}
+
+HeldPort::~HeldPort() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 }  // namespace zero_run

@@ -1,7 +1,7 @@
 #pragma once
 // What zero-run tells its ranks: torchrun's variables over the launcher's
 // own environment (Note [Launch environment] in environment.cpp), and a
-// free MASTER_PORT when none was given.
+// free MASTER_PORT, held until the job ends, when none was given.
 #include <string>
 #include <vector>
 
@@ -24,8 +24,21 @@ class Environment {
   std::vector<char*> pointers_;
 };
 
-// A free TCP port: bind port 0 on the master address (any address if that
-// fails) and read back what the kernel chose. Returns 0 on failure.
-int find_free_port(const std::string& host);
+// A free TCP port for the rendezvous store, held until this object goes
+// (Note [Held port] in environment.cpp). port() is 0 when none was found.
+class HeldPort {
+ public:
+  HeldPort() = default;
+  // Binds port 0 on `host` (any address if that fails) and keeps the socket.
+  explicit HeldPort(const std::string& host);
+  HeldPort(const HeldPort&) = delete;
+  HeldPort& operator=(const HeldPort&) = delete;
+  ~HeldPort();
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
 
 }  // namespace zero_run

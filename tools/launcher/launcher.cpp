@@ -398,8 +398,9 @@ int run_launcher(const LaunchOptions& options) {
     return kExitInternal;
   }
   int port = options.master_port;
+  std::optional<HeldPort> held;  // Note [Held port] in environment.cpp: kept until the ranks are gone
   if (port == 0) {
-    port = find_free_port(options.master_addr);
+    port = held.emplace(options.master_addr).port();
     if (port == 0) {
       say("cannot find a free port on " + options.master_addr + "; give one with --master-port");
       return kExitInternal;

@@ -4,7 +4,8 @@
 // command line into LaunchOptions; run_launcher() does the rest:
 //
 //   * resolves PROGRAM through PATH (like execvp) and finds a free
-//     MASTER_PORT when none was given;
+//     MASTER_PORT when none was given, held until the ranks are gone
+//     (Note [Held port] in environment.cpp);
 //   * forks one child per local rank, each in its own process group, with
 //     torchrun's environment variables (see Note [Launch environment] in
 //     environment.cpp);
@@ -25,7 +26,7 @@ struct LaunchOptions {
   int nnodes = 1;      // nodes in the job
   int node_rank = 0;   // this node (GROUP_RANK); global rank = node_rank * nproc + local_rank
   std::string master_addr = "127.0.0.1";
-  int master_port = 0; // 0: pick a free port on master_addr (single node only)
+  int master_port = 0; // 0: pick a free port on master_addr and hold it (single node only)
   double grace_s = 5;  // SIGTERM/SIGINT -> SIGKILL grace period (--timeout-s)
   std::vector<std::string> command; // PROGRAM ARGS...
   std::string allocator;   // --allocator: "" (the default), tcmalloc, jemalloc, system or a path (allocator.h)
