@@ -3,17 +3,18 @@
 # fuzzes each for a while, two at a time; new inputs that add coverage are
 # merged into tests/fuzz/corpus/<target>, which every test run replays.
 #
-#   bash tools/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]   # default 600 s, all five
+#   bash tools/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]   # default 600 s, all six
 #
-# Targets: config, launch_env, manifest, safetensors, torch_save (tests/fuzz/). A crash,
-# a leak, an allocation over 512 MB or an RSS over 2 GB stops a target; the
-# input that did it is left in build-fuzz/artifacts/<target>/.
+# Targets: config, launch_env, launch_yaml, manifest, safetensors, torch_save
+# (tests/fuzz/). A crash, a leak, an allocation over 512 MB or an RSS over
+# 2 GB stops a target; the input that did it is left in
+# build-fuzz/artifacts/<target>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-600}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(config launch_env manifest safetensors torch_save)
+[ ${#targets[@]} -gt 0 ] || targets=(config launch_env launch_yaml manifest safetensors torch_save)
 
 bash tools/setup-deps.sh
 command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found (apt-get install clang)" >&2; exit 1; }
