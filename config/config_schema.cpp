@@ -52,13 +52,12 @@ void visit_offload_param(Fields& f, OffloadParamConfig& o) {
     f.warn(unimplemented_warning(f.path("max_in_cpu")));
 }
 
-// MiCS, hpZ and ZeRO++ quantization: kept in the struct, no effect yet.
+// MiCS, hpZ and ZeRO++'s gradient quantization: kept in the struct, no effect yet.
 void warn_zero_extras(Fields& f, const ZeroOptimizationConfig& z) {
   if (z.mics_shard_size > 0) f.warn(unimplemented_warning(f.path("mics_shard_size")));
   if (z.mics_hierarchical_params_gather)
     f.warn(unimplemented_warning(f.path("mics_hierarchical_params_gather")));
   if (z.zero_hpz_partition_size > 1) f.warn(unimplemented_warning(f.path("zero_hpz_partition_size")));
-  if (z.zero_quantized_weights) f.warn(unimplemented_warning(f.path("zero_quantized_weights")));
   if (z.zero_quantized_nontrainable_weights)
     f.warn(unimplemented_warning(f.path("zero_quantized_nontrainable_weights")));
   if (z.zero_quantized_gradients) f.warn(unimplemented_warning(f.path("zero_quantized_gradients")));
@@ -91,6 +90,7 @@ void visit_zero_optimization(Fields& f, ZeroOptimizationConfig& z) {
   f.flag("mics_hierarchical_params_gather", z.mics_hierarchical_params_gather);
   f.integer("zero_hpz_partition_size", z.zero_hpz_partition_size, size);
   f.flag("zero_quantized_weights", z.zero_quantized_weights);
+  f.integer("zero_quantization_block_size", z.zero_quantization_block_size, Opt().min(8));
   f.flag("zero_quantized_nontrainable_weights", z.zero_quantized_nontrainable_weights);
   f.flag("zero_quantized_gradients", z.zero_quantized_gradients);
   f.object("offload_optimizer", [&](Fields& g) { visit_offload_optimizer(g, z.offload_optimizer); });
@@ -317,6 +317,16 @@ void check_offload(const ZeroOptimizationConfig& z) {
     throw ConfigError("zero_optimization.offload_param.nvme_path is required when device is \"nvme\"");
 }
 
+// ZeRO++ quantizes stage 3's collectives; below it there is nothing to act on.
+void check_zeropp(const ZeroOptimizationConfig& z) {
+  if (z.zero_quantized_weights && z.stage != 3)
+    throw ConfigError("zero_optimization.zero_quantized_weights quantizes stage 3's all-gather of weights, but "
+                      "zero_optimization.stage is " + std::to_string(z.stage) + "; set stage 3 or remove it");
+  if (z.zero_quantization_block_size % 8 != 0)
+    throw ConfigError("zero_optimization.zero_quantization_block_size is " + std::to_string(z.zero_quantization_block_size) +
+                      "; it must be a multiple of 8 (the default is 4096)");
+}
+
 // As DeepSpeed: stages 2 and 3 partition gradients that a pipeline's
 // micro-batches accumulate stage by stage; PP composes with stages 0-1.
 void check_pipeline(const Config& c) {
@@ -341,6 +351,7 @@ void check_precision(const Config& c) {
 
 void check_config(const Config& c) {
   check_offload(c.zero_optimization);
+  check_zeropp(c.zero_optimization);
   check_pipeline(c);
   check_precision(c);
 }

@@ -6,6 +6,7 @@
 #include "core/torch_compat.h"
 #include "zero/error.h"
 #include "zero/log.h"
+#include "zero/unit.h"
 
 namespace zero::engine {
 
@@ -70,7 +71,7 @@ ModelTensors describe(torch::nn::Module& module, const std::map<std::string, tp:
       throw CheckpointError("checkpoint: " + item.key() + " is frozen and split by tensor parallelism, which "
                             "checkpoints do not store; train it, or keep frozen layers whole");
     }
-    out.params.push_back({item.key(), split != splits.end() ? split->second.full_shape : p.sizes().vec(),
+    out.params.push_back({item.key(), split != splits.end() ? split->second.full_shape : gathered_shape(p),
                           p.requires_grad()});
     if (!p.requires_grad()) out.frozen.emplace_back(item.key(), p);
   }

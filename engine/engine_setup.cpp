@@ -265,6 +265,7 @@ partition::Options partition_options(const Config& config, at::ScalarType dtype,
   o.prefetch_numel = z.stage3_prefetch_bucket_size;
   o.max_live_numel = z.stage3_max_live_parameters;
   o.max_reuse_numel = z.stage3_max_reuse_distance;
+  o.quantized_weights_block = z.zero_quantized_weights ? z.zero_quantization_block_size : 0;
   const auto& offload = z.offload_optimizer;
   o.norm_group = world;
   o.offload_optimizer = offload.device == "cpu" || offload.device == "nvme";

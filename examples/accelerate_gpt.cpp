@@ -112,6 +112,7 @@ int main(int argc, char** argv) {
 
     torch::manual_seed(0);
     GPT model(options);
+    const int64_t parameters = model->num_parameters();  // before stage 3 releases them
     zero::OptimizerConfig adamw;
     adamw.type = "AdamW";
     adamw.params.lr = 3e-3;
@@ -143,7 +144,7 @@ int main(int argc, char** argv) {
     };
 
     const double initial = validate();
-    acc.print("zero-accelerate-gpt: " + std::to_string(model->num_parameters()) + " parameters, " +
+    acc.print("zero-accelerate-gpt: " + std::to_string(parameters) + " parameters, " +
               std::to_string(acc.num_processes()) + " process(es), mixed precision " + acc.mixed_precision() +
               ", ZeRO stage " + std::to_string(acc.ds_config().zero_optimization.stage) + ", " +
               std::to_string(train->size()) + " training windows in global batches of " + std::to_string(batch));

@@ -128,6 +128,7 @@ int main(int argc, char** argv) {
     }
     torch::manual_seed(0);  // rank 0's initial weights are broadcast anyway
     GPT model(options);
+    const int64_t parameters = model->num_parameters();  // before stage 3 releases them
 
     auto engine = zero::initialize(config, model);
     const auto& resolved = engine.config();
@@ -142,7 +143,7 @@ int main(int argc, char** argv) {
     if (rank == 0) {
       std::printf("zero-main: GPT with %lld parameters (depth %lld, width %lld, heads %lld, context %lld) on a "
                   "generated corpus of %lld characters; %s, %d rank(s), global batch %lld, %lld steps\n",
-                  (long long)model->num_parameters(), (long long)options.depth, (long long)options.width,
+                  (long long)parameters, (long long)options.depth, (long long)options.width,
                   (long long)options.heads, (long long)options.context, (long long)corpus.tokens().numel(),
                   config_path.c_str(), world, (long long)*resolved.batch.train_batch_size, (long long)steps);
       std::fflush(stdout);

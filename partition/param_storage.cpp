@@ -5,11 +5,27 @@
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
+#include <unordered_map>
 
 #include "offload/host_tensors.h"
+#include "partition/block_quant.h"
+#include "zero/unit.h"
 
 namespace zero::partition {
 namespace {
+
+// zero::gathered_shape's record: the shapes of the parameters that a
+// ParamStorage releases, by tensor, while it lives. Process-wide, as
+// DeepSpeed keeps ds_shape on the parameter itself.
+struct GatheredShapes {
+  std::mutex mutex;
+  std::unordered_map<const c10::TensorImpl*, std::vector<int64_t>> shapes;
+};
+GatheredShapes& gathered_shapes() {
+  static GatheredShapes registry;
+  return registry;
+}
 
 // The bucket's tensor and the parameters' views stay; only the memory
 // behind them comes and goes (Note [Stage 3 storage]).
@@ -26,23 +42,56 @@ void refill_storage(const at::Tensor& t) {
 }
 
 }  // namespace
+}  // namespace zero::partition
+
+namespace zero {
+
+std::vector<int64_t> gathered_shape(const at::Tensor& param) {
+  auto& registry = partition::gathered_shapes();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  auto it = registry.shapes.find(param.unsafeGetTensorImpl());
+  return it != registry.shapes.end() ? it->second : param.sizes().vec();
+}
+
+int64_t gathered_numel(const at::Tensor& param) {
+  int64_t n = 1;
+  for (int64_t d : gathered_shape(param)) n *= d;
+  return n;
+}
+
+}  // namespace zero
+
+namespace zero::partition {
 
 ParamStorage::ParamStorage(std::shared_ptr<comm::ProcessGroup> pg, int owners, StorageOptions options)
     : pg_(std::move(pg)), owners_(owners), options_(std::move(options)) {}
 
 ParamStorage::~ParamStorage() {
-  for (auto& b : buckets_) {  // gathers a failed step left in flight
-    try {
+  auto& registry = gathered_shapes();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  for (auto& b : buckets_) {
+    try {  // gathers a failed step left in flight
       if (b.gather_work) b.gather_work->wait();
     } catch (...) {
+    }
+    if (!b.persistent) {
+      for (const auto& v : b.params) registry.shapes.erase(v.param.unsafeGetTensorImpl());
     }
   }
 }
 
-void ParamStorage::add(const at::Tensor& full, int64_t shard_start, int64_t shard_numel, bool persistent) {
+void ParamStorage::add(const at::Tensor& full, int64_t shard_start, int64_t shard_numel, bool persistent,
+                       std::vector<ParamView> params) {
   Bucket b;
   b.full = full;
+  b.params = std::move(params);
+  b.empty = at::empty({0}, full.options());
   b.persistent = persistent;
+  if (!persistent) {
+    auto& registry = gathered_shapes();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    for (const auto& v : b.params) registry.shapes[v.param.unsafeGetTensorImpl()] = v.shape;
+  }
   const at::Tensor mine = full.slice(0, shard_start, shard_start + shard_numel);
   b.shard = persistent ? mine : mine.clone();
   if (!persistent && options_.offload_param != "none") {
@@ -66,10 +115,12 @@ void ParamStorage::seal() {
   if (store_) store_->wait_behind();
 }
 
-void ParamStorage::gather(size_t k, bool async) {
+void ParamStorage::gather(size_t k, bool async, bool exact) {
   Bucket& b = buckets_[k];
   if (b.gathered) return;
+  b.quantized = options_.quantized_block > 0 && !exact;
   refill_storage(b.full);
+  view_params(b);
   b.gathered = true;
   if (!b.persistent) gathered_now_ += b.full.numel() * b.full.element_size();
   gathered_peak_ = std::max(gathered_peak_, gathered_now_);
@@ -96,13 +147,44 @@ void ParamStorage::read_ahead(size_t k) {
   b.read_ahead = true;
 }
 
+void ParamStorage::view_params(Bucket& b) {
+  for (auto& v : b.params) {
+    int64_t numel = 1;
+    for (int64_t d : v.shape) numel *= d;
+    v.param.set_data(b.full.slice(0, v.offset, v.offset + numel).view(v.shape));
+  }
+}
+
 void ParamStorage::start_gather(Bucket& b) {
   if (b.read_pending) {
     store_->wait_in({b.swap_id});
     b.read_pending = false;
   }
   b.gather_input = b.shard.device() == b.full.device() ? b.shard : b.shard.to(b.full.device(), /*non_blocking=*/true);
-  b.gather_work = pg_->all_gather_async(b.full, b.gather_input);
+  if (!b.quantized) {
+    b.gather_work = pg_->all_gather_async(b.full, b.gather_input);
+    return;
+  }
+  // qwZ: every rank's shard as int8 blocks and their scales, in one
+  // all-gather of bytes; dequantized into `full` by finish_gather.
+  const int64_t bytes = packed_bytes(b.shard.numel(), options_.quantized_block);
+  const auto byte_options = b.full.options().dtype(at::kByte);
+  b.packed_in = at::empty({bytes}, byte_options);
+  quantize_into(b.gather_input, b.packed_in, options_.quantized_block);
+  b.packed_out = at::empty({bytes * owners_}, byte_options);
+  b.gather_work = pg_->all_gather_async(b.packed_out, b.packed_in);
+}
+
+void ParamStorage::finish_gather(Bucket& b) {
+  if (b.quantized) {
+    const int64_t bytes = b.packed_in.numel(), shard = b.shard.numel();
+    for (int r = 0; r < owners_; ++r) {
+      dequantize_into(b.packed_out.slice(0, r * bytes, (r + 1) * bytes), b.full.slice(0, r * shard, (r + 1) * shard),
+                      options_.quantized_block);
+    }
+    b.packed_in = b.packed_out = at::Tensor();
+  }
+  b.gather_input = at::Tensor();
 }
 
 void ParamStorage::wait_gathered(size_t k) {
@@ -111,9 +193,9 @@ void ParamStorage::wait_gathered(size_t k) {
   const auto start = std::chrono::steady_clock::now();
   if (b.read_pending) start_gather(b);
   b.gather_work->wait();
-  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   b.gather_work.reset();
-  b.gather_input = at::Tensor();
+  finish_gather(b);
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (b.swap_id >= 0) store_->drop({b.swap_id});  // the file still holds it
 }
 
@@ -122,6 +204,7 @@ void ParamStorage::release(size_t k) {
   if (b.persistent || !b.gathered) return;
   wait_gathered(k);
   empty_storage(b.full);
+  for (auto& v : b.params) v.param.set_data(b.empty);
   b.gathered = false;
   gathered_now_ -= b.full.numel() * b.full.element_size();
 }

@@ -7,10 +7,16 @@
 // (offload_param "nvme").
 //
 // Note [Stage 3 storage]: at stage 3 a bucket of a unit keeps only its shard
-// between uses; `full` keeps its tensor (and the parameters their views)
-// while its storage is emptied (set_data_ptr_noswap, nbytes 0) and refilled
-// by an all-gather before the unit's forward and backward. Autograd's saved
-// tensors point at the same storage, so backward sees the refilled data.
+// between uses; `full` keeps its tensor while its storage is emptied
+// (set_data_ptr_noswap, nbytes 0) and refilled by an all-gather before the
+// unit's forward and backward. Autograd's saved tensors point at the same
+// storage, so backward sees the refilled data. The bucket's parameters are
+// set (set_data) to an empty tensor while it is released, as DeepSpeed
+// empties param.data: a released parameter shows 0 elements instead of its
+// shape over no memory, and zero::gathered_shape (unit.h) says what it has
+// when gathered. They are views of `full` again as the gather starts; a
+// parameter autograd saved is the same tensor, so it too is whole again by
+// the time its unit's backward runs.
 // Buckets of the root unit (parameters outside every unit, or shared by
 // several units) and buckets smaller than stage3_param_persistence_threshold
 // stay gathered.
@@ -29,6 +35,17 @@ struct StorageOptions {
   std::string offload_param = "none";  // where released shards live: "none" (with the parameters), "cpu", "nvme"
   offload::SwapOptions swap;           // with "nvme"
   bool pin_memory = false;             // host shards page-locked when the parameters are on an accelerator
+  // ZeRO++'s qwZ (zero_quantized_weights): a unit's gather carries int8
+  // blocks of this many elements with a scale each (Note [Block
+  // quantization]); 0: the exact values.
+  int64_t quantized_block = 0;
+};
+
+// A parameter in a bucket: where it starts in the bucket's buffer and its shape.
+struct ParamView {
+  at::Tensor param;
+  int64_t offset = 0;
+  std::vector<int64_t> shape;
 };
 
 class ParamStorage {
@@ -43,8 +60,9 @@ class ParamStorage {
   // `shard_numel` elements from `shard_start`. A bucket that is not
   // persistent copies its shard apart now (offload_param "nvme": and starts
   // writing it to its file) and stays gathered until release(); seal()
-  // after the last one.
-  void add(const at::Tensor& full, int64_t shard_start, int64_t shard_numel, bool persistent);
+  // after the last one. `params`: the parameters viewing `full`.
+  void add(const at::Tensor& full, int64_t shard_start, int64_t shard_numel, bool persistent,
+           std::vector<ParamView> params);
   // offload_param "nvme": waits until every shard is in its file.
   void seal();
 
@@ -57,7 +75,10 @@ class ParamStorage {
   // Refills bucket k's buffer with every rank's shard (no-op when
   // gathered). `async`: returns once the all-gather is started (offload_param
   // "nvme": once the shard's read is started, Note [NVMe read-ahead]).
-  void gather(size_t k, bool async);
+  // `exact`: the shards' own values even with quantized_block (what
+  // gather_parameters, checkpoints and state dicts read); otherwise a
+  // unit's forward and backward see them as quantization leaves them.
+  void gather(size_t k, bool async, bool exact);
   void wait_gathered(size_t k);
   // offload_param "nvme": starts reading bucket k's shard for a later gather.
   void read_ahead(size_t k);
@@ -96,15 +117,21 @@ class ParamStorage {
   struct Bucket {
     at::Tensor full;
     at::Tensor shard;
+    std::vector<ParamView> params;  // views of `full` while gathered, `empty` while released
+    at::Tensor empty;
     bool persistent = true;
     bool gathered = true;
     comm::WorkHandle gather_work;  // a gather in flight
     at::Tensor gather_input;       // the shard on the parameters' device while a gather runs
+    bool quantized = false;        // the gather in flight carries quantized shards
+    at::Tensor packed_in, packed_out;  // ... this rank's, and every rank's
     int swap_id = -1;              // offload_param "nvme": the shard's id in the store
     bool read_pending = false;     // "nvme": a prefetch's read is in flight, its all-gather not started
     bool read_ahead = false;       // "nvme": read for the next prefetch, not gathered yet
   };
   void start_gather(Bucket& b);  // the all-gather, once the shard is in memory
+  void finish_gather(Bucket& b);  // after it: quantized shards into `full`
+  static void view_params(Bucket& b);   // the parameters as views of `full`
 
   std::shared_ptr<comm::ProcessGroup> pg_;
   int owners_;

@@ -46,6 +46,7 @@ struct Options {
   int64_t prefetch_numel = 50000000;       // stage3_prefetch_bucket_size
   int64_t max_live_numel = 1000000000;     // stage3_max_live_parameters
   int64_t max_reuse_numel = 1000000000;    // stage3_max_reuse_distance (Note [Reuse distance] in units.cpp)
+  int64_t quantized_weights_block = 0;     // qwZ: StorageOptions::quantized_block
   // The ranks whose gradients together make the model's (Note [Gradient
   // norm]): the world, which is larger than the data-parallel group with
   // tensor or pipeline parallelism. Null: the data-parallel group.
@@ -187,6 +188,7 @@ class ShardedParams {
   };
   void on_grad_ready(int index);
   void build_buckets(const std::vector<at::Tensor>& tensors);
+  void hook_grad(int index);  // on_grad_ready after the parameter's AccumulateGrad
   at::Device device_of(const at::Tensor& param) const;  // where it was built (zero::Init leaves no memory behind it)
   // step(): each master tensor's gradient and its squares, and their removal.
   void attach_master_grads(bool widen);

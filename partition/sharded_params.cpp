@@ -61,6 +61,7 @@ StorageOptions storage_options(const Options& options) {
   o.offload_param = options.offload_param;
   o.swap = options.param_swap;
   o.pin_memory = options.pin_memory;
+  o.quantized_block = options.quantized_weights_block;
   return o;
 }
 
@@ -87,7 +88,7 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
                                               options_.pin_memory && accelerator);
   }
   params_.resize(tensors.size());
-  build_buckets(tensors);
+  build_buckets(tensors);  // with each parameter's GradReadyHook
   storage_.seal();
 
   ReducerOptions reducer;
@@ -96,13 +97,15 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
   const auto device = tensors.empty() ? at::Device(at::kCPU) : device_of(tensors.front());
   reducer.grad_options = torch::TensorOptions().dtype(options_.dtype).device(device);
   reducer_ = GradReducer::for_stage(layout_, pg_, host_grads_.get(), reducer);
+}
 
-  for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
-    auto acc = torch::autograd::impl::grad_accumulator(params_[i].tensor);
-    if (!acc) throw PartitionError("parameter " + param_name(i) + " is not a leaf that requires grad");
-    acc->add_post_hook(std::make_unique<GradReadyHook>(this, i));
-    params_[i].accumulator = std::move(acc);
-  }
+// Made while the parameter is whole: AccumulateGrad keeps the shape it had
+// then, and checks the gradient against it (Note [Stage 3 storage]).
+void ShardedParams::hook_grad(int i) {
+  auto acc = torch::autograd::impl::grad_accumulator(params_[i].tensor);
+  if (!acc) throw PartitionError("parameter " + param_name(i) + " is not a leaf that requires grad");
+  acc->add_post_hook(std::make_unique<GradReadyHook>(this, i));
+  params_[i].accumulator = std::move(acc);
 }
 
 // Each bucket's buffer, filled from the parameters, which become views into
@@ -124,15 +127,18 @@ void ShardedParams::build_buckets(const std::vector<at::Tensor>& tensors) {
                                         : tensors[i].detach().reshape(-1));
     }
     at::Tensor full = mixed ? empty_with_huge_pages(span.numel, values.options().dtype(options_.dtype)).copy_(values) : values;
+    std::vector<ParamView> views;
     for (int i : span.params) {
       torch::NoGradGuard no_grad;
       at::Tensor p = tensors[i];
       p.set_data(in_bucket(full, i).view(p.sizes()));
       params_[i].tensor = p;
+      hook_grad(i);
+      views.push_back({p, layout_.params()[i].offset - span.offset, p.sizes().vec()});
     }
     const int64_t start = layout_.rank() * span.shard_numel;
     const bool persistent = options_.stage < 3 || span.unit < 0 || span.numel < options_.persistence_threshold;
-    storage_.add(full, start, span.shard_numel, persistent);
+    storage_.add(full, start, span.shard_numel, persistent, std::move(views));
     // Mixed-precision master weights, and those of a shard that leaves for
     // the host or disk, are apart from the parameters.
     const bool shard_offloaded = !persistent && options_.offload_param != "none";

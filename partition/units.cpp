@@ -27,7 +27,7 @@ int64_t UnitScheduler::unit_numel(int unit) const {
 }
 
 void UnitScheduler::gather_unit(int unit, bool async) {
-  for (int b : buckets_of_[unit]) storage_.gather(b, async);
+  for (int b : buckets_of_[unit]) storage_.gather(b, async, /*exact=*/false);
   if (!async) {
     for (int b : buckets_of_[unit]) storage_.wait_gathered(b);
   }
@@ -170,7 +170,7 @@ std::vector<int> ShardedParams::gather_buckets_of(const std::vector<at::Tensor>&
     auto it = bucket_of.find(t.unsafeGetTensorImpl());
     if (it != bucket_of.end() && !storage_.persistent(it->second) && !storage_.gathered(it->second)) wanted.insert(it->second);
   }
-  for (int b : wanted) storage_.gather(b, /*async=*/true);
+  for (int b : wanted) storage_.gather(b, /*async=*/true, /*exact=*/true);  // Note [Block quantization]: never for reading
   for (int b : wanted) storage_.wait_gathered(b);
   return {wanted.begin(), wanted.end()};
 }

@@ -12,6 +12,8 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "zero/unit.h"
+
 namespace zero::profile {
 
 using Clock = std::chrono::steady_clock;
@@ -160,7 +162,7 @@ FlopsProfiler::FlopsProfiler(const torch::nn::Module& model) : state_(std::make_
   for (const auto& p : model.named_parameters()) {
     auto it = s.owner.find(p.value().unsafeGetTensorImpl());
     for (int m = it == s.owner.end() ? 0 : it->second;; m = s.parent[m]) {
-      s.params[m] += p.value().numel();
+      s.params[m] += gathered_numel(p.value());  // a released stage-3 parameter counts whole
       if (m == 0) break;
     }
   }

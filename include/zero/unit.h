@@ -28,8 +28,18 @@
 #include <memory>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace zero {
+
+// A unit's parameter at stage 3, between its unit's uses, is released: it
+// holds no elements (sizes() is [0]), as DeepSpeed empties param.data.
+// gathered_shape is the shape it has when gathered (DeepSpeed's ds_shape;
+// inside engine.gather_parameters, in forward and in backward), and
+// gathered_numel its element count (ds_numel). For any other tensor they
+// are its own sizes() and numel().
+std::vector<int64_t> gathered_shape(const at::Tensor& param);
+int64_t gathered_numel(const at::Tensor& param);
 
 class UnitBase;
 // Partitioned construction (zero::Init, init.h): what a unit built on this

@@ -74,7 +74,7 @@ TEST(ConfigDefaults, ZeroOptimizationIsDeepSpeeds) {
       {"zero_optimization.stage3_gather_16bit_weights_on_model_save", false},
       {"zero_optimization.ignore_unused_parameters", true}, {"zero_optimization.mics_shard_size", -1},
       {"zero_optimization.zero_hpz_partition_size", 1}, {"zero_optimization.zero_quantized_weights", false},
-      {"zero_optimization.zero_quantized_gradients", false},
+      {"zero_optimization.zero_quantization_block_size", 4096}, {"zero_optimization.zero_quantized_gradients", false},
       {"zero_optimization.offload_optimizer.device", "none"}, {"zero_optimization.offload_optimizer.nvme_path", nullptr},
       {"zero_optimization.offload_optimizer.pin_memory", false},
       {"zero_optimization.offload_optimizer.buffer_count", 4},
@@ -83,6 +83,23 @@ TEST(ConfigDefaults, ZeroOptimizationIsDeepSpeeds) {
       {"zero_optimization.offload_param.buffer_count", 5}, {"zero_optimization.offload_param.buffer_size", 100000000},
       {"zero_optimization.offload_param.max_in_cpu", 1000000000},
   });
+}
+
+// ZeRO++'s qwZ acts on stage 3's all-gathers only: elsewhere it is refused, not ignored.
+TEST(ConfigZeroPlusPlus, QuantizedWeightsNeedStage3AndBlocksOfEights) {
+  EXPECT_TRUE(parse(R"({"zero_optimization": {"stage": 3, "zero_quantized_weights": true}})").warnings().empty());
+  for (int stage : {0, 1, 2}) {
+    const std::string message = zero_test::config_error([&] {
+      parse(R"({"zero_optimization": {"stage": )" + std::to_string(stage) + R"(, "zero_quantized_weights": true}})");
+    });
+    EXPECT_NE(message.find("zero_quantized_weights quantizes stage 3's all-gather of weights, but "
+                           "zero_optimization.stage is " + std::to_string(stage)),
+              std::string::npos)
+        << message;
+  }
+  const std::string message = zero_test::config_error(
+      [] { parse(R"({"zero_optimization": {"stage": 3, "zero_quantization_block_size": 100}})"); });
+  EXPECT_NE(message.find("zero_quantization_block_size is 100; it must be a multiple of 8"), std::string::npos) << message;
 }
 
 // DeepSpeed: overlap_comm defaults to true at stage 3 only; an explicit value wins.
@@ -229,11 +246,11 @@ TEST(ConfigUnimplemented, KnownDeepSpeedKeysWarnOnce) {
 
 TEST(ConfigUnimplemented, NestedKeysWarnWithTheirPath) {
   Config c = parse(R"({"fp16": {"enabled": true, "fp16_master_weights_and_grads": true},
-                       "zero_optimization": {"stage": 3, "legacy_stage1": true, "zero_quantized_weights": true,
+                       "zero_optimization": {"stage": 3, "legacy_stage1": true, "zero_quantized_gradients": true,
                                              "mics_shard_size": 8, "memory_efficient_linear": true},
                        "optimizer": {"type": "Adam", "legacy_fusion": true}})");
   for (const char* path : {"fp16.fp16_master_weights_and_grads", "zero_optimization.legacy_stage1",
-                           "zero_optimization.zero_quantized_weights", "zero_optimization.mics_shard_size",
+                           "zero_optimization.zero_quantized_gradients", "zero_optimization.mics_shard_size",
                            "zero_optimization.memory_efficient_linear", "optimizer.legacy_fusion"})
     EXPECT_EQ(count_containing(c.warnings(), std::string("known DeepSpeed key ") + path + " "), 1u) << path;
   EXPECT_EQ(c.warnings().size(), 6u);

@@ -316,6 +316,56 @@ TEST(GatheredParameters, AModifierRankOutsideTheGroupIsRefused) {
             std::string::npos);
 }
 
+// DeepSpeed's released parameter: between its unit's uses a stage-3
+// parameter has no elements (sizes() [0]); zero::gathered_shape keeps its
+// shape (ds_shape), and gather_parameters, checkpoints and state dicts see
+// it whole.
+TEST(ReleasedParameters, ShowNoElementsAndKeepTheirGatheredShape) {
+  auto m = std::make_shared<Stack>();
+  const at::Tensor built = m->first->inner()->weight.detach().clone();
+  zero::InitOptions init;
+  init.group = g_world;
+  auto engine = zero::initialize(
+      zero::Config::from_json(R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+                                  "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})"),
+      m, init);
+  const at::Tensor& w = m->first->inner()->weight;
+  EXPECT_EQ(w.sizes(), (std::vector<int64_t>{0}));
+  EXPECT_EQ(zero::gathered_shape(w), (std::vector<int64_t>{6, 6}));
+  EXPECT_EQ(zero::gathered_numel(w), 36);
+  const at::Tensor x = torch::ones({1, 6});
+  try {
+    torch::matmul(x, w.t());
+    ADD_FAILURE() << "a released parameter was used";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("size mismatch"), std::string::npos)
+        << "a released parameter fails on its shape, not inside its storage: " << e.what();
+  }
+  {
+    auto scope = engine.gather_parameters(*m->first);
+    EXPECT_EQ(w.sizes(), (std::vector<int64_t>{6, 6}));
+    EXPECT_TRUE(torch::equal(w, built));
+  }
+  EXPECT_EQ(w.numel(), 0) << "released again when the scope ends";
+
+  train_and_read(engine, *m);  // forward and backward gather it whole
+  EXPECT_EQ(w.numel(), 0);
+  at::Tensor from_state;
+  for (const auto& [name, t] : engine.gathered_state_dict()) {
+    if (name == "first.weight") from_state = t;
+  }
+  ASSERT_TRUE(from_state.defined());
+  EXPECT_EQ(from_state.sizes(), (std::vector<int64_t>{6, 6}));
+  const fs::path dir = fs::temp_directory_path() / "zero_test_first_day_released";
+  if (g_world->rank() == 0) fs::remove_all(dir);
+  g_world->barrier();
+  engine.save_checkpoint(dir.string(), "t");
+  const auto saved = zero::fp32_state_dict_from_checkpoint(dir.string(), "t");
+  auto it = std::find_if(saved.begin(), saved.end(), [](const auto& kv) { return kv.first == "first.weight"; });
+  ASSERT_NE(it, saved.end());
+  EXPECT_TRUE(torch::equal(it->second, from_state)) << "the checkpoint holds it whole";
+}
+
 // DeepSpeed's rule: at stage 3 save_16bit_model saves only when the config
 // lets it gather the whole model.
 TEST(Save16bitModel, AtStage3OnlyWithGather16bitWeightsOnModelSave) {
@@ -352,7 +402,9 @@ TEST(Resume, NonFiniteMasterWeightsAreRefusedByName) {
     torch::NoGradGuard no_grad;
     m->second->inner()->weight[1][2] = std::numeric_limits<float>::quiet_NaN();
   }
-  engine.save_checkpoint(dir.string());
+  zero::SaveOptions keep;  // saved on purpose (a save refuses them otherwise)
+  keep.allow_non_finite = true;
+  engine.save_checkpoint(dir.string(), "", "{}", keep);
   auto again = std::make_shared<Stack>();
   auto resumed = stack_engine(again, 2, "fp32");
   const std::string error = error_of([&] { resumed.load_checkpoint(dir.string()); });

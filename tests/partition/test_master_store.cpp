@@ -42,7 +42,7 @@ struct Parts {
       at::Tensor values = torch::ones({b.numel});
       fulls.push_back(mixed ? values.to(dtype) : values);
       const int64_t start = g_world->rank() * b.shard_numel;
-      storage.add(fulls.back(), start, b.shard_numel, persistent);
+      storage.add(fulls.back(), start, b.shard_numel, persistent, {});
       masters.add(values.slice(0, start, start + b.shard_numel), mixed || offload_param != "none");
       storage.release(k);
     }

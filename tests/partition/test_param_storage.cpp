@@ -11,7 +11,9 @@
 
 #include "world_main.h"
 #include "zero/comm.h"
+#include "partition/block_quant.h"
 #include "partition/param_storage.h"
+#include "zero/unit.h"
 
 namespace {
 
@@ -51,8 +53,9 @@ class EachPlace : public ::testing::TestWithParam<std::string> {
     storage_ = std::make_unique<ParamStorage>(g_world, g_world->size(), options);
     for (int k = 0; k < kBuckets; ++k) {
       fulls_.push_back(expected_full(k, -1));
-      views_.push_back(fulls_.back().slice(0, 1, 4));  // as a parameter would be
-      storage_->add(fulls_.back(), g_world->rank() * kShard[k], kShard[k], /*persistent=*/k == 0);
+      views_.push_back(fulls_.back().slice(0, 1, 4).view({3, 1}));  // as a parameter would be
+      storage_->add(fulls_.back(), g_world->rank() * kShard[k], kShard[k], /*persistent=*/k == 0,
+                    {{views_.back(), 1, {3, 1}}});
     }
     for (int k = 0; k < kBuckets; ++k) storage_->release(k);
     storage_->seal();
@@ -74,19 +77,25 @@ TEST_P(EachPlace, ReleaseEmptiesTheBufferAndGatherRefillsItExactly) {
   for (int k = 1; k < kBuckets; ++k) {
     EXPECT_FALSE(storage_->gathered(k));
     EXPECT_EQ(fulls_[k].storage().nbytes(), 0u) << k;
+    // DeepSpeed's released parameter: no elements, its shape kept apart.
+    EXPECT_EQ(views_[k].numel(), 0) << k;
+    EXPECT_EQ(zero::gathered_shape(views_[k]), (std::vector<int64_t>{3, 1})) << k;
+    EXPECT_EQ(zero::gathered_numel(views_[k]), 3) << k;
   }
+  EXPECT_EQ(views_[0].sizes(), (std::vector<int64_t>{3, 1})) << "a bucket that stays gathered keeps its parameters whole";
   // The shards kept apart count wherever they are (offloaded_bytes says where).
   EXPECT_EQ(storage_->bytes(), static_cast<int64_t>(fulls_[0].nbytes()) + released_shard_bytes());
-  storage_->gather(1, /*async=*/false);
-  storage_->gather(2, /*async=*/true);
+  storage_->gather(1, /*async=*/false, /*exact=*/true);
+  storage_->gather(2, /*async=*/true, /*exact=*/true);
   storage_->wait_gathered(2);
   for (int k = 1; k < kBuckets; ++k) {
     ASSERT_TRUE(storage_->gathered(k));
     EXPECT_TRUE(torch::equal(fulls_[k], expected_full(k, -1))) << k;
-    EXPECT_TRUE(torch::equal(views_[k], expected_full(k, -1).slice(0, 1, 4))) << "the parameter's view sees it";
+    EXPECT_TRUE(torch::equal(views_[k], expected_full(k, -1).slice(0, 1, 4).view({3, 1}))) << "the parameter's view sees it";
   }
   storage_->release_all();
   EXPECT_FALSE(storage_->gathered(1));
+  EXPECT_EQ(views_[1].numel(), 0);
   EXPECT_TRUE(storage_->gathered(0));
 }
 
@@ -103,7 +112,7 @@ TEST_P(EachPlace, UpdatedShardsReachEveryRank) {
   EXPECT_TRUE(torch::equal(fulls_[0], expected_full(0, 7))) << "a bucket that stays gathered is gathered in place";
   for (int k = 1; k < kBuckets; ++k) {
     EXPECT_FALSE(storage_->gathered(k));
-    storage_->gather(k, /*async=*/false);
+    storage_->gather(k, /*async=*/false, /*exact=*/true);
     EXPECT_TRUE(torch::equal(fulls_[k], expected_full(k, 7))) << k;
   }
 }
@@ -112,10 +121,10 @@ TEST_P(EachPlace, ReadAheadIsUsedByTheNextGatherOrDropped) {
   storage_->read_ahead(1);
   storage_->release_all();  // the read was for nothing
   storage_->read_ahead(2);
-  storage_->gather(2, /*async=*/true);
+  storage_->gather(2, /*async=*/true, /*exact=*/true);
   storage_->wait_gathered(2);
   EXPECT_TRUE(torch::equal(fulls_[2], expected_full(2, -1)));
-  storage_->gather(1, /*async=*/true);
+  storage_->gather(1, /*async=*/true, /*exact=*/true);
   storage_->wait_gathered(1);
   EXPECT_TRUE(torch::equal(fulls_[1], expected_full(1, -1)));
 }
@@ -133,19 +142,48 @@ TEST_P(EachPlace, CountsGatheredBytesAndTheirPeak) {
   const int64_t setup_peak = storage_->gathered_peak();  // SetUp held buckets 1 and 2 before releasing them
   EXPECT_EQ(setup_peak, full_bytes(1) + full_bytes(2));
   EXPECT_EQ(storage_->gathered_bytes(), 0);
-  storage_->gather(0, /*async=*/false);  // persistent: never counted
-  storage_->gather(2, /*async=*/false);
+  storage_->gather(0, /*async=*/false, /*exact=*/true);  // persistent: never counted
+  storage_->gather(2, /*async=*/false, /*exact=*/true);
   EXPECT_EQ(storage_->gathered_bytes(), full_bytes(2));
   storage_->release(2);
   storage_->release(2);  // a second release changes nothing
   EXPECT_EQ(storage_->gathered_bytes(), 0);
-  storage_->gather(1, /*async=*/true);
-  storage_->gather(1, /*async=*/true);  // nor a second gather
+  storage_->gather(1, /*async=*/true, /*exact=*/true);
+  storage_->gather(1, /*async=*/true, /*exact=*/true);  // nor a second gather
   storage_->wait_gathered(1);
   EXPECT_EQ(storage_->gathered_bytes(), full_bytes(1));
   storage_->release_all();
   EXPECT_EQ(storage_->gathered_bytes(), 0);
   EXPECT_EQ(storage_->gathered_peak(), setup_peak) << "the peak is a high-water mark";
+}
+
+// qwZ: a unit's gather carries every rank's shard quantized (Note [Block
+// quantization]); gather_parameters' exact gather carries the values.
+TEST(QuantizedGather, EachShardArrivesAsItsQuantizationAndExactGathersAreExact) {
+  constexpr int64_t kBlock = 8, kNumel = 21;
+  StorageOptions options;
+  options.quantized_block = kBlock;
+  ParamStorage storage(g_world, g_world->size(), options);
+  const int n = g_world->size();
+  torch::manual_seed(9);  // the same on every rank
+  const at::Tensor values = torch::randn({kNumel * n}) * 3;
+  at::Tensor full = values.clone();
+  storage.add(full, g_world->rank() * kNumel, kNumel, /*persistent=*/false, {});
+  storage.release(0);
+  at::Tensor want = torch::empty_like(values);
+  for (int r = 0; r < n; ++r) {
+    const at::Tensor shard = values.slice(0, r * kNumel, (r + 1) * kNumel);
+    at::Tensor packed = torch::empty({zero::partition::packed_bytes(kNumel, kBlock)}, torch::kByte);
+    zero::partition::quantize_into(shard, packed, kBlock);
+    zero::partition::dequantize_into(packed, want.slice(0, r * kNumel, (r + 1) * kNumel), kBlock);
+  }
+  storage.gather(0, /*async=*/true, /*exact=*/false);
+  storage.wait_gathered(0);
+  EXPECT_TRUE(torch::equal(full, want));
+  EXPECT_FALSE(torch::equal(full, values)) << "the quantization changed something";
+  storage.release(0);
+  storage.gather(0, /*async=*/false, /*exact=*/true);
+  EXPECT_TRUE(torch::equal(full, values));
 }
 
 INSTANTIATE_TEST_SUITE_P(Places, EachPlace, ::testing::Values("none", "cpu", "nvme"),

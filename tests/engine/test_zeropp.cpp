@@ -1,0 +1,138 @@
+// ZeRO++ on stage 3 (Note [Block quantization]). qwZ: the weights a unit's
+// forward and backward gather arrive as int8 blocks, while the masters, the
+// checkpoints and gather_parameters stay exact. The reference is the same
+// model trained by the exact stage 3 in the same process.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "world_main.h"
+#include "zero/zero.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Net : torch::nn::Module {
+  zero::Unit<torch::nn::Linear> first{nullptr}, second{nullptr};
+  torch::nn::Linear head{nullptr};
+  Net() {
+    torch::manual_seed(5);
+    first = register_module("first", zero::Unit<torch::nn::Linear>(torch::nn::Linear(32, 64)));
+    second = register_module("second", zero::Unit<torch::nn::Linear>(torch::nn::Linear(64, 64)));
+    head = register_module("head", torch::nn::Linear(64, 1));
+  }
+  at::Tensor forward(const at::Tensor& x) { return head(torch::tanh(second(torch::tanh(first(x))))); }
+};
+
+zero::Engine engine_for(std::shared_ptr<Net> m, bool quantized) {
+  zero::InitOptions init;
+  init.group = g_world;
+  return zero::initialize(
+      zero::Config::from_json(std::string(R"({"train_micro_batch_size_per_gpu": 8,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+          "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                "zero_quantization_block_size": 64, "zero_quantized_weights": )") +
+                              (quantized ? "true" : "false") + "}}"),
+      m, init);
+}
+
+at::Tensor target(const at::Tensor& x) { return 0.5 * x.slice(1, 0, 1) - 0.3 * x.slice(1, 1, 2); }
+
+// A fixed regression problem; rank r takes rows [8r, 8r + 8) of each global batch.
+std::pair<at::Tensor, at::Tensor> batch(int step) {
+  torch::manual_seed(100 + step);
+  const int n = 8 * g_world->size();
+  at::Tensor x = torch::randn({n, 32});
+  at::Tensor y = target(x);
+  const int r = g_world->rank();
+  return {x.slice(0, 8 * r, 8 * r + 8), y.slice(0, 8 * r, 8 * r + 8)};
+}
+
+double train_step(zero::Engine& engine, Net& m, int step) {
+  auto [x, y] = batch(step);
+  at::Tensor loss = torch::mse_loss(m.forward(x), y);
+  engine.backward(loss);
+  engine.step();
+  at::Tensor mean = loss.detach().clone();
+  g_world->all_reduce(mean);
+  return mean.item<double>() / g_world->size();
+}
+
+std::map<std::string, at::Tensor> state(zero::Engine& engine) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [name, t] : engine.gathered_state_dict()) out[name] = t;
+  return out;
+}
+
+TEST(QuantizedWeights, ForwardSeesQuantizedWeightsWhileTheMastersStayExact) {
+  auto exact_model = std::make_shared<Net>(), quantized_model = std::make_shared<Net>();
+  auto exact = engine_for(exact_model, false);
+  auto quantized = engine_for(quantized_model, true);
+  const auto exact_state = state(exact), quantized_state = state(quantized);
+  for (const auto& [name, t] : exact_state) EXPECT_TRUE(torch::equal(t, quantized_state.at(name))) << name;
+
+  auto [x, y] = batch(0);
+  const auto before = g_world->stats().all_gather_bytes;
+  const double exact_loss = torch::mse_loss(exact_model->forward(x), y).item<double>();
+  const auto exact_bytes = g_world->stats().all_gather_bytes - before;
+  const double quantized_loss = torch::mse_loss(quantized_model->forward(x), y).item<double>();
+  const auto quantized_bytes = g_world->stats().all_gather_bytes - before - exact_bytes;
+  EXPECT_NE(exact_loss, quantized_loss) << "the forward used quantized weights";
+  EXPECT_LT(std::abs(exact_loss - quantized_loss), 1e-2 * exact_loss);
+  if (g_world->size() > 1) {
+    // One byte an element and a 4-byte scale per 64 elements, against 4 bytes an element.
+    EXPECT_LT(static_cast<double>(quantized_bytes), 0.27 * static_cast<double>(exact_bytes))
+        << quantized_bytes << " against " << exact_bytes;
+    EXPECT_GT(quantized_bytes, 0);
+  }
+}
+
+// The loss on a fixed held-out batch (every rank the same), no gradients.
+double eval_loss(Net& m) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(7);
+  const at::Tensor x = torch::randn({64, 32});
+  return torch::mse_loss(m.forward(x), target(x)).item<double>();
+}
+
+// DeepSpeed's convergence criterion for ZeRO++: the final loss within 1.1x of ZeRO-3's.
+TEST(QuantizedWeights, TrainsToWithinTenPercentOfTheExactLoss) {
+  auto exact_model = std::make_shared<Net>(), quantized_model = std::make_shared<Net>();
+  auto exact = engine_for(exact_model, false);
+  auto quantized = engine_for(quantized_model, true);
+  const double first = eval_loss(*exact_model);
+  for (int step = 0; step < 60; ++step) {
+    train_step(exact, *exact_model, step);
+    train_step(quantized, *quantized_model, step);
+  }
+  const double exact_loss = eval_loss(*exact_model), quantized_loss = eval_loss(*quantized_model);
+  EXPECT_LT(exact_loss, 0.5 * first) << "the problem is learned";
+  EXPECT_LT(quantized_loss, 1.1 * exact_loss) << "exact " << exact_loss << ", quantized " << quantized_loss;
+}
+
+// Checkpoints hold the exact masters: a run saved with qwZ resumes without
+// it with the same weights, and the other way round.
+TEST(QuantizedWeights, CheckpointsResumeWithOrWithoutIt) {
+  for (bool saved_quantized : {true, false}) {
+    SCOPED_TRACE(saved_quantized ? "saved with qwZ" : "saved without");
+    const fs::path dir = fs::temp_directory_path() / "zero_test_zeropp";
+    if (g_world->rank() == 0) fs::remove_all(dir);
+    g_world->barrier();
+    auto saved_model = std::make_shared<Net>();
+    auto saved = engine_for(saved_model, saved_quantized);
+    for (int step = 0; step < 3; ++step) train_step(saved, *saved_model, step);
+    saved.save_checkpoint(dir.string());
+    auto loaded_model = std::make_shared<Net>();
+    auto loaded = engine_for(loaded_model, !saved_quantized);
+    loaded.load_checkpoint(dir.string());
+    const auto want = state(saved), got = state(loaded);
+    for (const auto& [name, t] : want) EXPECT_TRUE(torch::equal(t, got.at(name))) << name;
+    // The next step's losses then differ only by the forward's quantization.
+    const double a = train_step(saved, *saved_model, 3), b = train_step(loaded, *loaded_model, 3);
+    EXPECT_LT(std::abs(a - b), 1e-2 * a);
+  }
+}
+
+}  // namespace
