@@ -249,7 +249,9 @@ void ReduceScatterPerBucket::start(size_t k) {
   fill_unwritten(k);  // parameters no gradient reached, and the padding: zeros
   const bool into_partition = fresh_ && !off_device(k);
   outputs_[k] = into_partition ? at::Tensor() : torch::empty({layout_.buckets()[k].shard_numel}, staging_[k].options());
-  works_[k] = pg_->reduce_scatter_async(into_partition ? partition_slice(k) : outputs_[k], staging_[k], comm::ReduceOp::Avg);
+  at::Tensor out = into_partition ? partition_slice(k) : outputs_[k];
+  works_[k] = options_.quantized ? options_.quantized->start(out, staging_[k])
+                                 : pg_->reduce_scatter_async(out, staging_[k], comm::ReduceOp::Avg);
 }
 
 void ReduceScatterPerBucket::land(size_t k) {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "zero/comm.h"
+#include "partition/quantized_reduce.h"
 
 namespace zero::partition {
 
@@ -30,6 +31,9 @@ struct ReducerOptions {
   int stage = 0;
   bool overlap_comm = false;  // leave reductions in flight while backward goes on
   at::TensorOptions grad_options;  // training dtype, the parameters' device
+  // ZeRO++'s qgZ (stages 2-3): reduce-scatters in two levels, int8 across
+  // nodes (Note [Quantized gradients]); null: a plain reduce-scatter.
+  std::shared_ptr<QuantizedReduceScatter> quantized;
 };
 
 class GradReducer {

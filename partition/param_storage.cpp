@@ -10,6 +10,7 @@
 
 #include "offload/host_tensors.h"
 #include "partition/block_quant.h"
+#include "zero/error.h"
 #include "zero/unit.h"
 
 namespace zero::partition {
@@ -82,6 +83,10 @@ ParamStorage::~ParamStorage() {
 
 void ParamStorage::add(const at::Tensor& full, int64_t shard_start, int64_t shard_numel, bool persistent,
                        std::vector<ParamView> params) {
+  if (options_.secondary_group && full.numel() % options_.secondary_group->size() != 0) {
+    throw PartitionError("hpZ: a bucket of " + std::to_string(full.numel()) + " elements does not split over " +
+                         std::to_string(options_.secondary_group->size()) + " ranks of a node");
+  }
   Bucket b;
   b.full = full;
   b.params = std::move(params);
@@ -115,15 +120,31 @@ void ParamStorage::seal() {
   if (store_) store_->wait_behind();
 }
 
+// Note [Secondary partition]: ZeRO++'s hpZ. A unit is gathered over every
+// rank for its forward (across nodes), and again for its backward. With
+// secondary_group (the ranks of this node), the forward's gather leaves
+// each rank holding 1/L of the buffer it received (L ranks a node), so that
+// the backward's gather is an all-gather within the node, of the same
+// values (quantized ones with qwZ). A secondary lives until the backward is
+// done (release_all) or the shard changes (prepare_write, send_shard), so it
+// never holds stale weights; it costs 1/L of each gathered unit between its
+// forward and backward. An exact gather neither uses nor leaves one.
 void ParamStorage::gather(size_t k, bool async, bool exact) {
   Bucket& b = buckets_[k];
   if (b.gathered) return;
-  b.quantized = options_.quantized_block > 0 && !exact;
+  b.from_secondary = !exact && b.secondary.defined();
+  b.quantized = options_.quantized_block > 0 && !exact && !b.from_secondary;
+  b.keep_secondary = options_.secondary_group && !exact && !b.from_secondary;
   refill_storage(b.full);
   view_params(b);
   b.gathered = true;
   if (!b.persistent) gathered_now_ += b.full.numel() * b.full.element_size();
   gathered_peak_ = std::max(gathered_peak_, gathered_now_);
+  if (b.from_secondary) {
+    b.gather_work = options_.secondary_group->all_gather_async(b.full, b.secondary);
+    if (!async) wait_gathered(k);
+    return;
+  }
   if (b.swap_id >= 0) {
     // offload_param "nvme": the shard is read back first.
     // Note [NVMe read-ahead]: a shard read ahead has had a unit's compute to
@@ -185,6 +206,12 @@ void ParamStorage::finish_gather(Bucket& b) {
     b.packed_in = b.packed_out = at::Tensor();
   }
   b.gather_input = at::Tensor();
+  if (b.keep_secondary) {
+    const auto& node = *options_.secondary_group;
+    const int64_t part = b.full.numel() / node.size();
+    b.secondary = b.full.slice(0, node.rank() * part, (node.rank() + 1) * part).clone();
+    b.keep_secondary = false;
+  }
 }
 
 void ParamStorage::wait_gathered(size_t k) {
@@ -196,7 +223,7 @@ void ParamStorage::wait_gathered(size_t k) {
   b.gather_work.reset();
   finish_gather(b);
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (b.swap_id >= 0) store_->drop({b.swap_id});  // the file still holds it
+  if (b.swap_id >= 0 && !b.from_secondary) store_->drop({b.swap_id});  // the file still holds it
 }
 
 void ParamStorage::release(size_t k) {
@@ -217,15 +244,18 @@ void ParamStorage::release_all() {
       store_->drop({b.swap_id});
       b.read_ahead = false;
     }
+    b.secondary = at::Tensor();
   }
 }
 
 void ParamStorage::prepare_write(size_t k) {
+  buckets_[k].secondary = at::Tensor();  // the shard changes
   if (buckets_[k].swap_id >= 0) store_->materialize({buckets_[k].swap_id});  // written back by send_shard()
 }
 
 comm::WorkHandle ParamStorage::send_shard(size_t k) {
   Bucket& b = buckets_[k];
+  b.secondary = at::Tensor();
   if (b.persistent) return owners_ > 1 ? pg_->all_gather_async(b.full, b.shard) : nullptr;
   if (b.swap_id >= 0) {
     // A step over a partition larger than memory never holds all of it.
@@ -243,6 +273,7 @@ int64_t ParamStorage::bytes() const {
   for (const auto& b : buckets_) {
     if (!b.persistent) bytes += b.shard.nbytes();
     if (b.gathered) bytes += b.full.numel() * b.full.element_size();
+    if (b.secondary.defined()) bytes += b.secondary.nbytes();
   }
   return bytes;
 }

@@ -39,6 +39,11 @@ struct StorageOptions {
   // blocks of this many elements with a scale each (Note [Block
   // quantization]); 0: the exact values.
   int64_t quantized_block = 0;
+  // ZeRO++'s hpZ (zero_hpz_partition_size): the ranks of this node, over
+  // which a unit's gathered buffer is kept as a secondary partition from
+  // its forward until its backward has gathered again (Note [Secondary
+  // partition]); null: none.
+  std::shared_ptr<comm::ProcessGroup> secondary_group;
 };
 
 // A parameter in a bucket: where it starts in the bucket's buffer and its shape.
@@ -84,7 +89,8 @@ class ParamStorage {
   void read_ahead(size_t k);
   // Empties bucket k's buffer (no-op when persistent or released).
   void release(size_t k);
-  // Releases every bucket that is not persistent and drops shards read ahead for nothing.
+  // Releases every bucket that is not persistent and drops shards read
+  // ahead for nothing, and the secondary partitions (a backward is done).
   void release_all();
 
   // The way back after an update: before bucket k's shard is written, its
@@ -96,8 +102,8 @@ class ParamStorage {
   comm::WorkHandle send_shard(size_t k);
   void wait_writes();  // the file writes send_shard() started
 
-  // The parameters' bytes on this rank now: gathered buffers, and the
-  // shards kept apart wherever they are; of those, offloaded_bytes() are in
+  // The parameters' bytes on this rank now: gathered buffers, the
+  // secondary partitions (hpZ), and the shards kept apart wherever they are; of those, offloaded_bytes() are in
   // host memory (nvme false) or on NVMe (true).
   int64_t bytes() const;
   int64_t offloaded_bytes(bool nvme) const;
@@ -124,6 +130,9 @@ class ParamStorage {
     comm::WorkHandle gather_work;  // a gather in flight
     at::Tensor gather_input;       // the shard on the parameters' device while a gather runs
     bool quantized = false;        // the gather in flight carries quantized shards
+    bool from_secondary = false;   // ... comes from the node's secondary partition (hpZ)
+    bool keep_secondary = false;   // ... leaves a secondary partition behind
+    at::Tensor secondary;          // hpZ: this rank's part of `full` for the node's next gather
     at::Tensor packed_in, packed_out;  // ... this rank's, and every rank's
     int swap_id = -1;              // offload_param "nvme": the shard's id in the store
     bool read_pending = false;     // "nvme": a prefetch's read is in flight, its all-gather not started

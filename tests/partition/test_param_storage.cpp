@@ -186,6 +186,58 @@ TEST(QuantizedGather, EachShardArrivesAsItsQuantizationAndExactGathersAreExact) 
   EXPECT_TRUE(torch::equal(full, values));
 }
 
+// hpZ (Note [Secondary partition]): the gather after a unit's forward
+// comes from the node's secondary partition, not from the shards, until
+// the backward is done or the shard changes. Nodes here: pairs of ranks
+// (one rank each with an odd world).
+TEST(SecondaryPartition, TheNextGatherComesFromTheNodeUntilReleaseAllOrAWrite) {
+  constexpr int64_t kBlock = 8, kNumel = 12;
+  const int n = g_world->size(), per_node = n % 2 == 0 ? 2 : 1;
+  std::shared_ptr<zero::comm::ProcessGroup> node;
+  for (int first = 0; first < n; first += per_node) {
+    std::vector<int> ranks;
+    for (int r = first; r < first + per_node; ++r) ranks.push_back(r);
+    auto group = g_world->new_group(ranks);
+    if (group) node = group;
+  }
+  StorageOptions options;
+  options.quantized_block = kBlock;
+  options.secondary_group = node;
+  ParamStorage storage(g_world, n, options);
+  torch::manual_seed(9);
+  const at::Tensor values = torch::randn({kNumel * n});
+  at::Tensor full = values.clone();
+  storage.add(full, g_world->rank() * kNumel, kNumel, /*persistent=*/false, {});
+  storage.release(0);
+  const int64_t shards_only = storage.bytes();
+  storage.gather(0, /*async=*/false, /*exact=*/false);  // forward's: from every rank, quantized
+  const at::Tensor forward = full.clone();
+  storage.release(0);
+  EXPECT_EQ(storage.bytes(), shards_only + kNumel * n / per_node * 4) << "1/L of the buffer is kept";
+
+  storage.shard(0).fill_(50);  // no write announced: a later gather that read the shards would see it
+  const auto world_before = g_world->stats().all_gather_bytes;
+  storage.gather(0, /*async=*/true, /*exact=*/false);  // backward's: within the node
+  storage.wait_gathered(0);
+  EXPECT_TRUE(torch::equal(full, forward)) << "the secondary partition's values";
+  EXPECT_EQ(g_world->stats().all_gather_bytes, world_before) << "nothing crossed the node";
+  storage.release(0);
+
+  storage.release_all();  // the backward is done
+  EXPECT_EQ(storage.bytes(), shards_only);
+  storage.gather(0, /*async=*/false, /*exact=*/false);
+  EXPECT_TRUE(torch::equal(full.slice(0, g_world->rank() * kNumel, (g_world->rank() + 1) * kNumel),
+                           torch::full({kNumel}, 50.0f)))
+      << "from the shards again";
+  storage.release(0);
+  storage.prepare_write(0);  // an update drops the secondary too
+  storage.shard(0).fill_(-2);
+  storage.send_shard(0);
+  storage.gather(0, /*async=*/false, /*exact=*/false);
+  EXPECT_TRUE(torch::equal(full.slice(0, g_world->rank() * kNumel, (g_world->rank() + 1) * kNumel),
+                           torch::full({kNumel}, -2.0f)));
+}
+
 INSTANTIATE_TEST_SUITE_P(Places, EachPlace, ::testing::Values("none", "cpu", "nvme"),
                          [](const auto& info) { return info.param; });
 
