@@ -1,5 +1,7 @@
 // Heartbeats and the diagnosis of a missing rank (Note [Missing rank]).
+#include <future>
 #include <sstream>
+#include <thread>
 
 #include "comm/internal.h"
 #include "zero/log.h"
@@ -42,83 +44,39 @@ Beat read_beat(c10d::Store& store, const std::string& key) {
   return beat;
 }
 
-}  // namespace
-
-HealthMonitor::HealthMonitor(StorePtr store, int global_rank, int world_size)
-    : store_(std::move(store)), rank_(global_rank), world_(world_size) {
-  thread_ = std::thread([this] { beat(); });
-}
-
-HealthMonitor::~HealthMonitor() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
-}
-
-void HealthMonitor::entering(const char* op, uint64_t bytes) {
-  op_.store(op);
-  bytes_.store(bytes);
-  seq_.fetch_add(1);
-}
-
-void HealthMonitor::beat() {
-  long counter = 0;
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_) {
-    lock.unlock();
-    try {
-      std::ostringstream value;
-      value << ++counter << " " << seq_.load() << " " << op_.load() << " " << bytes_.load();
-      store_->set(key(rank_), bytes(value.str()));
-    } catch (const std::exception&) {
-      // The store is gone (rank 0 exited); the next collective reports it.
-    }
-    lock.lock();
-    cv_.wait_for(lock, kPeriod, [this] { return stop_; });
-  }
-}
-
-std::string HealthMonitor::diagnose(const std::vector<int>& global_ranks) {
-  std::vector<Beat> first(global_ranks.size()), second(global_ranks.size());
-  try {
-    for (size_t i = 0; i < global_ranks.size(); ++i) first[i] = read_beat(*store_, key(global_ranks[i]));
-    std::this_thread::sleep_for(kPeriod * 6);
-    for (size_t i = 0; i < global_ranks.size(); ++i) second[i] = read_beat(*store_, key(global_ranks[i]));
-  } catch (const std::exception&) {
-    return "the rendezvous store on rank 0 is unreachable: rank 0 has probably exited or died";
-  }
+// The diagnosis from two reads of the heartbeats, kPeriod * 6 apart, by the
+// rank `me` now in collective number `my_seq` (`my_op`, `my_bytes`).
+std::string explain(int me, long my_seq, const std::string& my_op, uint64_t my_bytes,
+                    const std::vector<int>& global_ranks, const std::vector<Beat>& first,
+                    const std::vector<Beat>& second) {
   std::ostringstream out;
-  const long my_seq = seq_.load();
   bool found = false;
   for (size_t i = 0; i < global_ranks.size(); ++i) {
     const int r = global_ranks[i];
-    if (r == rank_) continue;
+    if (r == me) continue;
     const Beat& last = second[i].present ? second[i] : first[i];
-    const std::string mine = "#" + std::to_string(my_seq) + " (" + op_.load() + ")";
+    const std::string mine = "#" + std::to_string(my_seq) + " (" + my_op + ")";
     const std::string theirs = "#" + std::to_string(last.seq) + " (" + last.op + ")";
     std::string why;
-    const bool same_collective = last.present && last.seq == my_seq && last.op == op_.load();
-    if (same_collective && last.bytes != bytes_.load()) {
+    const bool same_collective = last.present && last.seq == my_seq && last.op == my_op;
+    if (same_collective && last.bytes != my_bytes) {
       why = std::string(last.exited ? "exited in" : "is in") + " the same collective " + theirs + " with " +
-            std::to_string(last.bytes) + " bytes while rank " + std::to_string(rank_) + " passed " +
-            std::to_string(bytes_.load()) + ": the ranks passed tensors of different sizes";
+            std::to_string(last.bytes) + " bytes while rank " + std::to_string(me) + " passed " +
+            std::to_string(my_bytes) + ": the ranks passed tensors of different sizes";
     } else if (!last.present) {
       why = "never started its heartbeat";
     } else if (last.exited) {
       why = "has exited";
-      if (last.seq == my_seq && last.op != op_.load()) {
-        why += " after entering collective " + theirs + " while rank " + std::to_string(rank_) + " is at " + mine +
+      if (last.seq == my_seq && last.op != my_op) {
+        why += " after entering collective " + theirs + " while rank " + std::to_string(me) + " is at " + mine +
                ": the ranks issued different collectives";
       } else if (last.seq < my_seq) {
         why += " (its last collective was " + theirs + "; this rank is at " + mine + ")";
       }
     } else if (first[i].present && !first[i].exited && last.counter == first[i].counter) {
-      why = "stopped responding (its process died or is frozen)";
-    } else if (last.seq != my_seq || last.op != op_.load()) {
-      why = "is alive but at collective " + theirs + " while rank " + std::to_string(rank_) + " is at " + mine +
+      why = "stopped responding (its process died or is frozen, or its node cannot be reached)";
+    } else if (last.seq != my_seq || last.op != my_op) {
+      why = "is alive but at collective " + theirs + " while rank " + std::to_string(me) + " is at " + mine +
             ": the ranks issued different collectives";
     }
     if (!why.empty()) {
@@ -130,17 +88,112 @@ std::string HealthMonitor::diagnose(const std::vector<int>& global_ranks) {
   return out.str();
 }
 
-void HealthMonitor::shutdown(std::chrono::milliseconds timeout) {
+}  // namespace
+
+HealthMonitor::HealthMonitor(StorePtr store, int global_rank, int world_size)
+    : state_(std::make_shared<State>()), world_(world_size) {
+  state_->store = std::move(store);
+  state_->rank = global_rank;
+  thread_ = std::thread([state = state_] { beat(state); });
+}
+
+HealthMonitor::~HealthMonitor() { stop_beating(); }
+
+// A heartbeat thread blocked behind a diagnosis's reader on an unreachable
+// store (Note [An unreachable store]) is left to itself: it holds the
+// state it uses.
+void HealthMonitor::stop_beating() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->stop = true;
   }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  state_->cv.notify_all();
+  if (!thread_.joinable()) return;
+  if (state_->store_stuck.load()) {
+    thread_.detach();
+  } else {
+    thread_.join();
+  }
+}
+
+void HealthMonitor::entering(const char* op, uint64_t bytes) {
+  state_->op.store(op);
+  state_->bytes.store(bytes);
+  state_->seq.fetch_add(1);
+}
+
+void HealthMonitor::beat(const std::shared_ptr<State>& state) {
+  long counter = 0;
+  std::unique_lock<std::mutex> lock(state->mu);
+  while (!state->stop) {
+    lock.unlock();
+    try {
+      std::ostringstream value;
+      value << ++counter << " " << state->seq.load() << " " << state->op.load() << " " << state->bytes.load();
+      state->store->set(key(state->rank), bytes(value.str()));
+    } catch (const std::exception&) {
+      // The store is gone (rank 0 exited); the next collective reports it.
+    }
+    lock.lock();
+    state->cv.wait_for(lock, kPeriod, [&] { return state->stop; });
+  }
+}
+
+// Note [An unreachable store]: when the link to rank 0's node drops, a
+// request to the store (on rank 0) gets no answer, and c10d's TCPStore
+// (1.13) waits for one forever, holding its connection's lock. So the
+// diagnosis reads the heartbeats on a thread of its own and gives up at a
+// deadline, saying the store did not answer. That reader, and the heartbeat
+// thread queued behind it on the lock, are left blocked: they share only
+// HealthMonitor::State, which they keep alive, and shutdown() detaches the
+// heartbeat thread instead of joining it. A store that is gone (rank 0
+// exited) still fails the reads at once, as before.
+std::string HealthMonitor::diagnose(const std::vector<int>& global_ranks) {
+  struct Reads {
+    std::vector<Beat> first, second;
+  };
+  const auto deadline = kPeriod * 6 + std::chrono::seconds(3);
+  if (!state_->store_stuck.load()) {
+    std::vector<std::string> keys;
+    for (int r : global_ranks) keys.push_back(key(r));
+    auto promise = std::make_shared<std::promise<Reads>>();
+    std::future<Reads> reads = promise->get_future();
+    std::thread([state = state_, keys, promise] {
+      try {
+        Reads got;
+        for (const auto& k : keys) got.first.push_back(read_beat(*state->store, k));
+        std::this_thread::sleep_for(kPeriod * 6);
+        for (const auto& k : keys) got.second.push_back(read_beat(*state->store, k));
+        promise->set_value(std::move(got));
+      } catch (...) {
+        promise->set_exception(std::current_exception());
+      }
+    }).detach();
+    if (reads.wait_for(deadline) == std::future_status::ready) {
+      try {
+        Reads got = reads.get();
+        return explain(state_->rank, state_->seq.load(), state_->op.load(), state_->bytes.load(), global_ranks, got.first,
+                       got.second);
+      } catch (const std::exception&) {
+        return "the rendezvous store on rank 0 is unreachable: rank 0 has probably exited or died";
+      }
+    }
+    state_->store_stuck.store(true);
+  }
+  std::ostringstream seconds;
+  seconds << std::chrono::duration_cast<std::chrono::milliseconds>(deadline).count() / 1000.0;
+  return "the rendezvous store on rank 0 did not answer for " + seconds.str() + " s: rank 0's node cannot be reached (is the network link between the nodes down?) or rank 0 is frozen";
+}
+
+void HealthMonitor::shutdown(std::chrono::milliseconds timeout) {
+  stop_beating();
+  if (state_->store_stuck.load()) return;  // nothing more gets through (Note [An unreachable store])
+  const int me = state_->rank;
+  c10d::Store& store = *state_->store;
   try {
-    store_->set(key(rank_), bytes(kExited + " " + std::to_string(seq_.load()) + " " + op_.load() + " " +
-                                  std::to_string(bytes_.load())));
-    if (rank_ != 0) return;
+    store.set(key(me), bytes(kExited + " " + std::to_string(state_->seq.load()) + " " + state_->op.load() + " " +
+                                  std::to_string(state_->bytes.load())));
+    if (me != 0) return;
     // Rank 0 hosts the store: keep it up until every other rank has exited
     // or stopped beating, so that no peer loses the store mid-shutdown.
     const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -148,7 +201,7 @@ void HealthMonitor::shutdown(std::chrono::milliseconds timeout) {
     while (std::chrono::steady_clock::now() < deadline) {
       bool waiting = false;
       for (int r = 1; r < world_; ++r) {
-        const Beat b = read_beat(*store_, key(r));
+        const Beat b = read_beat(store, key(r));
         if (!b.present || b.exited) continue;
         if (b.present && b.counter == last[r]) continue;  // stalled since last look: dead
         last[r] = b.counter;

@@ -52,18 +52,26 @@ class HealthMonitor {
   void shutdown(std::chrono::milliseconds timeout);
 
  private:
-  void beat();
-  std::string key(int rank) const { return "zero/hb/" + std::to_string(rank); }
+  // What the heartbeat thread and a diagnosis's reader use, shared with
+  // them so that one left blocked on an unreachable store outlives this
+  // object safely (Note [An unreachable store] in health.cpp).
+  struct State {
+    StorePtr store;
+    int rank = 0;
+    std::atomic<long> seq{0};
+    std::atomic<const char*> op{"none"};
+    std::atomic<uint64_t> bytes{0};
+    std::atomic<bool> store_stuck{false};
+    std::mutex mu;
+    std::condition_variable cv;
+    bool stop = false;
+  };
+  static void beat(const std::shared_ptr<State>& state);
+  static std::string key(int rank) { return "zero/hb/" + std::to_string(rank); }
+  void stop_beating();
 
-  StorePtr store_;
-  int rank_;
+  std::shared_ptr<State> state_;
   int world_;
-  std::atomic<long> seq_{0};
-  std::atomic<const char*> op_{"none"};
-  std::atomic<uint64_t> bytes_{0};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
   std::thread thread_;
 };
 
@@ -96,6 +104,9 @@ std::unique_ptr<HostBackend> make_gloo_backend(const GroupInfo& group);  // gloo
 // Null when the group cannot use shared memory (shm.cpp, Note [Shared-memory
 // collectives]); every rank of the group gets the same answer.
 std::unique_ptr<HostBackend> make_shm_backend(const GroupInfo& group);
+// This process's node as ranks compare it (shm.cpp, Note [One node]): equal
+// strings, one node.
+std::string node_identity();
 
 // Collectives on CUDA tensors enqueued on a communication stream (nccl.cpp).
 class DeviceBackend {

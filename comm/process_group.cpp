@@ -26,6 +26,7 @@ struct World {
   StorePtr store;
   std::shared_ptr<HealthMonitor> health;
   std::chrono::milliseconds timeout;
+  std::vector<int> node_of;  // by world rank (Group::find_nodes)
   ~World() {
     if (health) health->shutdown(timeout);
   }
@@ -76,6 +77,37 @@ class Group : public ProcessGroup {
   int rank() const override { return info_.rank; }
   int size() const override { return info_.size; }
   int global_rank(int group_rank) const override { return info_.global_ranks.at(group_rank); }
+  int node(int group_rank) const override { return world_->node_of.at(info_.global_ranks.at(group_rank)); }
+  int nodes() const override {
+    std::vector<int> seen;
+    for (int r : info_.global_ranks) seen.push_back(world_->node_of.at(r));
+    std::sort(seen.begin(), seen.end());
+    return static_cast<int>(std::unique(seen.begin(), seen.end()) - seen.begin());
+  }
+
+  // The world's node of each rank (Note [One node] in shm.cpp): a hash of
+  // every rank's node identity, gathered once as the world is joined.
+  // Neither counted in stats() nor logged: it is part of joining, not the
+  // job's traffic.
+  void find_nodes() {
+    std::vector<int>& node_of = world_->node_of;
+    node_of.assign(static_cast<size_t>(info_.size), 0);
+    if (info_.size == 1) return;
+    uint64_t hash = 1469598103934665603ull;  // FNV-1a
+    for (unsigned char c : node_identity()) hash = (hash ^ c) * 1099511628211ull;
+    at::Tensor mine = at::full({1}, static_cast<int64_t>(hash), at::kLong);
+    at::Tensor all = at::empty({info_.size}, at::kLong);
+    thread_.submit([&] { host_->all_gather(all, mine); }).get();
+    std::vector<int64_t> ids;
+    for (int r = 0; r < info_.size; ++r) {
+      const int64_t id = all[r].item<int64_t>();
+      const auto it = std::find(ids.begin(), ids.end(), id);
+      node_of[static_cast<size_t>(r)] = static_cast<int>(it - ids.begin());
+      if (it == ids.end()) ids.push_back(id);
+    }
+    log::debug("comm", where(info_) + ": " + std::to_string(info_.size) + " ranks on " + std::to_string(ids.size()) +
+                           " node(s); this one is node " + std::to_string(node_of[static_cast<size_t>(info_.rank)]));
+  }
   std::string host_transport() const override { return host_->transport(); }
 
   CommStats stats() const override {
@@ -297,7 +329,9 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchInfo& launch, const
     wait_for_ranks(*info.store, "arrive/", launch.rank, launch.world_size, info.global_ranks, world->timeout);
   }
   log::debug("comm", "joined: " + launch.describe());
-  return std::make_shared<Group>(std::move(info), std::move(world), cuda);
+  auto group = std::make_shared<Group>(std::move(info), std::move(world), cuda);
+  group->find_nodes();
+  return group;
 }
 
 }  // namespace zero::comm

@@ -54,7 +54,7 @@ namespace {
 //
 // The segment is created by rank 0 under a random name, opened by the
 // others, and unlinked as soon as every rank has mapped it: nothing is
-// left in /dev/shm after a crash. Groups spanning hosts or PID namespaces,
+// left in /dev/shm after a crash. Groups spanning hosts (Note [One node]),
 // a /dev/shm too small for the segment (Docker's default is 64 MiB), or
 // ZERO_HOST_TRANSPORT=gloo use gloo.
 
@@ -109,9 +109,9 @@ std::string read_first_line(const char* path) {
   return line;
 }
 
-std::string pid_namespace() {
+std::string namespace_of(const char* path) {
   char link[128] = {0};
-  const ssize_t n = ::readlink("/proc/self/ns/pid", link, sizeof(link) - 1);
+  const ssize_t n = ::readlink(path, link, sizeof(link) - 1);
   return n > 0 ? std::string(link, size_t(n)) : "";
 }
 
@@ -383,9 +383,9 @@ class ShmBackend : public HostBackend {
   std::string failure_;
 };
 
-// Every rank posts its (host, PID namespace); true when all are the same.
+// Every rank posts its node identity; true when all are the same.
 bool ranks_share_this_host(const GroupInfo& group) {
-  const std::string mine = read_first_line("/proc/sys/kernel/random/boot_id") + "|" + pid_namespace();
+  const std::string mine = node_identity();
   group.store->set("shm/host/" + std::to_string(group.rank), as_bytes(mine));
   for (int r = 0; r < group.size; ++r) {
     const std::string key = "shm/host/" + std::to_string(r);
@@ -438,6 +438,20 @@ void* map_segment(const GroupInfo& group, size_t bytes, std::string& error) {
 }
 
 }  // namespace
+
+// Note [One node]: ranks share a node when they share a kernel (its boot
+// id), a PID namespace (the liveness checks above signal peers by PID) and
+// a network namespace. The last is what makes tools/netns-cluster.sh's
+// emulated nodes separate nodes: their ranks could map one segment, but
+// then nothing would cross the emulated link. Separate network namespaces
+// on one kernel are otherwise containers, which mostly have their own
+// /dev/shm and PID namespace anyway. The same identity decides the
+// shared-memory transport here and ProcessGroup::node() (process_group.cpp),
+// so a group of ranks on one node is a shared-memory group.
+std::string node_identity() {
+  return read_first_line("/proc/sys/kernel/random/boot_id") + "|" + namespace_of("/proc/self/ns/pid") + "|" +
+         namespace_of("/proc/self/ns/net");
+}
 
 std::unique_ptr<HostBackend> make_shm_backend(const GroupInfo& group) {
   const std::string choice = env::host_transport();

@@ -64,6 +64,15 @@ class ProcessGroup {
   virtual int size() const = 0;
   // Rank of this process in the world group (for messages and sub-groups).
   virtual int global_rank(int group_rank) const = 0;
+  // The node that group rank `group_rank` runs on: the world's nodes are
+  // numbered 0, 1, ... in the order of their lowest world rank. Ranks share
+  // a node when they could share memory: one kernel, PID namespace and
+  // network namespace (Note [One node] in comm/shm.cpp; tools/netns-cluster.sh
+  // emulates nodes as network namespaces). Learnt once, as the world is
+  // joined; asking is not a collective.
+  virtual int node(int group_rank) const = 0;
+  // How many nodes this group's ranks run on (1: every rank on this one).
+  virtual int nodes() const = 0;
   // How this group's CPU collectives travel: "local" (a group of one),
   // "shm" (every rank on this host: one shared-memory segment) or "gloo"
   // (TCP). ZERO_HOST_TRANSPORT chooses; see README "Launching".

@@ -49,8 +49,25 @@ class Mesh {
   const std::shared_ptr<comm::ProcessGroup>& dp_group() const { return dp_; }
   const std::shared_ptr<comm::ProcessGroup>& pp_group() const { return pp_; }
 
+  // Nodes (comm::ProcessGroup::node()): how many the world runs on.
+  int nodes() const { return world_->nodes(); }
+  // The data-parallel group split along nodes, for collectives that stay
+  // on a node before they cross the link between nodes (ZeRO++'s hpZ and
+  // qgZ). Note [Node groups] in parallel/mesh.cpp.
+  //   dp_intra_node_group(): the ranks of dp_group() on this rank's node,
+  //     in dp order (every rank of one node: shared memory);
+  //   dp_inter_node_group(): one rank of dp_group() on each node, the one
+  //     at this rank's place among its node's (every rank over the link).
+  // On one node these are dp_group() and null: nothing crosses a link. Both
+  // are null when nodes hold different numbers of some dp group's ranks
+  // (no regular hierarchy).
+  const std::shared_ptr<comm::ProcessGroup>& dp_intra_node_group() const { return dp_intra_; }
+  const std::shared_ptr<comm::ProcessGroup>& dp_inter_node_group() const { return dp_inter_; }
+
  private:
-  std::shared_ptr<comm::ProcessGroup> world_, tp_, dp_, pp_;
+  void build_node_groups();
+
+  std::shared_ptr<comm::ProcessGroup> world_, tp_, dp_, pp_, dp_intra_, dp_inter_;
   MeshShape shape_;
   Coordinates at_;
 };
