@@ -52,15 +52,13 @@ void visit_offload_param(Fields& f, OffloadParamConfig& o) {
     f.warn(unimplemented_warning(f.path("max_in_cpu")));
 }
 
-// MiCS, hpZ and ZeRO++'s gradient quantization: kept in the struct, no effect yet.
+// MiCS and ZeRO++'s quantized non-trainable weights: kept in the struct, no effect yet.
 void warn_zero_extras(Fields& f, const ZeroOptimizationConfig& z) {
   if (z.mics_shard_size > 0) f.warn(unimplemented_warning(f.path("mics_shard_size")));
   if (z.mics_hierarchical_params_gather)
     f.warn(unimplemented_warning(f.path("mics_hierarchical_params_gather")));
-  if (z.zero_hpz_partition_size > 1) f.warn(unimplemented_warning(f.path("zero_hpz_partition_size")));
   if (z.zero_quantized_nontrainable_weights)
     f.warn(unimplemented_warning(f.path("zero_quantized_nontrainable_weights")));
-  if (z.zero_quantized_gradients) f.warn(unimplemented_warning(f.path("zero_quantized_gradients")));
 }
 
 void visit_zero_optimization(Fields& f, ZeroOptimizationConfig& z) {
@@ -88,7 +86,7 @@ void visit_zero_optimization(Fields& f, ZeroOptimizationConfig& z) {
   f.flag("ignore_unused_parameters", z.ignore_unused_parameters);
   f.integer("mics_shard_size", z.mics_shard_size, Opt().min(-1));
   f.flag("mics_hierarchical_params_gather", z.mics_hierarchical_params_gather);
-  f.integer("zero_hpz_partition_size", z.zero_hpz_partition_size, size);
+  f.integer("zero_hpz_partition_size", z.zero_hpz_partition_size, Opt().min(1));
   f.flag("zero_quantized_weights", z.zero_quantized_weights);
   f.integer("zero_quantization_block_size", z.zero_quantization_block_size, Opt().min(8));
   f.flag("zero_quantized_nontrainable_weights", z.zero_quantized_nontrainable_weights);
@@ -319,9 +317,15 @@ void check_offload(const ZeroOptimizationConfig& z) {
 
 // ZeRO++ quantizes stage 3's collectives; below it there is nothing to act on.
 void check_zeropp(const ZeroOptimizationConfig& z) {
+  const std::string stage = "zero_optimization.stage is " + std::to_string(z.stage) + "; set stage 3 or remove it";
   if (z.zero_quantized_weights && z.stage != 3)
-    throw ConfigError("zero_optimization.zero_quantized_weights quantizes stage 3's all-gather of weights, but "
-                      "zero_optimization.stage is " + std::to_string(z.stage) + "; set stage 3 or remove it");
+    throw ConfigError("zero_optimization.zero_quantized_weights quantizes stage 3's all-gather of weights, but " + stage);
+  if (z.zero_hpz_partition_size > 1 && z.stage != 3)
+    throw ConfigError("zero_optimization.zero_hpz_partition_size keeps stage 3's gathered weights within a node, but " +
+                      stage);
+  if (z.zero_quantized_gradients && z.stage != 3)
+    throw ConfigError("zero_optimization.zero_quantized_gradients quantizes stage 3's reduce-scatter of gradients, but " +
+                      stage);
   if (z.zero_quantization_block_size % 8 != 0)
     throw ConfigError("zero_optimization.zero_quantization_block_size is " + std::to_string(z.zero_quantization_block_size) +
                       "; it must be a multiple of 8 (the default is 4096)");

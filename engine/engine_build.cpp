@@ -74,6 +74,7 @@ void Engine::Impl::build_params(InitOptions& options, const std::shared_ptr<part
   }
   partition::Options partition_options = engine::partition_options(config, dtype, pg);
   partition_options.parts = parts;
+  engine::set_node_groups(config, *mesh, partition_options);
   sharded = std::make_unique<partition::ShardedParams>(std::move(model_params.groups), dp, partition_options);
   if (!units.empty()) sharded->attach_units(units);
   if (dtype != at::kFloat) {  // frozen weights and buffers follow the training dtype

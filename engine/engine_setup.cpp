@@ -254,6 +254,47 @@ offload::SwapOptions optimizer_swap(const Config& config, const OffloadOptimizer
 }
 }  // namespace
 
+void set_node_groups(const Config& config, const Mesh& mesh, partition::Options& options) {
+  const auto& z = config.zero_optimization;
+  const auto& dp = mesh.dp_group();
+  const auto& node = mesh.dp_intra_node_group();
+  const auto& across = mesh.dp_inter_node_group();
+  if (z.zero_hpz_partition_size > 1) {
+    const int64_t hpz = z.zero_hpz_partition_size;
+    if (dp->size() % hpz != 0) {
+      throw ConfigError("zero_optimization.zero_hpz_partition_size " + std::to_string(hpz) +
+                        " does not divide the data-parallel size " + std::to_string(dp->size()) +
+                        "; set it to the ranks per node");
+    }
+    if (!node || node->size() != hpz) {
+      throw ConfigError("zero_optimization.zero_hpz_partition_size is " + std::to_string(hpz) + " but " +
+                        (node ? std::to_string(node->size()) + " data-parallel ranks share this rank's node"
+                              : std::string("the nodes hold different numbers of data-parallel ranks")) +
+                        "; set it to the ranks per node (DeepSpeed's hpZ keeps the secondary partition within a node)");
+    }
+    options.secondary_group = node;
+  }
+  if (!z.zero_quantized_gradients) return;
+  if (!across) {
+    log::warn_once("qgZ one node", "engine",
+                   "zero_optimization.zero_quantized_gradients: the data-parallel ranks " +
+                       std::string(node ? "are all on one node, so no gradient crosses a node link and nothing is quantized"
+                                        : "are spread unevenly over the nodes, so gradients are reduced exactly"));
+    return;
+  }
+  // Note [Quantized gradients] numbers the ranks node by node, as launchers do.
+  std::string error;
+  if (dp->rank() != across->rank() * node->size() + node->rank()) {
+    error = "zero_optimization.zero_quantized_gradients needs the data-parallel ranks numbered node by node; rank " +
+            std::to_string(dp->rank()) + " is rank " + std::to_string(node->rank()) + " of node " +
+            std::to_string(across->rank()) + " (launch the ranks of each node consecutively, as zero-run and torchrun do)";
+  }
+  error = comm::agreed_error(*dp, error, "zero::initialize");
+  if (!error.empty()) throw ConfigError(error);
+  options.quantized_gradients =
+      std::make_shared<partition::QuantizedReduceScatter>(node, across, z.zero_quantization_block_size);
+}
+
 partition::Options partition_options(const Config& config, at::ScalarType dtype, std::shared_ptr<comm::ProcessGroup> world) {
   const auto& z = config.zero_optimization;
   partition::Options o;

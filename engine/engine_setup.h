@@ -12,6 +12,7 @@
 #include "zero/comm.h"
 #include "zero/config.h"
 #include "zero/engine.h"
+#include "zero/mesh.h"
 #include "partition/construction.h"
 #include "partition/partition.h"
 #include "zero/tensor_parallel.h"
@@ -82,6 +83,11 @@ comm::Facts model_facts(torch::nn::Module& module, const ModelParams& params);
 
 // The partition's options; `world`: the norm group, and its rank names
 // offload_param's NVMe files.
+// ZeRO++'s parts that work per node: hpZ's secondary group and qgZ's
+// two-level reduce-scatter, from the mesh's node groups (Note [Node groups]
+// in parallel/mesh.cpp), with the config's sizes checked against them.
+void set_node_groups(const Config& config, const Mesh& mesh, partition::Options& options);
+
 partition::Options partition_options(const Config& config, at::ScalarType dtype,
                                      std::shared_ptr<comm::ProcessGroup> world);
 

@@ -46,7 +46,10 @@ struct Options {
   int64_t prefetch_numel = 50000000;       // stage3_prefetch_bucket_size
   int64_t max_live_numel = 1000000000;     // stage3_max_live_parameters
   int64_t max_reuse_numel = 1000000000;    // stage3_max_reuse_distance (Note [Reuse distance] in units.cpp)
+  // ZeRO++ (stage 3)
   int64_t quantized_weights_block = 0;     // qwZ: StorageOptions::quantized_block
+  std::shared_ptr<comm::ProcessGroup> secondary_group;           // hpZ: StorageOptions::secondary_group
+  std::shared_ptr<QuantizedReduceScatter> quantized_gradients;   // qgZ: ReducerOptions::quantized
   // The ranks whose gradients together make the model's (Note [Gradient
   // norm]): the world, which is larger than the data-parallel group with
   // tensor or pipeline parallelism. Null: the data-parallel group.

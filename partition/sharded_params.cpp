@@ -62,6 +62,7 @@ StorageOptions storage_options(const Options& options) {
   o.swap = options.param_swap;
   o.pin_memory = options.pin_memory;
   o.quantized_block = options.quantized_weights_block;
+  o.secondary_group = options.secondary_group;
   return o;
 }
 
@@ -94,6 +95,7 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
   ReducerOptions reducer;
   reducer.stage = options_.stage;
   reducer.overlap_comm = options_.overlap_comm;
+  reducer.quantized = options_.quantized_gradients;
   const auto device = tensors.empty() ? at::Device(at::kCPU) : device_of(tensors.front());
   reducer.grad_options = torch::TensorOptions().dtype(options_.dtype).device(device);
   reducer_ = GradReducer::for_stage(layout_, pg_, host_grads_.get(), reducer);

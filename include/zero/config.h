@@ -103,13 +103,18 @@ struct ZeroOptimizationConfig {
   // set to anything but their default.
   int64_t mics_shard_size = -1;
   bool mics_hierarchical_params_gather = false;
+  bool zero_quantized_nontrainable_weights = false;
+  // ZeRO++ (stage 3; README "Configuration"). hpZ: a secondary partition
+  // of the gathered weights within each node of this many ranks (the ranks
+  // per node), from which backward gathers.
   int64_t zero_hpz_partition_size = 1;
-  // ZeRO++'s qwZ: stage 3's gathers for forward and backward carry int8
-  // blocks of zero_quantization_block_size elements with a scale each
-  // (zero's own key; DeepSpeed picks its blocks near 8,000 elements).
+  // qwZ: stage 3's gathers for forward and backward carry int8 blocks of
+  // zero_quantization_block_size elements with a scale each (zero's own
+  // key; DeepSpeed picks its blocks near 8,000 elements).
   bool zero_quantized_weights = false;
   int64_t zero_quantization_block_size = 4096;
-  bool zero_quantized_nontrainable_weights = false;
+  // qgZ: gradients reduced within each node exactly, then across nodes as
+  // int8 blocks of zero_quantization_block_size.
   bool zero_quantized_gradients = false;
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;

@@ -85,8 +85,8 @@ TEST(ConfigDefaults, ZeroOptimizationIsDeepSpeeds) {
   });
 }
 
-// ZeRO++'s qwZ acts on stage 3's all-gathers only: elsewhere it is refused, not ignored.
-TEST(ConfigZeroPlusPlus, QuantizedWeightsNeedStage3AndBlocksOfEights) {
+// ZeRO++ acts on stage 3's collectives only: elsewhere it is refused, not ignored.
+TEST(ConfigZeroPlusPlus, EachPartNeedsStage3AndBlocksAreOfEights) {
   EXPECT_TRUE(parse(R"({"zero_optimization": {"stage": 3, "zero_quantized_weights": true}})").warnings().empty());
   for (int stage : {0, 1, 2}) {
     const std::string message = zero_test::config_error([&] {
@@ -96,6 +96,12 @@ TEST(ConfigZeroPlusPlus, QuantizedWeightsNeedStage3AndBlocksOfEights) {
                            "zero_optimization.stage is " + std::to_string(stage)),
               std::string::npos)
         << message;
+  }
+  for (const char* key : {R"("zero_hpz_partition_size": 2)", R"("zero_quantized_gradients": true)"}) {
+    EXPECT_TRUE(parse(std::string(R"({"zero_optimization": {"stage": 3, )") + key + "}}").warnings().empty()) << key;
+    const std::string message = zero_test::config_error(
+        [&] { parse(std::string(R"({"zero_optimization": {"stage": 2, )") + key + "}}"); });
+    EXPECT_NE(message.find("but zero_optimization.stage is 2; set stage 3 or remove it"), std::string::npos) << message;
   }
   const std::string message = zero_test::config_error(
       [] { parse(R"({"zero_optimization": {"stage": 3, "zero_quantization_block_size": 100}})"); });
@@ -246,11 +252,11 @@ TEST(ConfigUnimplemented, KnownDeepSpeedKeysWarnOnce) {
 
 TEST(ConfigUnimplemented, NestedKeysWarnWithTheirPath) {
   Config c = parse(R"({"fp16": {"enabled": true, "fp16_master_weights_and_grads": true},
-                       "zero_optimization": {"stage": 3, "legacy_stage1": true, "zero_quantized_gradients": true,
+                       "zero_optimization": {"stage": 3, "legacy_stage1": true, "zero_quantized_nontrainable_weights": true,
                                              "mics_shard_size": 8, "memory_efficient_linear": true},
                        "optimizer": {"type": "Adam", "legacy_fusion": true}})");
   for (const char* path : {"fp16.fp16_master_weights_and_grads", "zero_optimization.legacy_stage1",
-                           "zero_optimization.zero_quantized_gradients", "zero_optimization.mics_shard_size",
+                           "zero_optimization.zero_quantized_nontrainable_weights", "zero_optimization.mics_shard_size",
                            "zero_optimization.memory_efficient_linear", "optimizer.legacy_fusion"})
     EXPECT_EQ(count_containing(c.warnings(), std::string("known DeepSpeed key ") + path + " "), 1u) << path;
   EXPECT_EQ(c.warnings().size(), 6u);

@@ -26,15 +26,16 @@ struct Net : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x) { return head(torch::tanh(second(torch::tanh(first(x))))); }
 };
 
-zero::Engine engine_for(std::shared_ptr<Net> m, bool quantized) {
+// `extra`: more zero_optimization keys.
+zero::Engine engine_for(std::shared_ptr<Net> m, bool quantized, const std::string& extra = "") {
   zero::InitOptions init;
   init.group = g_world;
   return zero::initialize(
       zero::Config::from_json(std::string(R"({"train_micro_batch_size_per_gpu": 8,
           "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
-          "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+          "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0,
                                 "zero_quantization_block_size": 64, "zero_quantized_weights": )") +
-                              (quantized ? "true" : "false") + "}}"),
+                              (quantized ? "true" : "false") + extra + "}}"),
       m, init);
 }
 
@@ -132,6 +133,60 @@ TEST(QuantizedWeights, CheckpointsResumeWithOrWithoutIt) {
     // The next step's losses then differ only by the forward's quantization.
     const double a = train_step(saved, *saved_model, 3), b = train_step(loaded, *loaded_model, 3);
     EXPECT_LT(std::abs(a - b), 1e-2 * a);
+  }
+}
+
+// hpZ and qgZ on one node: the node is the whole data-parallel group, so
+// hpZ's secondary partition holds the exact gathered values and qgZ has no
+// link to quantize over (it says so): both train as the plain stage 3, bit
+// for bit. Across emulated nodes: tests/cluster (cluster.zeropp).
+TEST(NodeParts, OnOneNodeTheyTrainAsPlainStage3) {
+  const std::string hpz = R"(, "zero_hpz_partition_size": )" + std::to_string(g_world->size());
+  for (const std::string extra : {hpz, std::string(R"(, "zero_quantized_gradients": true)")}) {
+    if (extra == hpz && g_world->size() == 1) continue;  // 1 is "off"
+    SCOPED_TRACE(extra);
+    auto plain_model = std::make_shared<Net>(), model = std::make_shared<Net>();
+    auto plain = engine_for(plain_model, false);
+    auto engine = engine_for(model, false, extra);
+    for (int step = 0; step < 4; ++step) {
+      EXPECT_EQ(train_step(plain, *plain_model, step), train_step(engine, *model, step)) << step;
+    }
+    const auto want = state(plain), got = state(engine);
+    for (const auto& [name, t] : want) EXPECT_TRUE(torch::equal(t, got.at(name))) << name;
+  }
+}
+
+// hpZ's secondary partition is counted while it lives: from a unit's
+// forward until its backward is done.
+TEST(NodeParts, TheSecondaryPartitionIsInTheMemoryReport) {
+  if (g_world->size() == 1) GTEST_SKIP() << "zero_hpz_partition_size 1 is off";
+  auto model = std::make_shared<Net>();
+  auto engine = engine_for(model, false, R"(, "zero_hpz_partition_size": )" + std::to_string(g_world->size()));
+  const int64_t before = engine.memory_report().params;
+  auto [x, y] = batch(0);
+  at::Tensor loss = torch::mse_loss(model->forward(x), y);
+  int64_t units = 0;  // the two units' elements, padded per bucket to the ranks
+  for (auto* unit : {static_cast<torch::nn::Module*>(model->first.get()), static_cast<torch::nn::Module*>(model->second.get())}) {
+    for (const auto& p : unit->parameters()) units += zero::gathered_numel(p);
+  }
+  const int64_t kept = engine.memory_report().params - before;
+  EXPECT_GE(kept, units * 4 / g_world->size());
+  EXPECT_LE(kept, (units + 2 * g_world->size()) * 4 / g_world->size());
+  engine.backward(loss);
+  EXPECT_EQ(engine.memory_report().params, before) << "dropped when the backward is done";
+}
+
+TEST(NodeParts, AnHpzSizeThatIsNotTheRanksPerNodeIsRefusedNamingBoth) {
+  const int w = g_world->size();
+  auto model = std::make_shared<Net>();
+  try {
+    engine_for(model, false, R"(, "zero_hpz_partition_size": )" + std::to_string(2 * w));
+    ADD_FAILURE() << "accepted";
+  } catch (const zero::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_hpz_partition_size " + std::to_string(2 * w) +
+                                         " does not divide the data-parallel size " + std::to_string(w)),
+              std::string::npos)
+        << e.what();
   }
 }
 
