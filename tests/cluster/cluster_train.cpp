@@ -3,14 +3,15 @@
 // the data-parallel rank, so that 1 node x 4 ranks and 2 nodes x 2 ranks
 // see the same batches.
 //
-//   cluster_train --steps N --out FILE [--step-sleep-ms M]
+//   cluster_train --steps N --out FILE [--step-sleep-ms M] [--zero-extra JSON]
 //
 // Every rank prints its node and its node groups (Mesh::dp_intra_node_group,
 // dp_inter_node_group) as world ranks with their transport; rank 0 prints
 // each step's loss, averaged over the ranks in rank order, exactly (%a) and
 // in decimal, and writes the final parameters' bytes, in state-dict order,
 // to FILE. --step-sleep-ms slows the steps down so that a test can act
-// while the job is mid-run.
+// while the job is mid-run. --zero-extra adds keys to zero_optimization
+// (ZeRO++'s, for cluster.zeropp), e.g. '"zero_quantized_weights": true'.
 #include <torch/torch.h>
 
 #include <chrono>
@@ -60,28 +61,30 @@ std::string describe(const std::shared_ptr<zero::comm::ProcessGroup>& g) {
 
 int main(int argc, char** argv) {
   int64_t steps = 0, sleep_ms = 0;
-  std::string out_path;
+  std::string out_path, zero_extra;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string arg = argv[i];
     if (arg == "--steps") steps = std::stoll(argv[i + 1]);
     else if (arg == "--out") out_path = argv[i + 1];
     else if (arg == "--step-sleep-ms") sleep_ms = std::stoll(argv[i + 1]);
+    else if (arg == "--zero-extra") zero_extra = ", " + std::string(argv[i + 1]);
     else {
       std::cerr << "cluster_train: unknown option " << arg << "\n";
       return 2;
     }
   }
   if (steps <= 0 || out_path.empty()) {
-    std::cerr << "usage: cluster_train --steps N --out FILE [--step-sleep-ms M]\n";
+    std::cerr << "usage: cluster_train --steps N --out FILE [--step-sleep-ms M] [--zero-extra JSON]\n";
     return 2;
   }
   try {
     Net model;
-    auto engine = zero::initialize(zero::Config::from_json(R"({"train_micro_batch_size_per_gpu": 8,
+    auto engine = zero::initialize(zero::Config::from_json(std::string(R"({"train_micro_batch_size_per_gpu": 8,
         "steps_per_print": 1000000, "gradient_clipping": 1.0,
         "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
         "zero_optimization": {"stage": 3, "reduce_bucket_size": 1000,
-                              "stage3_prefetch_bucket_size": 1000, "stage3_param_persistence_threshold": 0}})"),
+                              "stage3_prefetch_bucket_size": 1000, "stage3_param_persistence_threshold": 0)") +
+                                                           zero_extra + "}}"),
                                    model);
     auto& world = engine.group();
     const zero::Mesh& mesh = engine.mesh();
