@@ -201,6 +201,13 @@ struct ParamInfo {
   bool trainable = true;  // trainable: fragments; else one "module/<name>" tensor
 };
 
+// The parameter listing (names, shapes, trainable) as a save records it in
+// rank 0's file, under the metadata key kParamsRecord, so that a manifest
+// edited afterwards (a shape changed, a parameter removed) disagrees with
+// the files (FragmentReader::check_matches_manifest).
+constexpr const char* kParamsRecord = "params";
+std::string params_record(const std::vector<ParamInfo>& params);
+
 struct Manifest {
   std::string format = kFormatName;
   int version = kFormatVersion;
@@ -263,7 +270,8 @@ class FragmentReader {
   // file the first time data is read from it; the fragment index (first
   // read_f32) reads every file's header only. A rank file that is missing
   // on disk is an error naming it. Fragments may come from any world size;
-  // F16/BF16/F64 fragments are converted to F32. Not thread-safe.
+  // Fragments are F32, as every save writes them: another dtype is refused
+  // naming the fragment, its file and both dtypes. Not thread-safe.
   FragmentReader(const std::string& dir, const Manifest& manifest, bool verify = true);
   ~FragmentReader();
   // Copies elements [start, start + length) of the flattened `param` of
@@ -276,6 +284,17 @@ class FragmentReader {
   // cover without a gap (reads the files' headers, not their data): what
   // a reader checks before allocating what the manifest's shape claims.
   int64_t covered_elements(const std::string& kind, const std::string& param);
+  // The manifest against the files' headers (no data is read), as every
+  // reader of a whole checkpoint checks it first (load_checkpoint,
+  // consolidate, fp32_state_dict_from_checkpoint): every fragment belongs
+  // to a parameter the manifest lists as trainable and to a kind it lists;
+  // the fp32 fragments of each trainable parameter cover exactly its
+  // elements and no fragment reaches past them; each frozen parameter's
+  // whole tensor has its shape, and each buffer's is present; no whole
+  // tensor is left over; and the listing rank 0's file records (saves since
+  // this check; older files have none) equals the manifest's. Throws
+  // CheckpointError naming the tensor, the file and what differs.
+  void check_matches_manifest();
   // Shared verification for a load by many ranks: hashes the files written
   // by `ranks` and skips the hash of the others (their sizes are still
   // checked), which other ranks verify; the callers agree on the outcome.

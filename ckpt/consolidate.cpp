@@ -55,6 +55,10 @@ struct ConsolidatedTensors::Impl {
 ConsolidatedTensors::ConsolidatedTensors(const std::string& dir, const std::string& tag)
     : impl_(std::make_unique<Impl>(dir, tag)) {
   Impl& s = *impl_;
+  // The manifest against the files as a load checks it (an edited shape or
+  // a removed parameter would be written as the manifest says), before any
+  // buffer of a size the manifest claims is allocated.
+  s.reader.check_matches_manifest();
   auto add_whole = [&](const std::string& name) {
     const int rank = s.reader.file_holding("module/" + name);
     TensorData t = s.reader.describe_whole(rank, "module/" + name);
@@ -73,15 +77,7 @@ ConsolidatedTensors::ConsolidatedTensors(const std::string& dir, const std::stri
       continue;
     }
     int64_t n = 1;
-    for (int64_t d : p.shape) n *= d;  // bounded by read_manifest
-    // The shape is the manifest's claim: check it against the fragments'
-    // bytes before a buffer of that size is allocated.
-    const int64_t covered = s.reader.covered_elements("fp32", p.name);
-    if (covered < n)
-      throw CheckpointError("checkpoint " + tag_dir(dir, s.m.tag) + ": the manifest gives parameter \"" + p.name +
-                            "\" " + std::to_string(n) + " elements but its fp32 fragments in the rank files cover the first " +
-                            std::to_string(covered) + ": elements [" + std::to_string(covered) + ", " + std::to_string(n) +
-                            ") are missing; the checkpoint is damaged or incomplete");
+    for (int64_t d : p.shape) n *= d;  // bounded by read_manifest, covered by the fragments (checked above)
     s.tensors.push_back({p.name, DType::F32, p.shape, nullptr, static_cast<size_t>(n) * 4});
     s.sources.push_back({true, 0, false});
   }

@@ -22,10 +22,12 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
 #include "ckpt/checkpoint.h"
+#include "core/json_depth.h"
 #include "core/regular_file.h"
 #include "zero/error.h"
 
@@ -217,9 +219,13 @@ struct FragmentReader::Impl {
         if (entry.shape.size() != 1)
           fail("fragment \"" + name + "\" in " + f.path() + " is not 1-D (shape has " +
                std::to_string(entry.shape.size()) + " dimensions)");
-        if (!dtype_is_floating(entry.dtype))
-          fail("fragment \"" + name + "\" in " + f.path() + " holds " + dtype_name(entry.dtype) +
-               ", not a floating dtype");
+        // Master weights and optimizer states are fp32 whatever the training
+        // dtype, and every save writes them so: another dtype is a rewritten file.
+        if (entry.dtype != DType::F32)
+          fail("fragment \"" + name + "\" in " + f.path() + " is " + dtype_name(entry.dtype) +
+               ", not F32 as checkpoints store fragments (master weights and optimizer states are fp32 whatever "
+               "the training dtype, " + manifest.dtype + " in " + manifest_file +
+               "); the file was rewritten: restore it or load another tag");
         Fragment fr;
         fr.offset = std::stoll(off);
         fr.length = entry.shape[0];
@@ -379,6 +385,155 @@ int64_t FragmentReader::covered_elements(const std::string& kind, const std::str
     cursor = std::max(cursor, f.offset + f.length);
   }
   return cursor;
+}
+
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) { return nlohmann::json(shape).dump(); }
+
+// The listing a save recorded in rank 0's file, or nullopt where it holds
+// none (a file written before the record, or by an import).
+std::optional<std::vector<ParamInfo>> recorded_params(const SafetensorsFile& file) {
+  auto it = file.metadata().find(kParamsRecord);
+  if (it == file.metadata().end()) return std::nullopt;
+  const std::string bad = file.path() + ": its metadata \"" + kParamsRecord + "\" is not the parameter listing a save writes";
+  if (core::json_nests_deeper_than(it->second)) fail(bad + " (nested too deep)");
+  std::vector<ParamInfo> out;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(it->second);
+    if (!j.is_array()) fail(bad);
+    for (const auto& p : j) {
+      if (!p.is_array() || p.size() != 3 || !p[0].is_string() || !p[1].is_array() || !p[2].is_boolean()) fail(bad);
+      ParamInfo info{p[0].get<std::string>(), {}, p[2].get<bool>()};
+      for (const auto& d : p[1]) {
+        if (!d.is_number_integer()) fail(bad);
+        info.shape.push_back(d.get<int64_t>());
+      }
+      out.push_back(std::move(info));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail(bad + " (" + e.what() + ")");
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string params_record(const std::vector<ParamInfo>& params) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const ParamInfo& p : params) j.push_back({p.name, p.shape, p.trainable});
+  return j.dump();
+}
+
+void FragmentReader::check_matches_manifest() {
+  Impl& I = *impl_;
+  const Manifest& m = I.manifest;
+  const std::string& mf = I.manifest_file;
+  const std::string fix = ": the manifest or the file was changed; restore it or load another tag";
+
+  // The listing rank 0's file was saved with: names, shapes, trainable.
+  auto rank0 = I.slot_of_rank.find(0);
+  if (rank0 != I.slot_of_rank.end()) {
+    const SafetensorsFile& file = I.open(rank0->second);
+    if (const auto saved = recorded_params(file)) {
+      std::map<std::string, const ParamInfo*> theirs;
+      for (const ParamInfo& p : *saved) theirs[p.name] = &p;
+      std::vector<std::string> differences;
+      std::set<std::string> listed;
+      for (const ParamInfo& p : m.params) {
+        listed.insert(p.name);
+        auto it = theirs.find(p.name);
+        if (it == theirs.end()) {
+          differences.push_back("\"" + p.name + "\" is in the manifest, not in the files");
+        } else if (it->second->shape != p.shape) {
+          differences.push_back("\"" + p.name + "\" has shape " + shape_text(it->second->shape) + " in the files, " +
+                                shape_text(p.shape) + " in the manifest");
+        } else if (it->second->trainable != p.trainable) {
+          differences.push_back("\"" + p.name + "\" is " + (it->second->trainable ? "trainable" : "frozen") +
+                                " in the files, " + (p.trainable ? "trainable" : "frozen") + " in the manifest");
+        }
+      }
+      for (const ParamInfo& p : *saved) {
+        if (!listed.count(p.name)) differences.push_back("\"" + p.name + "\" is in the files, not in the manifest");
+      }
+      if (!differences.empty()) {
+        std::string msg = I.where + ": " + mf + " does not list the parameters " + file.path() + " was saved with:";
+        for (size_t i = 0; i < differences.size() && i < 20; ++i) msg += "\n  " + differences[i];
+        if (differences.size() > 20) msg += "\n  ... and " + std::to_string(differences.size() - 20) + " more";
+        fail(msg + "\n" + fix.substr(2));
+      }
+    }
+  }
+
+  // Every fragment belongs to a listed trainable parameter and a listed
+  // kind, and lies inside the parameter's elements.
+  I.build_index();
+  std::map<std::string, const ParamInfo*> params;
+  for (const ParamInfo& p : m.params) params[p.name] = &p;
+  std::set<std::string> kinds(m.states.begin(), m.states.end());
+  kinds.insert("fp32");
+  for (const auto& [key, frags] : I.index) {
+    const std::string& kind = key.first;
+    const std::string& param = key.second;
+    const Impl::Fragment& first = frags.front();
+    const std::string held = I.where + ": " + I.slots[first.slot].path + " holds fragment \"" + first.tensor + "\"";
+    auto it = params.find(param);
+    if (it == params.end())
+      fail(held + " of parameter \"" + param + "\", which " + mf + " does not list" + fix);
+    if (!it->second->trainable)
+      fail(held + " of parameter \"" + param + "\", which " + mf + " lists as frozen (stored whole)" + fix);
+    if (!kinds.count(kind)) {
+      std::string listed = "fp32";
+      for (const auto& k : m.states) listed += ", " + k;
+      fail(held + " of state \"" + kind + "\", which " + mf + " does not list (its kinds: " + listed + ")" + fix);
+    }
+    const int64_t n = I.numel.at(param);
+    for (const Impl::Fragment& f : frags) {
+      if (f.offset + f.length > n)
+        fail(I.where + ": " + mf + " gives parameter \"" + param + "\" shape " + shape_text(it->second->shape) + " (" +
+             std::to_string(n) + " elements) but fragment \"" + f.tensor + "\" in " + I.slots[f.slot].path +
+             " holds elements " + range_string(f.offset, f.offset + f.length) + fix);
+    }
+  }
+
+  // Each trainable parameter is covered whole by its master weights.
+  std::set<std::string> whole;
+  for (const ParamInfo& p : m.params) {
+    if (!p.trainable) {
+      whole.insert("module/" + p.name);
+      continue;
+    }
+    const int64_t n = I.numel.at(p.name);
+    const int64_t covered = covered_elements("fp32", p.name);
+    if (covered < n)
+      fail(I.where + ": the manifest gives parameter \"" + p.name + "\" " + std::to_string(n) +
+           " elements but its fp32 fragments in the rank files cover the first " + std::to_string(covered) +
+           ": elements " + range_string(covered, n) + " are missing; the checkpoint is damaged or incomplete");
+  }
+  for (const std::string& b : m.buffers) whole.insert("module/" + b);
+
+  // Whole tensors: each frozen parameter and buffer present, a frozen
+  // parameter in its listed shape, none left over.
+  std::set<std::string> found;
+  for (size_t i = 0; i < I.slots.size(); ++i) {
+    for (const auto& [name, entry] : I.open(i).entries()) {
+      if (name.compare(0, 7, "module/") != 0) continue;
+      if (!whole.count(name))
+        fail(I.where + ": " + I.slots[i].path + " holds \"" + name + "\", which " + mf +
+             " lists neither as a frozen parameter nor as a buffer" + fix);
+      found.insert(name);
+      auto it = params.find(name.substr(7));
+      if (it != params.end() && entry.shape != it->second->shape)
+        fail(I.where + ": \"" + name + "\" in " + I.slots[i].path + " has shape " + shape_text(entry.shape) + " but " +
+             mf + " gives frozen parameter \"" + it->first + "\" shape " + shape_text(it->second->shape) + fix);
+    }
+  }
+  for (const std::string& name : whole) {
+    if (!found.count(name))
+      fail(I.where + ": " + mf + " lists \"" + name.substr(7) + "\" (" +
+           (params.count(name.substr(7)) ? "a frozen parameter" : "a buffer") + ") but no rank file holds \"" + name +
+           "\"; the checkpoint is damaged or incomplete");
+  }
 }
 
 bool FragmentReader::has(int rank, const std::string& tensor_name) {

@@ -110,6 +110,7 @@ class Source {
  public:
   Source(const std::string& dir, const ckpt::Manifest& m, comm::ProcessGroup& pg)
       : reader(std::make_unique<ckpt::FragmentReader>(dir, m)) {
+    reader->check_matches_manifest();  // as consolidate checks it: the manifest against the files' headers
     std::vector<int> mine;  // each file is hashed by one rank: file f by rank f % world size
     for (int f = pg.rank(); f < m.world_size; f += pg.size()) mine.push_back(f);
     reader->verify_only(mine);
@@ -192,28 +193,38 @@ void read_bucket(TrainingState& s, Source& source, size_t k, const std::vector<s
 // Master weights (and optimizer states) of this rank's partition, bucket by
 // bucket; each bucket's parameters are published (all-gathered) while the
 // next one is read.
-// Master weights that are NaN or infinite would train to NaN losses without
-// a word: a checkpoint holding them is damaged (or saved after training
-// diverged), and is refused naming the parameter.
-void check_finite(TrainingState& s, size_t k, const std::vector<partition::FlatLayout::Fragment>& fragments) {
+// Master weights or optimizer states that are NaN or infinite would train
+// to NaN losses without a word: a checkpoint holding them is damaged (or
+// saved after training diverged, with SaveOptions::allow_non_finite), and
+// is refused naming the tensor unless LoadOptions::allow_non_finite.
+void check_finite(TrainingState& s, size_t k, const std::vector<std::string>& kinds,
+                  const std::vector<partition::FlatLayout::Fragment>& fragments) {
   const at::Tensor& master = s.params.masters().tensors()[k];
-  if (torch::isfinite(master).all().item<bool>()) return;
-  const int64_t first = torch::nonzero(torch::isfinite(master).logical_not()).flatten()[0].item<int64_t>();
-  std::string name = "(padding)";
-  int64_t offset = 0;
-  for (const auto& f : fragments) {
-    if (f.bucket == static_cast<int64_t>(k) && first >= f.start && first < f.start + f.length) {
-      name = s.params.param_name(f.param);
-      offset = f.param_offset + (first - f.start);
+  for (const auto& kind : kinds) {
+    const at::Tensor t = kind == "fp32" ? master : s.optimizer.state(master, kind, false);
+    if (!t.defined()) continue;
+    const at::Tensor finite = torch::isfinite(t);
+    if (finite.all().item<bool>()) continue;
+    const int64_t first = torch::nonzero(finite.logical_not()).flatten()[0].item<int64_t>();
+    std::string name = "(padding)";
+    int64_t offset = 0;
+    for (const auto& f : fragments) {
+      if (f.bucket == static_cast<int64_t>(k) && first >= f.start && first < f.start + f.length) {
+        name = s.params.param_name(f.param);
+        offset = f.param_offset + (first - f.start);
+      }
     }
+    const std::string what = kind == "fp32" ? "the master weights of parameter " + name + " hold "
+                                            : "the optimizer state " + kind + " of parameter " + name + " holds ";
+    throw CheckpointError("load_checkpoint: " + what + std::to_string(t.view(-1)[first].item<float>()) +
+                          " at element " + std::to_string(offset) +
+                          "; a checkpoint with non-finite values would train to NaN: load an earlier tag, or pass "
+                          "LoadOptions::allow_non_finite to load it anyway");
   }
-  throw CheckpointError("load_checkpoint: the master weights of parameter " + name + " hold " +
-                        std::to_string(master[first].item<float>()) + " at element " + std::to_string(offset) +
-                        "; a checkpoint with non-finite weights would train to NaN: load an earlier tag");
 }
 
 void read_partition(TrainingState& s, Source* source, const std::vector<std::string>& kinds, NvmeWindow& window,
-                    Attempts& attempts) {
+                    Attempts& attempts, bool allow_non_finite) {
   const auto fragments = s.params.fragments();  // computed once: a walk over the whole layout
   int64_t total = 0;
   for (const at::Tensor& m : s.params.masters().tensors()) total += static_cast<int64_t>(m.nbytes() * kinds.size());
@@ -227,7 +238,7 @@ void read_partition(TrainingState& s, Source* source, const std::vector<std::str
       if (attempts.error.empty()) attempts.error = e.what();
     }
     attempts.run([&] { read_bucket(s, *source, k, kinds, fragments, staged); });
-    attempts.run([&] { check_finite(s, k, fragments); });
+    if (!allow_non_finite) attempts.run([&] { check_finite(s, k, kinds, fragments); });
     s.params.masters().publish_bucket(k);  // the loaded master weights become the parameters
     if (source && (!staged.empty() || s.optimizer.nvme_store())) source->reader->wait_for_hashes();  // they read the memory about to go
   }
@@ -321,7 +332,7 @@ std::string load_checkpoint(TrainingState& s, const std::string& dir, const std:
   std::vector<std::string> kinds{"fp32"};
   if (plan.states) kinds.insert(kinds.end(), m.states.begin(), m.states.end());
   NvmeWindow window(s.optimizer.nvme_store(), s.optimizer, s.params.masters().tensors(), /*write_back=*/true);
-  read_partition(s, source.get(), kinds, window, attempts);
+  read_partition(s, source.get(), kinds, window, attempts, options.allow_non_finite);
   attempts.run([&] {
     if (plan.states && !m.states.empty()) s.optimizer.set_step_count(record.optimizer_steps);
     read_module(*source, model);

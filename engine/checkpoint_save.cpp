@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -68,13 +69,38 @@ void discard_staging(const fs::path& staging, const fs::path& saving_root) {
   fs::remove(saving_root, ignored);  // only if empty: another tag may be saving there
 }
 
+// The first of n floats that is NaN or infinite (all exponent bits set), or
+// -1: a pass over bytes about to be written, cheap beside the write.
+int64_t first_non_finite(const float* p, int64_t n) {
+  constexpr uint32_t kExponent = 0x7f800000u;
+  constexpr int64_t kBlock = 4096;
+  for (int64_t begin = 0; begin < n; begin += kBlock) {
+    const int64_t end = std::min(n, begin + kBlock);
+    uint32_t any = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, p + i, 4);
+      any |= (bits & kExponent) == kExponent;
+    }
+    if (!any) continue;
+    for (int64_t i = begin; i < end; ++i) {
+      if (!std::isfinite(p[i])) return i;
+    }
+  }
+  return -1;
+}
+
 // This rank's file: whole tensors are borrowed by the writer (`keep_` holds
 // them); the fragments' bytes are fetched as the writer reaches them, one
 // bucket at a time for NVMe offload and for device tensors (one host copy
-// at a time).
+// at a time). Fragments are checked for NaN and infinities as they are
+// fetched (unless allowed): a failure removes the file being written, so
+// nothing of the new checkpoint replaces the old one.
 class RankFile {
  public:
-  RankFile(TrainingState& s) : window_(s.optimizer.nvme_store(), s.optimizer, s.params.masters().tensors(), /*write_back=*/false) {}
+  RankFile(TrainingState& s, bool allow_non_finite)
+      : window_(s.optimizer.nvme_store(), s.optimizer, s.params.masters().tensors(), /*write_back=*/false),
+        allow_non_finite_(allow_non_finite) {}
 
   void add_whole(const std::string& name, const at::Tensor& t) {
     at::Tensor cpu = t.detach().to(at::kCPU).contiguous();
@@ -104,15 +130,18 @@ class RankFile {
           for (const auto& piece : full_pieces(s.splits, name, f.param_offset, f.length)) {
             tensors_.push_back({ckpt::fragment_name(kind, name, piece.full_offset), ckpt::DType::F32, {piece.length},
                                 nullptr, static_cast<size_t>(piece.length) * sizeof(float)});
-            sources_.push_back({source, f.start + piece.offset - f.param_offset, k});
+            sources_.push_back({source, f.start + piece.offset - f.param_offset, k, kind, name, piece.full_offset});
           }
         }
       }
     }
   }
-  ckpt::FileInfo write(const fs::path& path, int rank) {
-    ckpt::FileInfo info = ckpt::write_safetensors(path.string(), tensors_, {{"format", ckpt::kFormatName}, {"rank", std::to_string(rank)}},
-                                                  [this](size_t i) { return fetch(i); });
+  // Rank 0's file records the parameter listing (ckpt::kParamsRecord), which
+  // readers check the manifest against.
+  ckpt::FileInfo write(const fs::path& path, int rank, const std::string& params_record) {
+    std::map<std::string, std::string> metadata{{"format", ckpt::kFormatName}, {"rank", std::to_string(rank)}};
+    if (rank == 0) metadata[ckpt::kParamsRecord] = params_record;
+    ckpt::FileInfo info = ckpt::write_safetensors(path.string(), tensors_, metadata, [this](size_t i) { return fetch(i); });
     window_.finish();
     return info;
   }
@@ -122,17 +151,36 @@ class RankFile {
     at::Tensor tensor;  // undefined: tensors_[i].data
     int64_t start = 0;
     size_t bucket = 0;
+    std::string kind;     // a fragment's state ("fp32": the master weights)
+    std::string param;    // and parameter, for the non-finite check's error
+    int64_t full_offset = 0;  // of its first element in the parameter
   };
   const void* fetch(size_t i) {
     const Source& src = sources_[i];
     if (!src.tensor.defined()) return tensors_[i].data;
     window_.enter(src.bucket);
-    if (src.tensor.is_cpu()) return src.tensor.data_ptr<float>() + src.start;
-    if (staged_from_ != src.tensor.unsafeGetTensorImpl()) {
-      staged_ = src.tensor.detach().to(at::kCPU).contiguous();
-      staged_from_ = src.tensor.unsafeGetTensorImpl();
+    const float* data = nullptr;
+    if (src.tensor.is_cpu()) {
+      data = src.tensor.data_ptr<float>() + src.start;
+    } else {
+      if (staged_from_ != src.tensor.unsafeGetTensorImpl()) {
+        staged_ = src.tensor.detach().to(at::kCPU).contiguous();
+        staged_from_ = src.tensor.unsafeGetTensorImpl();
+      }
+      data = staged_.data_ptr<float>() + src.start;
     }
-    return staged_.data_ptr<float>() + src.start;
+    if (!allow_non_finite_) check_finite(src, data, tensors_[i].shape[0]);
+    return data;
+  }
+  static void check_finite(const Source& src, const float* data, int64_t n) {
+    const int64_t bad = first_non_finite(data, n);
+    if (bad < 0) return;
+    const std::string what = src.kind == "fp32" ? "the master weights of parameter " + src.param + " hold "
+                                                : "the optimizer state " + src.kind + " of parameter " + src.param + " holds ";
+    throw CheckpointError("save_checkpoint: " + what + std::to_string(data[bad]) + " at element " +
+                          std::to_string(src.full_offset + bad) +
+                          " (training diverged?); a checkpoint of them would train to NaN, so none was saved. "
+                          "Save an earlier state, or pass SaveOptions::allow_non_finite to keep it anyway");
   }
   NvmeWindow window_;
   std::vector<at::Tensor> keep_;
@@ -140,6 +188,7 @@ class RankFile {
   std::vector<Source> sources_;
   at::Tensor staged_;  // host copy of the device tensor being written
   const c10::TensorImpl* staged_from_ = nullptr;
+  bool allow_non_finite_;
 };
 
 // The states saved: those the optimizer has made (none before its first step).
@@ -154,9 +203,10 @@ std::vector<std::string> saved_kinds(TrainingState& s) {
 
 // Writes this rank's file; returns its size and checksum, or the error.
 std::pair<ckpt::FileInfo, std::string> write_rank_file(TrainingState& s, const fs::path& staging,
-                                                       const std::vector<std::string>& kinds, const ModelTensors& model) {
+                                                       const std::vector<std::string>& kinds, const ModelTensors& model,
+                                                       const std::string& params_record, bool allow_non_finite) {
   const int rank = s.pg.rank();
-  RankFile file(s);
+  RankFile file(s, allow_non_finite);
   // At stage 0 every data-parallel rank holds everything: the first writes it.
   if (s.params.owners() > 1 || s.mesh.coordinates().dp == 0) file.add_fragments(s, kinds);
   // Frozen parameters and buffers: the first rank of each pipeline stage
@@ -175,7 +225,7 @@ std::pair<ckpt::FileInfo, std::string> write_rank_file(TrainingState& s, const f
     file.add_whole(name, gen.get_state());
   }
   try {
-    return {file.write(staging / ckpt::rank_file_name(rank), rank), ""};
+    return {file.write(staging / ckpt::rank_file_name(rank), rank, params_record), ""};
   } catch (const std::exception& e) {
     return {ckpt::FileInfo(), e.what()};
   }
@@ -290,7 +340,8 @@ json parse_client_state(const std::string& text) {
 // Files are written under <dir>/.saving/<tag>/ and the folder is renamed to
 // <dir>/<tag> once complete: an interrupted save never leaves a
 // half-written tag behind, and `latest` moves only after that.
-void save_checkpoint(TrainingState& s, const std::string& dir, const std::string& tag_in, const std::string& client_state) {
+void save_checkpoint(TrainingState& s, const std::string& dir, const std::string& tag_in, const std::string& client_state,
+                     const SaveOptions& options) {
   const std::string tag = tag_in.empty() ? "global_step" + std::to_string(s.counters.global_steps) : tag_in;
   check_tag(tag);
   json client = parse_client_state(client_state);
@@ -312,11 +363,12 @@ void save_checkpoint(TrainingState& s, const std::string& dir, const std::string
 
   const std::vector<std::string> kinds = saved_kinds(s);
   const ModelTensors model = describe(s.module, s.splits);
-  auto [info, write_error] = write_rank_file(s, staging, kinds, model);
-  fault::reached("save.written", rank);
   Listing listed{model.params, {}};
   for (const auto& [name, t] : model.buffers) listed.buffers.push_back(name);
   list_whole_model(s, listed.params, listed.buffers);  // a collective with pipeline stages
+  auto [info, write_error] =
+      write_rank_file(s, staging, kinds, model, ckpt::params_record(listed.params), options.allow_non_finite);
+  fault::reached("save.written", rank);
   auto files = share_file_entries(pg, info, write_error);  // rank 0 learns every file's size and checksum
   if (files.empty()) {
     if (rank == 0) discard_staging(staging, saving_root);

@@ -334,12 +334,13 @@ const Config& Engine::config() const { return impl_->config; }
 MemoryReport Engine::memory_report() const { return impl_->memory(); }
 StepTimes Engine::take_step_times() { return impl_->telemetry->take_step_times(impl_->sharded->gather_wait_seconds()); }
 
-void Engine::save_checkpoint(const std::string& dir, const std::string& tag, const std::string& client_state) {
+void Engine::save_checkpoint(const std::string& dir, const std::string& tag, const std::string& client_state,
+                             const SaveOptions& options) {
   impl_->check_thread("engine.save_checkpoint", /*binds=*/false);
   impl_->check_loaded("engine.save_checkpoint");
   impl_->telemetry->flush();  // the curves reach at least the checkpoint
   engine::TrainingState state = impl_->training_state();
-  engine::save_checkpoint(state, dir, tag, client_state);
+  engine::save_checkpoint(state, dir, tag, client_state, options);
 }
 
 std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag, const LoadOptions& options) {

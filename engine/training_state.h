@@ -54,7 +54,7 @@ struct TrainingState {
 
 // Engine::save_checkpoint and Engine::load_checkpoint (include/zero/engine.h).
 void save_checkpoint(TrainingState& state, const std::string& dir, const std::string& tag,
-                     const std::string& client_state);
+                     const std::string& client_state, const SaveOptions& options = {});
 std::string load_checkpoint(TrainingState& state, const std::string& dir, const std::string& tag,
                             const LoadOptions& options);
 // Engine::load_weights (engine/weights_load.cpp).

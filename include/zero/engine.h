@@ -125,6 +125,18 @@ struct LoadOptions {
   bool load_optimizer_states = true;     // moments, sums, momentum buffers and the update count
   bool load_lr_scheduler_states = true;  // false: the schedule starts again from its first step
   bool load_module_only = false;         // weights, frozen parameters and buffers only
+  // Master weights or optimizer states that are NaN or infinite are refused,
+  // naming the tensor (they would train to NaN); true loads them anyway (to
+  // look at a diverged run). DeepSpeed checks neither.
+  bool allow_non_finite = false;
+};
+
+// How save_checkpoint writes (zero's own; DeepSpeed has no such check).
+struct SaveOptions {
+  // Master weights or optimizer states that are NaN or infinite are refused
+  // before anything of the new checkpoint replaces the old one, naming the
+  // tensor; true saves them anyway (to keep a diverged run for a look).
+  bool allow_non_finite = false;
 };
 
 // What Engine::load_weights takes from weight files.
@@ -247,8 +259,11 @@ class Engine {
   // collective: every rank writes its own file into <dir>/<tag>/ in
   // parallel, then <dir>/latest is replaced atomically. tag: empty means
   // "global_step<N>". client_state: JSON text (a data-loader position, an
-  // epoch) handed back by load_checkpoint.
-  void save_checkpoint(const std::string& dir, const std::string& tag = "", const std::string& client_state = "{}");
+  // epoch) handed back by load_checkpoint. Non-finite master weights or
+  // optimizer states are a CheckpointError naming the tensor on every rank,
+  // `latest` and the checkpoints already saved untouched (SaveOptions).
+  void save_checkpoint(const std::string& dir, const std::string& tag = "", const std::string& client_state = "{}",
+                       const SaveOptions& options = {});
   // Loads <dir>/<tag> (empty: the tag <dir>/latest names), saved at any
   // world size and stage, and returns its client_state JSON text. A collective.
   std::string load_checkpoint(const std::string& dir, const std::string& tag = "", const LoadOptions& options = {});

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -277,6 +278,36 @@ inline bool file_size_limit_works(const std::string& dir) {
   return efbig;
 }
 
+// Rewrites tensor `name` of the safetensors file at `path` as F16 (rounded),
+// the rest as it was, and returns the file's new size and checksum: what a
+// hostile edit that also fixes the manifest leaves, so that only a dtype
+// check can find it.
+inline FileInfo rewrite_as_f16(const std::string& path, const std::string& name) {
+  std::deque<std::vector<uint8_t>> keep;  // stable addresses for the borrowed data
+  std::vector<TensorData> tensors;
+  std::map<std::string, std::string> metadata;
+  {
+    SafetensorsFile f(path);
+    metadata = f.metadata();
+    for (const auto& [n, e] : f.entries()) {
+      keep.emplace_back(e.end - e.begin);
+      f.read(n, 0, e.end - e.begin, keep.back().data());
+      TensorData t{n, e.dtype, e.shape, keep.back().data(), keep.back().size()};
+      if (n == name) {
+        EXPECT_EQ(e.dtype, DType::F32) << n;
+        const size_t count = keep.back().size() / 4;
+        keep.emplace_back(count * 2);
+        convert_from_f32(DType::F16, reinterpret_cast<const float*>(t.data), count, keep.back().data());
+        t = {n, DType::F16, e.shape, keep.back().data(), keep.back().size()};
+      }
+      tensors.push_back(t);
+    }
+  }
+  write_safetensors(path, tensors, metadata);
+  return hash_file(path);
+}
+
+#ifdef ZERO_CKPT_TOOL  // test_ckpt_format runs the tool; the engine tests do not
 
 struct ToolRun {
   int status;
@@ -289,5 +320,7 @@ inline ToolRun tool(const std::string& dir, const std::string& args) {
   int raw = std::system(command.c_str());
   return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, slurp(out), slurp(err)};
 }
+
+#endif
 
 }  // namespace ckpt_test

@@ -11,11 +11,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "ckpt/checkpoint.h"
+#include "tests/ckpt/ckpt_test_support.h"
 #include "zero/zero.h"
 
 namespace {
@@ -666,7 +668,13 @@ TEST(BadInput, AShortFrozenParameterOrBufferIsRefused) {
           });
         },
         net);
-    EXPECT_NE(msg.find("\"module/" + name + "\""), std::string::npos) << msg;
+    // The frozen parameter by the listing its file records (before: by the
+    // tensor's size); the buffer, which the listing leaves out, by its size.
+    EXPECT_NE(msg.find(name == "shift" ? "\"shift\" has shape [" + std::to_string(kDim) + "] in the files, [" +
+                                                     std::to_string(4 * kDim) + "] in the manifest"
+                                               : std::string("\"module/gain\"")),
+              std::string::npos)
+        << msg;
     EXPECT_NE(msg.find(std::to_string(4 * kDim)), std::string::npos) << msg;
   }
 }
@@ -785,6 +793,118 @@ TEST(BadInput, FailedWriteKeepsThePreviousCheckpoint) {
   auto eb = make_engine({}, b);
   eb.load_checkpoint(dir);
   expect_identical(before, weights(eb), "previous checkpoint");
+}
+
+// A fragment rewritten as F16, the manifest's size and checksum fixed to
+// match (so that only a dtype check finds it): load_checkpoint and
+// fp32_state_dict_from_checkpoint refuse it naming the fragment, the file
+// and both dtypes. It loaded, converted to fp32, before.
+TEST(BadInput, AFragmentRewrittenInAnotherDtypeIsRefused) {
+  const std::string dir = saved_checkpoint("f16fragment");
+  const std::string file = rank0_file(dir);
+  std::string fragment;
+  {
+    const zero::ckpt::SafetensorsFile f(file);
+    for (const auto& [name, entry] : f.entries()) {
+      if (name.rfind("fp32/", 0) == 0) fragment = name;
+    }
+  }
+  ASSERT_FALSE(fragment.empty()) << "rank 0 holds master weights";
+  const std::string msg = load_error(dir, [&] {
+    const zero::ckpt::FileInfo info = ckpt_test::rewrite_as_f16(file, fragment);
+    edit_manifest(dir, [&](nlohmann::json& j) {
+      j["files"][0]["bytes"] = info.bytes;
+      j["files"][0]["xxh3"] = info.xxh3;
+    });
+  });
+  const std::string expected = "fragment \"" + fragment + "\" in " + file + " is F16, not F32";
+  EXPECT_NE(msg.find(expected), std::string::npos) << msg;
+  if (g_world->rank() == 0) {
+    const std::string e = ckpt_test::error_of([&] { zero::fp32_state_dict_from_checkpoint(dir); });
+    EXPECT_NE(e.find(expected), std::string::npos) << e;
+  }
+  g_world->barrier();
+}
+
+// fp32_state_dict_from_checkpoint checks the manifest against the
+// parameters rank 0's file was saved with, as load_checkpoint checks it
+// against the model: a transposed shape or a removed parameter is named
+// (they were read as the manifest said).
+TEST(BadInput, AManifestEditedAfterTheSaveIsRefusedWithoutAModel) {
+  const std::string dir = saved_checkpoint("editedmanifest");
+  const std::string path = dir + "/" + zero::ckpt::read_latest(dir) + "/manifest.json";
+  nlohmann::json original;
+  std::ifstream(path) >> original;
+  g_world->barrier();
+  if (g_world->rank() == 0) {
+    const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> edits = {
+        {[](nlohmann::json& j) {
+           for (auto& p : j["params"]) {
+             if (p["name"] == "emb.weight") p["shape"] = {kDim, kVocab};
+           }
+         },
+         "\"emb.weight\" has shape [16,8] in the files, [8,16] in the manifest"},
+        {[](nlohmann::json& j) {
+           auto& params = j["params"];
+           for (size_t i = 0; i < params.size(); ++i) {
+             if (params[i]["name"] == "mix.bias") params.erase(i);
+           }
+         },
+         "\"mix.bias\" is in the files, not in the manifest"},
+    };
+    for (const auto& [edit, expected] : edits) {
+      nlohmann::json j = original;
+      edit(j);
+      std::ofstream(path) << j.dump();
+      const std::string e = ckpt_test::error_of([&] { zero::fp32_state_dict_from_checkpoint(dir); });
+      EXPECT_NE(e.find(expected), std::string::npos) << e;
+    }
+    std::ofstream(path) << original.dump();
+    EXPECT_EQ(zero::fp32_state_dict_from_checkpoint(dir).size(), original["params"].size() + original["buffers"].size());
+  }
+  g_world->barrier();
+}
+
+// Master weights that are NaN (training diverged; here one element set
+// through gather_parameters with a modifier rank) are refused at save on
+// every rank, naming the parameter and the element, before anything
+// replaces the checkpoint saved under the same tag. SaveOptions and
+// LoadOptions::allow_non_finite keep and load them on purpose. The save
+// succeeded without a word before.
+TEST(NonFinite, NaNMasterWeightsAreRefusedAtSaveAndKeepWhatWasSaved) {
+  const std::string dir = dir_for("nonfinite");
+  Net a = make_net(1);
+  auto ea = make_engine({}, a);
+  train(ea, a, 0, 2, *g_world);
+  ea.save_checkpoint(dir);  // global_step2
+  const auto saved = weights(ea);
+  {
+    auto scope = ea.gather_parameters(*a->mix, 0);
+    torch::NoGradGuard no_grad;
+    a->mix->weight[1][2] = std::numeric_limits<float>::quiet_NaN();
+  }
+  const std::string expected = "the master weights of parameter mix.weight hold nan at element " + std::to_string(kDim + 2);
+  const std::string error = ckpt_test::error_of([&] { ea.save_checkpoint(dir); });  // global_step2 again
+  EXPECT_NE(error.find("save_checkpoint: " + expected), std::string::npos) << error;
+  EXPECT_EQ(zero::ckpt::read_latest(dir), "global_step2");
+  EXPECT_FALSE(fs::exists(dir + "/.saving")) << "a refused save left its staging folder";
+  {
+    Net b = make_net(2);
+    auto eb = make_engine({}, b);
+    eb.load_checkpoint(dir);
+    expect_identical(saved, weights(eb), "the checkpoint saved before under the same tag");
+  }
+  zero::SaveOptions keep;
+  keep.allow_non_finite = true;
+  ea.save_checkpoint(dir, "diverged", "{}", keep);
+  Net c = make_net(2);
+  auto ec = make_engine({}, c);
+  const std::string load = ckpt_test::error_of([&] { ec.load_checkpoint(dir, "diverged"); });
+  EXPECT_NE(load.find("load_checkpoint: " + expected), std::string::npos) << load;
+  zero::LoadOptions look;
+  look.allow_non_finite = true;
+  ec.load_checkpoint(dir, "diverged", look);
+  EXPECT_TRUE(std::isnan(weights(ec).at("mix.weight")[1][2].item<float>()));
 }
 
 TEST(Options, ModuleOnlyAndFreshOptimizer) {

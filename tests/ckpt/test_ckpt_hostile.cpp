@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <deque>
+
 #include "ckpt/checkpoint.h"
 #include "tests/ckpt/ckpt_test_support.h"
 
@@ -121,6 +123,117 @@ TEST_F(CkptTest, ConsolidateNeverWritesOverItsInputs) {
   const std::string out = dir_ + "/elsewhere.safetensors";
   EXPECT_EQ(consolidate(dir_, "global_step1", out), 6);
   expect_consolidated(out, model);
+}
+
+// A fragment rewritten as F16 in its file, the manifest's size and checksum
+// fixed to match (so only a dtype check finds it): every reader refuses it,
+// naming the fragment, the file and both dtypes. It loaded and consolidated,
+// converted, before.
+TEST_F(CkptTest, AFragmentWhoseDtypeWasChangedIsRefused) {
+  Model model;
+  Manifest m = model.write(dir_, "global_step1", kTwoRanks);
+  const std::string rank1 = tag_dir(dir_, "global_step1") + "/" + rank_file_name(1);
+  const FileInfo rewritten = rewrite_as_f16(rank1, "fp32/fc1.weight/23");
+  m.files[1].bytes = rewritten.bytes;
+  m.files[1].xxh3 = rewritten.xxh3;
+  write_manifest(dir_, m);
+  const std::string expected = "fragment \"fp32/fc1.weight/23\" in " + rank1 + " is F16, not F32";
+  const std::string out = dir_ + "/out.safetensors";
+  EXPECT_CONTAINS(error_of([&] { consolidate(dir_, "global_step1", out); }), expected);
+  EXPECT_FALSE(fs::exists(out));
+  ToolRun r = tool(dir_, "consolidate '" + dir_ + "' --out '" + out + "'");
+  EXPECT_EQ(r.status, 1) << r.out << r.err;
+  EXPECT_CONTAINS(r.err, expected);
+  EXPECT_FALSE(fs::exists(out));
+  FragmentReader reader(dir_, read_manifest(dir_, "global_step1"));
+  std::vector<float> values(35);
+  EXPECT_CONTAINS(error_of([&] { reader.read_f32("fp32", "fc1.weight", 0, 35, values.data()); }), expected);
+}
+
+// Rank 0's file records the parameters it was saved with; model.write
+// leaves that out, as files saved before the record did. Returns the
+// manifest with the record in place.
+Manifest write_with_record(const Model& model, const std::string& dir, const std::string& tag) {
+  Manifest m = model.write(dir, tag, kTwoRanks);
+  const std::string rank0 = tag_dir(dir, tag) + "/" + rank_file_name(0);
+  std::deque<std::vector<uint8_t>> keep;
+  std::vector<TensorData> tensors;
+  std::map<std::string, std::string> metadata;
+  {
+    SafetensorsFile f(rank0);
+    metadata = f.metadata();
+    for (const auto& [n, e] : f.entries()) {
+      keep.emplace_back(e.end - e.begin);
+      f.read(n, 0, e.end - e.begin, keep.back().data());
+      tensors.push_back({n, e.dtype, e.shape, keep.back().data(), keep.back().size()});
+    }
+  }
+  metadata[kParamsRecord] = params_record(m.params);
+  write_safetensors(rank0, tensors, metadata);
+  const FileInfo info = hash_file(rank0);
+  m.files[0].bytes = info.bytes;
+  m.files[0].xxh3 = info.xxh3;
+  write_manifest(dir, m);
+  return m;
+}
+
+// consolidate checks the manifest against the files before it writes
+// anything, as a load does: a parameter's shape changed (fewer elements,
+// the same elements transposed, a frozen one's), a parameter or a buffer
+// removed. It wrote what the manifest said before (the first 30 elements;
+// a transposed matrix; nothing of the removed ones).
+TEST_F(CkptTest, ConsolidateChecksTheManifestAgainstTheFiles) {
+  Model model;
+  write_with_record(model, dir_, "global_step1");
+  const std::string manifest = manifest_path(dir_, "global_step1");
+  const std::string folder = tag_dir(dir_, "global_step1");
+  const std::string out = dir_ + "/out.safetensors";
+  EXPECT_EQ(consolidate(dir_, "global_step1", out), 6);  // the record itself is no obstacle
+  expect_consolidated(out, model);
+  fs::remove(out);
+  struct Case {
+    std::string what;
+    std::function<void(Manifest&)> edit;
+    std::string with_record, without_record;  // the errors expected
+  };
+  const std::vector<Case> cases = {
+      {"fewer elements", [](Manifest& m) { m.params[0].shape = {5, 6}; },
+       "\"fc1.weight\" has shape [5,7] in the files, [5,6] in the manifest",
+       "gives parameter \"fc1.weight\" shape [5,6] (30 elements) but fragment \"exp_avg/fc1.weight/23\" in " + folder +
+           "/rank00001.safetensors holds elements [23, 35)"},
+      {"transposed", [](Manifest& m) { m.params[0].shape = {7, 5}; },
+       "\"fc1.weight\" has shape [5,7] in the files, [7,5] in the manifest", ""},
+      {"frozen reshaped", [](Manifest& m) { m.params[2].shape = {4, 3}; },
+       "\"emb.weight\" has shape [3,4] in the files, [4,3] in the manifest",
+       "\"module/emb.weight\" in " + folder + "/rank00000.safetensors has shape [3,4] but " + manifest +
+           " gives frozen parameter \"emb.weight\" shape [4,3]"},
+      {"parameter removed", [](Manifest& m) { m.params.erase(m.params.begin() + 1); },
+       "\"fc1.bias\" is in the files, not in the manifest",
+       "holds fragment \"exp_avg/fc1.bias/0\" of parameter \"fc1.bias\", which " + manifest + " does not list"},
+      {"buffer removed", [](Manifest& m) { m.buffers.erase(m.buffers.begin() + 1); },
+       folder + "/rank00000.safetensors holds \"module/scale16\", which " + manifest +
+           " lists neither as a frozen parameter nor as a buffer",
+       folder + "/rank00000.safetensors holds \"module/scale16\", which " + manifest +
+           " lists neither as a frozen parameter nor as a buffer"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    for (bool record : {true, false}) {
+      const std::string& expected = record ? c.with_record : c.without_record;
+      if (expected.empty()) continue;  // a transposed shape: only the record can tell
+      fs::remove_all(folder);
+      Manifest m = record ? write_with_record(model, dir_, "global_step1") : model.write(dir_, "global_step1", kTwoRanks);
+      c.edit(m);
+      write_manifest(dir_, m);
+      EXPECT_CONTAINS(error_of([&] { consolidate(dir_, "global_step1", out); }), expected);
+      EXPECT_FALSE(fs::exists(out));
+      ToolRun r = tool(dir_, "consolidate '" + dir_ + "' --out '" + out + "'");
+      EXPECT_EQ(r.status, 1) << r.out << r.err;
+      EXPECT_CONTAINS(r.err, expected);
+      EXPECT_FALSE(fs::exists(out));
+      EXPECT_CONTAINS(error_of([&] { ConsolidatedTensors t(dir_, "global_step1"); }), expected);
+    }
+  }
 }
 
 }  // namespace
