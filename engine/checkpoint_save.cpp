@@ -3,9 +3,13 @@
 // partition holds, in model space, so that any world size and stage loads
 // them directly; rank 0 writes the manifest once every file is complete.
 #include <fcntl.h>  // renameat2
+#include <sys/file.h>  // flock
+#include <unistd.h>
 
 #include <torch/torch.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -55,18 +59,80 @@ void move_into_place(const fs::path& staging, const fs::path& final_dir, const f
     fs::remove_all(staging, ignored);  // the old checkpoint now
     return;
   }
+  const int e = errno;
+  // Only a file system that cannot swap takes the two renames: had the
+  // staging folder gone, the first would move the old checkpoint away.
+  if (e != EINVAL && e != ENOSYS && e != EOPNOTSUPP)
+    throw CheckpointError("cannot swap " + staging.string() + " with " + final_dir.string() + ": " + std::strerror(e) +
+                          "; " + final_dir.string() + " is untouched");
   fs::remove_all(replaced, ignored);
   fs::rename(final_dir, replaced);
   fs::rename(staging, final_dir);
   fs::remove_all(replaced, ignored);
 }
 
-// After a save, failed or not, nothing staged stays behind: the staging
-// folder (if it was not moved into place) and `.saving` once it is empty.
-void discard_staging(const fs::path& staging, const fs::path& saving_root) {
+// Note [Concurrent saves]: two jobs may save into one folder (a restarted
+// job while the old one is still finishing, a mistake). Each save stages in
+// a folder of its own, <dir>/.saving/<id>/<tag>, and what a killed save
+// left in .saving is removed only by a save that runs alone: rank 0 holds
+// a shared flock on <dir> for the whole save and clears .saving only while
+// it holds the lock exclusively (no other save in progress), before it
+// makes its own folder. Before, every save removed all of .saving first,
+// so a save's folder could vanish under it: its manifest was then written
+// into a fresh folder without the rank files and moved into place, or the
+// old checkpoint of its tag moved away (tests/ckpt/concurrent_saver.sh).
+class SavingLock {
+ public:
+  // Locks `root` (shared) for a save; returns whether the lock was first
+  // exclusive, so that leftovers may be cleared. A file system without
+  // flock: no lock, and nothing is cleared.
+  bool acquire(const fs::path& root) {
+    fd_ = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd_ < 0) return false;
+    const bool alone = ::flock(fd_, LOCK_EX | LOCK_NB) == 0;
+    if (!alone && errno != EWOULDBLOCK) {
+      release();
+      return false;
+    }
+    if (alone) return true;
+    ::flock(fd_, LOCK_SH);  // waits only while another save clears leftovers
+    return false;
+  }
+  void share() {
+    if (fd_ >= 0) ::flock(fd_, LOCK_SH);
+  }
+  void release() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  ~SavingLock() { release(); }
+
+ private:
+  int fd_ = -1;
+};
+
+// A name no other save uses now: rank 0's host, process and clock, shared
+// with the other ranks.
+std::string staging_id(comm::ProcessGroup& pg) {
+  at::Tensor name = torch::zeros({128}, at::kByte);
+  if (pg.rank() == 0) {
+    char host[64] = {0};
+    ::gethostname(host, sizeof host - 1);
+    const std::string id = std::string(host) + "-" + std::to_string(::getpid()) + "-" +
+                           std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+    std::memcpy(name.data_ptr(), id.data(), std::min<size_t>(id.size(), 127));
+  }
+  pg.broadcast(name, 0);
+  return reinterpret_cast<const char*>(name.data_ptr<uint8_t>());
+}
+
+// After a save, failed or not, nothing staged stays behind: this save's
+// folder (with the staging folder if it was not moved into place) and
+// `.saving` once it is empty.
+void discard_staging(const fs::path& own, const fs::path& saving_root) {
   std::error_code ignored;
-  fs::remove_all(staging, ignored);
-  fs::remove(saving_root, ignored);  // only if empty: another tag may be saving there
+  fs::remove_all(own, ignored);
+  fs::remove(saving_root, ignored);  // only if empty: another save may be staging there
 }
 
 // The first of n floats that is NaN or infinite (all exponent bits set), or
@@ -348,13 +414,24 @@ void save_checkpoint(TrainingState& s, const std::string& dir, const std::string
   comm::ProcessGroup& pg = s.pg;
   const int rank = pg.rank();
   const auto start = Clock::now();
-  const fs::path root(dir), saving_root = root / ".saving", staging = saving_root / tag;
+  const fs::path root(dir), saving_root = root / ".saving";
+  const fs::path own = saving_root / staging_id(pg), staging = own / tag;  // Note [Concurrent saves]
   std::string error;
+  SavingLock lock;
   if (rank == 0) {
     try {
       fs::create_directories(root);
-      fs::remove_all(saving_root);  // what a killed save left: no other save uses this folder now
-      fs::create_directories(staging);
+      if (lock.acquire(root)) {
+        fs::remove_all(saving_root);  // what killed saves left: no other save is in progress
+        lock.share();
+      }
+      std::error_code ec;
+      for (int attempt = 1; attempt <= 3; ++attempt) {  // another save may remove an empty .saving meanwhile
+        ec.clear();
+        fs::create_directories(staging, ec);
+        if (!ec) break;
+      }
+      if (ec) error = "save_checkpoint: cannot create " + staging.string() + ": " + ec.message();
     } catch (const std::exception& e) {
       error = "save_checkpoint: cannot create " + staging.string() + ": " + e.what();
     }
@@ -371,20 +448,20 @@ void save_checkpoint(TrainingState& s, const std::string& dir, const std::string
   fault::reached("save.written", rank);
   auto files = share_file_entries(pg, info, write_error);  // rank 0 learns every file's size and checksum
   if (files.empty()) {
-    if (rank == 0) discard_staging(staging, saving_root);
+    if (rank == 0) discard_staging(own, saving_root);
     const std::string kept = fs::exists(root / "latest") ? "; " + (root / "latest").string() + " still names the previous checkpoint" : "";
     agree(pg, write_error, "save_checkpoint: writing " + (root / tag).string() + " failed", kept);  // throws
   }
   if (rank == 0) {
     try {
-      ckpt::write_manifest(saving_root.string(), manifest(s, tag, kinds, listed, std::move(files), std::move(client)));
+      ckpt::write_manifest(own.string(), manifest(s, tag, kinds, listed, std::move(files), std::move(client)));
       fault::reached("save.finishing", rank);
-      move_into_place(staging, root / tag, saving_root / (tag + ".replaced"));
+      move_into_place(staging, root / tag, own / "replaced");
       ckpt::write_latest(dir, tag);
     } catch (const std::exception& e) {
       error = std::string("save_checkpoint: finishing ") + (root / tag).string() + ": " + e.what();
     }
-    discard_staging(staging, saving_root);
+    discard_staging(own, saving_root);
   }
   agree(pg, error, "save_checkpoint: finishing " + (root / tag).string());
   log::info("ckpt", "saved " + (root / tag).string() + " (" + std::to_string(pg.size()) + " file(s), this rank " +
