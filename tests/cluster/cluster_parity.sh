@@ -7,7 +7,8 @@
 # nothing but a change of order could make them differ; see tests/cluster/
 # CMakeLists.txt for the measurement. Also checks the node layout each rank
 # reports (Mesh::dp_intra_node_group, dp_inter_node_group and their
-# transports) and that the run's traffic crossed the emulated links.
+# transports; also at tp 2, where the dp groups span the nodes one rank
+# each) and that the run's traffic crossed the emulated links.
 #
 #   cluster_parity.sh ZERO_RUN CLUSTER_TRAIN
 # Exit 77 (skipped) where network namespaces cannot be made, saying why.
@@ -38,6 +39,16 @@ for r in 0 1 2 3; do
   grep -qF "$want" "$work/cluster.log" || { cat "$work/cluster.log"; fail "2 nodes: no line '$want'"; }
   want="layout: rank $r node 0 of 1; world shm; dp intra [0,1,2,3] shm; dp inter none"
   grep -qF "$want" "$work/reference.log" || { cat "$work/reference.log"; fail "1 node: no line '$want'"; }
+done
+
+# With tp 2 (a tensor-parallel pair on each node) the dp groups {0, 2} and
+# {1, 3} hold one rank per node: intra-node groups of one, and the
+# inter-node group is the dp group itself (Note [Node groups]).
+bash "$root/tools/netns-cluster.sh" --zero-run "$run" --nodes 2 --nproc 2 --time-limit 60 -- \
+  "$program" --layout-tp 2 >"$work/tp2.log" 2>&1 || { cat "$work/tp2.log"; fail "the 2-node tp 2 mesh failed"; }
+for r in 0 1 2 3; do
+  want="layout: rank $r node $((r / 2)) of 2; world gloo; dp intra [$r] local; dp inter [$((r % 2)),$((r % 2 + 2))] gloo"
+  grep -qF "$want" "$work/tp2.log" || { cat "$work/tp2.log"; fail "2 nodes, tp 2: no line '$want'"; }
 done
 
 # Stage 3 gathers the parameters and reduce-scatters the gradients over

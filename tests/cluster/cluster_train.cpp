@@ -4,6 +4,7 @@
 // see the same batches.
 //
 //   cluster_train --steps N --out FILE [--step-sleep-ms M] [--zero-extra JSON]
+//   cluster_train --layout-tp T
 //
 // Every rank prints its node and its node groups (Mesh::dp_intra_node_group,
 // dp_inter_node_group) as world ranks with their transport; rank 0 prints
@@ -12,6 +13,8 @@
 // to FILE. --step-sleep-ms slows the steps down so that a test can act
 // while the job is mid-run. --zero-extra adds keys to zero_optimization
 // (ZeRO++'s, for cluster.zeropp), e.g. '"zero_quantized_weights": true'.
+// --layout-tp T only builds a zero::Mesh of tp T over the world and prints
+// the layout line (no training).
 #include <torch/torch.h>
 
 #include <chrono>
@@ -57,27 +60,41 @@ std::string describe(const std::shared_ptr<zero::comm::ProcessGroup>& g) {
   return out.str();
 }
 
+void print_layout(zero::comm::ProcessGroup& world, const zero::Mesh& mesh) {
+  std::printf("layout: rank %d node %d of %d; world %s; dp intra %s; dp inter %s\n", world.rank(),
+              world.node(world.rank()), mesh.nodes(), world.host_transport().c_str(),
+              describe(mesh.dp_intra_node_group()).c_str(), describe(mesh.dp_inter_node_group()).c_str());
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t steps = 0, sleep_ms = 0;
+  int64_t steps = 0, sleep_ms = 0, tp = 0;
   std::string out_path, zero_extra;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string arg = argv[i];
     if (arg == "--steps") steps = std::stoll(argv[i + 1]);
     else if (arg == "--out") out_path = argv[i + 1];
     else if (arg == "--step-sleep-ms") sleep_ms = std::stoll(argv[i + 1]);
+    else if (arg == "--layout-tp") tp = std::stoll(argv[i + 1]);
     else if (arg == "--zero-extra") zero_extra = ", " + std::string(argv[i + 1]);
     else {
       std::cerr << "cluster_train: unknown option " << arg << "\n";
       return 2;
     }
   }
-  if (steps <= 0 || out_path.empty()) {
-    std::cerr << "usage: cluster_train --steps N --out FILE [--step-sleep-ms M] [--zero-extra JSON]\n";
+  if ((steps <= 0 || out_path.empty()) && tp <= 0) {
+    std::cerr << "usage: cluster_train --steps N --out FILE [--step-sleep-ms M] [--zero-extra JSON] | --layout-tp T\n";
     return 2;
   }
   try {
+    if (tp > 0) {
+      auto world = zero::comm::init_process_group();
+      const zero::Mesh mesh(world, static_cast<int>(tp), 1);
+      print_layout(*world, mesh);
+      return 0;
+    }
     Net model;
     auto engine = zero::initialize(zero::Config::from_json(std::string(R"({"train_micro_batch_size_per_gpu": 8,
         "steps_per_print": 1000000, "gradient_clipping": 1.0,
@@ -88,21 +105,19 @@ int main(int argc, char** argv) {
                                    model);
     auto& world = engine.group();
     const zero::Mesh& mesh = engine.mesh();
-    const int rank = world.rank(), size = world.size();
-    std::printf("layout: rank %d node %d of %d; world %s; dp intra %s; dp inter %s\n", rank, world.node(rank),
-                mesh.nodes(), world.host_transport().c_str(), describe(mesh.dp_intra_node_group()).c_str(),
-                describe(mesh.dp_inter_node_group()).c_str());
-    std::fflush(stdout);
+    const int rank = world.rank(), size = mesh.dp_group()->size();
+    const int dp_rank = mesh.dp_group()->rank();
+    print_layout(world, mesh);
     for (int64_t step = 0; step < steps; ++step) {
       // One global batch per step; this rank takes its rows.
       auto gen = at::detail::createCPUGenerator(1000 + step);
-      auto x = torch::randn({size * kRows, kIn}, gen).narrow(0, rank * kRows, kRows);
-      auto y = torch::randn({size * kRows}, gen).narrow(0, rank * kRows, kRows);
+      auto x = torch::randn({size * kRows, kIn}, gen).narrow(0, dp_rank * kRows, kRows);
+      auto y = torch::randn({size * kRows}, gen).narrow(0, dp_rank * kRows, kRows);
       auto loss = (model->forward(x) - y).pow(2).mean();
       engine.backward(loss);
       engine.step();
       auto all = torch::empty({size});
-      world.all_gather(all, loss.detach().reshape({1}).contiguous());
+      mesh.dp_group()->all_gather(all, loss.detach().reshape({1}).contiguous());
       if (rank == 0) {
         double sum = 0;  // in rank order, the same on every layout
         for (int r = 0; r < size; ++r) sum += all[r].item<float>();
