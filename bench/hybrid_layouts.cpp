@@ -190,7 +190,7 @@ int main(int argc, char** argv) {
     world->all_reduce(wait_share, zero::comm::ReduceOp::Avg);
 
     int64_t local = 0;
-    for (const auto& p : module->parameters()) local += p.numel();
+    for (const auto& p : module->parameters()) local += zero::gathered_numel(p);  // whole at stage 3 too
     const double act = static_cast<double>(micro) * o.context * o.width * 4;
     // Blocks on this rank's stage: "type:Block" spreads them evenly.
     const double blocks = static_cast<double>(o.depth) / l.pp;
