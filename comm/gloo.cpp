@@ -18,6 +18,8 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <exception>
@@ -156,6 +158,57 @@ struct InFlight {
   std::abort();
 }
 
+// Note [Checked collectives]: over gloo, ranks that pass tensors of
+// different sizes to one collective end in gloo's own check on its I/O
+// thread, which terminates the process (Note [Failures inside gloo's
+// threads]); a smaller size can instead leave a peer waiting for bytes that
+// never come. zero's own collectives agree on their sizes by construction:
+// every size derives from the flat layout, which initialize builds from a
+// config and a model that every rank has been checked to share
+// (comm::disagreement). Exchanging each collective's signature costs every
+// collective one more gloo collective (what the shared-memory transport
+// gets for free from its slots): measured on 2 ranks of a loaded 2-core VM,
+// a 4-byte all_reduce took 0.34-0.37 ms alone and 2.4-5.7 ms checked, a
+// 1 MiB one 0.5-0.9 ms and 7.0-8.0 ms. So it is done only in debug runs:
+// with ZERO_CHECK_COLLECTIVES=1 (rank 0's setting holds for
+// the group), every gloo collective first all-gathers a fixed-size record
+// (kind, bytes, dtype, reduce op or root) and a record that differs is a
+// CommError on every rank naming the collective, its number and what each
+// rank passed, before gloo sees any of it.
+enum class Kind : int64_t { AllReduce = 1, ReduceScatter, AllGather, Broadcast, Barrier };
+
+struct Signature {
+  Kind kind;
+  int64_t bytes = 0;
+  int64_t dtype = -1;  // at::ScalarType, -1 for a barrier
+  int64_t extra = -1;  // the reduce op, or the broadcast's root
+};
+
+const char* kind_name(int64_t k) {
+  switch (static_cast<Kind>(k)) {
+    case Kind::AllReduce: return "all_reduce";
+    case Kind::ReduceScatter: return "reduce_scatter";
+    case Kind::AllGather: return "all_gather";
+    case Kind::Broadcast: return "broadcast";
+    case Kind::Barrier: return "barrier";
+  }
+  return "an unknown collective";
+}
+
+// What a rank passed, as a record reads back: "all_reduce (sum) of 4194304 bytes of Float".
+std::string describe(const int64_t* r) {
+  std::ostringstream out;
+  out << kind_name(r[0]);
+  const auto kind = static_cast<Kind>(r[0]);
+  if (kind == Kind::Barrier) return out.str();
+  if (kind == Kind::AllReduce || kind == Kind::ReduceScatter) out << " (" << to_string(static_cast<ReduceOp>(r[3])) << ")";
+  out << " of " << r[1] << " bytes";
+  if (r[2] >= 0 && r[2] < static_cast<int64_t>(at::ScalarType::NumOptions))
+    out << " of " << c10::toString(static_cast<at::ScalarType>(r[2]));
+  if (kind == Kind::Broadcast) out << " from rank " << r[3];
+  return out.str();
+}
+
 class GlooBackend : public HostBackend {
  public:
   explicit GlooBackend(const GroupInfo& group) : group_(group) {
@@ -180,7 +233,10 @@ class GlooBackend : public HostBackend {
         context_.reset();
       }
       const auto [failed_rank, failure] = connect_outcome(*store, error);
-      if (failed_rank < 0) return;
+      if (failed_rank < 0) {
+        check_ = agree_on_checking(*store);
+        return;
+      }
       if (attempt == kConnectAttempts) {
         fail("connecting", std::runtime_error("rank " + std::to_string(group.global_ranks[failed_rank]) +
                                               " could not connect after " + std::to_string(attempt) +
@@ -193,7 +249,8 @@ class GlooBackend : public HostBackend {
   }
 
   void all_reduce(at::Tensor& t, ReduceOp op) override {
-    guarded("all_reduce", t.nbytes(), [&] {
+    const Signature sig{Kind::AllReduce, int64_t(t.nbytes()), int64_t(t.scalar_type()), int64_t(op)};
+    guarded("all_reduce", sig, [&] {
       gloo::AllreduceOptions opts(context_);
       opts.setTag(next_tag());
       switch (t.scalar_type()) {
@@ -211,7 +268,8 @@ class GlooBackend : public HostBackend {
   }
 
   void reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
-    guarded("reduce_scatter", input.nbytes(), [&] {
+    const Signature sig{Kind::ReduceScatter, int64_t(input.nbytes()), int64_t(input.scalar_type()), int64_t(op)};
+    guarded("reduce_scatter", sig, [&] {
       at::Tensor chunks = scratch(input);
       gloo::AlltoallOptions opts(context_);
       opts.setTag(next_tag());
@@ -223,7 +281,8 @@ class GlooBackend : public HostBackend {
   }
 
   void all_gather(at::Tensor& output, const at::Tensor& input) override {
-    guarded("all_gather", input.nbytes(), [&] {
+    const Signature sig{Kind::AllGather, int64_t(input.nbytes()), int64_t(input.scalar_type())};
+    guarded("all_gather", sig, [&] {
       gloo::AllgatherOptions opts(context_);
       opts.setTag(next_tag());
       auto* out = static_cast<uint8_t*>(output.data_ptr());
@@ -237,7 +296,8 @@ class GlooBackend : public HostBackend {
   }
 
   void broadcast(at::Tensor& t, int root) override {
-    guarded("broadcast", t.nbytes(), [&] {
+    const Signature sig{Kind::Broadcast, int64_t(t.nbytes()), int64_t(t.scalar_type()), root};
+    guarded("broadcast", sig, [&] {
       gloo::BroadcastOptions opts(context_);
       opts.setTag(next_tag());
       opts.setRoot(root);
@@ -247,7 +307,7 @@ class GlooBackend : public HostBackend {
   }
 
   void barrier() override {
-    guarded("barrier", 0, [&] {
+    guarded("barrier", Signature{Kind::Barrier}, [&] {
       gloo::BarrierOptions opts(context_);
       opts.setTag(next_tag());
       gloo::barrier(opts);
@@ -276,16 +336,70 @@ class GlooBackend : public HostBackend {
   }
 
   template <typename F>
-  void guarded(const char* op, uint64_t bytes, F&& body) {
-    if (group_.health) group_.health->entering(op, bytes);
+  void guarded(const char* op, const Signature& sig, F&& body) {
+    if (group_.health) group_.health->entering(op, static_cast<uint64_t>(sig.bytes));
     InFlight in_flight(group_, op);
+    ++calls_;
     try {
+      if (check_) check_same_collective(op, sig);
       body();
     } catch (const zero::Error&) {
       throw;
     } catch (const std::exception& e) {
       fail(op, e);
     }
+  }
+
+  // Note [Checked collectives]: rank 0's ZERO_CHECK_COLLECTIVES holds for
+  // the group (ranks that disagreed would exchange records with peers that
+  // do not).
+  bool agree_on_checking(c10d::Store& store) {
+    const std::string key = "check_collectives";
+    if (group_.rank == 0) {
+      const std::string value = env::check_collectives() ? "1" : "0";
+      store.set(key, std::vector<uint8_t>(value.begin(), value.end()));
+    }
+    try {
+      store.wait({key}, group_.timeout);
+    } catch (const std::exception& e) {
+      fail("connecting", e);
+    }
+    const std::vector<uint8_t> value = store.get(key);
+    return value.size() == 1 && value[0] == '1';
+  }
+
+  // Note [Checked collectives]: every rank's record of this collective, then
+  // one CommError on every rank if any differs from the others.
+  void check_same_collective(const char* op, const Signature& sig) {
+    constexpr size_t kFields = 4;
+    std::array<int64_t, kFields> mine{static_cast<int64_t>(sig.kind), sig.bytes, sig.dtype, sig.extra};
+    std::vector<int64_t> all(kFields * group_.size);
+    gloo::AllgatherOptions opts(context_);
+    opts.setTag(next_tag());
+    opts.setInput(mine.data(), kFields);
+    opts.setOutput(all.data(), all.size());
+    gloo::allgather(opts);
+    bool same = true, same_kind = true;
+    for (int r = 1; r < group_.size; ++r) {
+      same = same && std::equal(all.begin(), all.begin() + kFields, all.begin() + r * kFields);
+      same_kind = same_kind && all[0] == all[r * kFields];
+    }
+    if (same) return;
+    const bool sizes_only = same_kind && [&] {
+      for (int r = 1; r < group_.size; ++r) {
+        if (all[2] != all[r * kFields + 2] || all[3] != all[r * kFields + 3]) return false;
+      }
+      return true;
+    }();
+    std::ostringstream msg;
+    msg << where(group_) << ": " << op << " (collective #" << calls_ << " of " << group_.name << ") checked by "
+        << "ZERO_CHECK_COLLECTIVES: "
+        << (sizes_only ? "the ranks passed tensors of different sizes"
+                       : same_kind ? "the ranks passed different dtypes, reduce ops or roots"
+                                   : "the ranks issued different collectives")
+        << ":";
+    for (int r = 0; r < group_.size; ++r) msg << "\n  rank " << group_.global_ranks[r] << ": " << describe(&all[r * kFields]);
+    throw CommError(msg.str());
   }
 
   // Note [Connecting a gloo group]: gloo's TCP pair accepts the first
@@ -321,6 +435,8 @@ class GlooBackend : public HostBackend {
   GroupInfo group_;
   std::shared_ptr<gloo::Context> context_;
   uint32_t tag_ = 0;
+  bool check_ = false;  // Note [Checked collectives]
+  int64_t calls_ = 0;   // collectives issued on this group, for messages
   at::Tensor scratch_;
 };
 

@@ -52,6 +52,10 @@ inline std::string gloo_hostname() { return get("ZERO_GLOO_HOSTNAME", ""); }
 inline bool progress_shown() { return get("ZERO_PROGRESS") != "0"; }
 // CPU optimizers' SIMD path: "portable", "avx2" or "avx512" (default: the best the CPU has).
 inline std::string cpu_optimizer_simd() { return get("ZERO_CPU_OPTIMIZER_SIMD", ""); }
+// Debug runs: "1" makes every gloo collective check first that the ranks
+// passed the same kind, size, dtype and root (Note [Checked collectives] in
+// comm/gloo.cpp).
+inline bool check_collectives() { return get("ZERO_CHECK_COLLECTIVES") == "1"; }
 
 // Test hook: "1" makes CPU ranks copy offloaded gradients to host buffers
 // as an accelerator does (Note [Offload copies] in partition/master_store.h).

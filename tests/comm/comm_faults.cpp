@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 
 #include "zero/comm.h"
@@ -118,6 +119,26 @@ int main(int argc, char** argv) {
     auto u = torch::ones({(1 << 20) + (world->rank() == 1 ? 16 : 0)});
     return expect_error([&] { world->all_reduce(u); },
                         {"all_reduce", "4194304", "4194368", "the ranks passed tensors of different sizes"}, 5);
+  }
+  if ((scenario == "size-mismatch" || scenario == "mismatch") && std::getenv("ZERO_CHECK_COLLECTIVES") &&
+      std::string(std::getenv("ZERO_CHECK_COLLECTIVES")) == "1") {
+    // Note [Checked collectives] in comm/gloo.cpp: every rank exchanges what
+    // it passes first, so all fail at once with one CommError naming the
+    // collective and every rank's size (or collective), before gloo runs it.
+    if (scenario == "mismatch") {
+      return expect_error([&] { world->rank() == 1 ? world->barrier() : world->all_reduce(t); },
+                          {"the ranks issued different collectives", "rank 0: all_reduce (sum) of 4194304 bytes of Float",
+                           "rank 1: barrier"},
+                          5);
+    }
+    // Collective #3 of the world: one at initialization, one above, this one.
+    auto u = torch::ones({(1 << 20) + (world->rank() == 1 ? 16 : 0)});
+    return expect_error([&] { world->all_reduce(u); },
+                        {"all_reduce (collective #3 of world) checked by ZERO_CHECK_COLLECTIVES: the ranks passed "
+                         "tensors of different sizes",
+                         "rank 0: all_reduce (sum) of 4194304 bytes of Float", "rank 1: all_reduce (sum) of 4194368 bytes of Float",
+                         "rank 2: all_reduce (sum) of 4194304 bytes of Float"},
+                        5);
   }
   if (scenario == "size-mismatch") {
     // Rank 1 all-reduces 64 more bytes than the others. gloo's check fails
