@@ -146,7 +146,7 @@ TEST(MasterStore, ReleasedShardsInHostMemoryCarryTheUpdateToTheNextGather) {
   p.masters.publish();
   for (size_t k = 0; k < p.masters.size(); ++k) {
     EXPECT_FALSE(p.storage.gathered(k)) << k;  // publishing does not gather a released bucket
-    p.storage.gather(k, /*async=*/false);
+    p.storage.gather(k, /*async=*/false, /*exact=*/true);
     EXPECT_TRUE(torch::equal(p.fulls[k], p.expected_full(k))) << k;
   }
 }
