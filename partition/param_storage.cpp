@@ -3,6 +3,8 @@
 // memory or NVMe.
 #include "partition/param_storage.h"
 
+#include <c10/util/accumulate.h>
+
 #include <algorithm>
 #include <chrono>
 #include <mutex>
@@ -54,11 +56,7 @@ std::vector<int64_t> gathered_shape(const at::Tensor& param) {
   return it != registry.shapes.end() ? it->second : param.sizes().vec();
 }
 
-int64_t gathered_numel(const at::Tensor& param) {
-  int64_t n = 1;
-  for (int64_t d : gathered_shape(param)) n *= d;
-  return n;
-}
+int64_t gathered_numel(const at::Tensor& param) { return c10::multiply_integers(gathered_shape(param)); }
 
 }  // namespace zero
 
@@ -170,8 +168,7 @@ void ParamStorage::read_ahead(size_t k) {
 
 void ParamStorage::view_params(Bucket& b) {
   for (auto& v : b.params) {
-    int64_t numel = 1;
-    for (int64_t d : v.shape) numel *= d;
+    const int64_t numel = c10::multiply_integers(v.shape);
     v.param.set_data(b.full.slice(0, v.offset, v.offset + numel).view(v.shape));
   }
 }
