@@ -11,7 +11,7 @@
 #include "core/regular_file.h"
 #include "config/config_detail.h"
 #include "zero/error.h"
-#include "zero/mesh.h"
+#include "zero/mesh_shape.h"
 
 namespace zero {
 namespace {

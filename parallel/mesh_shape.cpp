@@ -1,9 +1,9 @@
-// zero::mesh_shape (include/zero/mesh.h): torch-free, so the config
+// zero::mesh_shape (include/zero/mesh_shape.h): torch-free, so the config
 // checks a layout against the world size with it.
 #include <string>
 
 #include "zero/error.h"
-#include "zero/mesh.h"
+#include "zero/mesh_shape.h"
 
 namespace zero {
 

@@ -10,9 +10,15 @@
 #     that names what the user must look at to fix it, from the set its
 #     folder is allowed. A throw of anything else (a rethrow `throw;` aside)
 #     carries `// not a zero::Error: <why>` on its line or the line above.
+#  3. Torch-free objects. The object libraries (add_library(x OBJECT), the
+#     precompiled torch header's aside) and the tools zero-config, zero-ckpt
+#     and zero-run build without LibTorch, so nothing they include, directly or through the project's
+#     own headers, is a LibTorch header (torch/, ATen/, c10/). Debian's
+#     LibTorch sits in /usr/include, where a slip compiles anyway; the GPU
+#     machine's does not.
 #
-#   bash tools/layer_rules.sh           checks both; exit 1 naming each line at fault
-#   bash tools/layer_rules.sh --tables  prints both tables as ARCHITECTURE.md shows them
+#   bash tools/layer_rules.sh           checks all three; exit 1 naming each line at fault
+#   bash tools/layer_rules.sh --tables  prints the tables of rules 1 and 2 as ARCHITECTURE.md shows them
 #
 # ctest's docs.layer_rules runs the check. The tables below are the rules;
 # change them here, then run tools/architecture.sh, which copies them into
@@ -28,6 +34,7 @@ log.h foundation core
 comm.h foundation comm
 launch_info.h foundation comm
 mesh.h type parallel
+mesh_shape.h type parallel
 tensor_parallel.h type parallel
 pipeline.h type parallel
 activation_checkpointing.h type activations
@@ -161,6 +168,48 @@ while read -r folder classes; do
 done <<< "$errors_allowed" > "${TMPDIR:-/tmp}/layer_rules.$$"
 while IFS= read -r f; do [ -n "$f" ] && fault "$f"; done < "${TMPDIR:-/tmp}/layer_rules.$$"
 rm -f "${TMPDIR:-/tmp}/layer_rules.$$"
+
+# ---- check rule 3 ----------------------------------------------------------------
+# The sources of every object library but the precompiled header's, and of
+# the torch-free tools.
+torch_free_sources() {
+  for cml in $(find . -name CMakeLists.txt -not -path './build*' -not -path './.venv/*' -not -path './tests/*'); do
+    dir=$(dirname "${cml#./}")
+    awk '/add_library\([A-Za-z_]+ OBJECT/ && !/zero_torch_pch/ { on = 1 }
+         on { for (i = 1; i <= NF; i++) if ($i ~ /\.cpp\)?$/) { f = $i; sub(/\)$/, "", f); print f } }
+         on && /\)/ { on = 0 }' "$cml" | sed "s|^|$dir/|"
+  done
+  ls tools/config/*.cpp tools/ckpt/*.cpp tools/launcher/*.cpp
+}
+declare -A seen=()
+# Walks a file's quoted includes (include/, the root, then its own folder) and
+# prints the first LibTorch include it reaches, with the chain that leads there.
+torch_include_in() {  # file chain
+  local file=$1 chain=$2 line inc next
+  [ -z "${seen[$file]:-}" ] || return 1
+  seen[$file]=1
+  while IFS= read -r line; do
+    inc=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*["<]([^">]+)[">].*/\1/' <<< "$line")
+    case "$inc" in
+      torch/* | ATen/* | c10/*) echo "$chain -> <$inc>"; return 0 ;;
+    esac
+    for next in "include/$inc" "$inc" "$(dirname "$file")/$inc"; do
+      if [ -f "$next" ]; then
+        torch_include_in "$next" "$chain -> $next" && return 0
+        break
+      fi
+    done
+  done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*["<]' "$file" || true)
+  return 1
+}
+for src in $(torch_free_sources); do
+  [ -f "$src" ] || { fault "$src: listed in a CMakeLists.txt but missing"; continue; }
+  seen=()
+  if chain=$(torch_include_in "$src" "$src"); then
+    fault "$chain: $src builds without LibTorch (rule 3) but reaches a LibTorch header;" \
+      "move what it needs into a torch-free header (as zero/mesh_shape.h holds Mesh's sizes)"
+  fi
+done
 
 if [ "$faults" -gt 0 ]; then
   echo "tools/layer_rules.sh: $faults line(s) break the layer rules of ARCHITECTURE.md (above)" >&2

@@ -15,18 +15,9 @@
 #include <vector>
 
 #include "zero/comm.h"
+#include "zero/mesh_shape.h"
 
 namespace zero {
-
-struct MeshShape {
-  int tp = 1, dp = 1, pp = 1;
-  int world() const { return tp * dp * pp; }
-};
-
-// The shape for `world` ranks at tp x pp; dp = world / (tp * pp). A world
-// that tp * pp does not divide throws ConfigError naming the (tp, pp) pairs
-// that would work.
-MeshShape mesh_shape(int world, int tp, int pp);
 
 class Mesh {
  public:
