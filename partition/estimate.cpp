@@ -62,6 +62,9 @@ void validate(const EstimateInput& in) {
   require(in.stage3_max_reuse_distance >= 0, "stage3_max_reuse_distance must not be negative");
   require(in.stage3_prefetch_bucket_size >= 0, "stage3_prefetch_bucket_size must not be negative");
   require(in.unit_params >= 0, "unit_params must not be negative");
+  require(in.hpz_partition_size >= 1 && in.world_size % in.hpz_partition_size == 0,
+          "zero_hpz_partition_size " + std::to_string(in.hpz_partition_size) + " must divide the data-parallel size " +
+              std::to_string(in.world_size) + " (it is the ranks of a node)");
   require(in.sub_group_size >= 1, "sub_group_size must be positive");
   require(in.offload_optimizer_buffer_count >= 0 && in.offload_optimizer_buffer_count <= 1024 &&
               in.offload_param_buffer_count >= 0 && in.offload_param_buffer_count <= 1024,
@@ -114,6 +117,10 @@ void on_device(const EstimateInput& in, MemoryEstimate& m) {
   d.fp32_master = in.mixed_precision ? held * 4 : 0;
   d.optimizer_states = held * k;
   if (in.stage == 3) m.gathered_params_max = gathered_bound(in) * b;
+  if (in.stage == 3 && in.hpz_partition_size > 1) {
+    const int64_t l = in.hpz_partition_size;
+    m.secondary_params_max = (p + l - 1) / l * b;
+  }
 }
 
 // offload_optimizer (stages 1-3): the offloaded share of the master shard,

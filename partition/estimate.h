@@ -34,6 +34,13 @@
 // [Reuse distance]): up to K = min(Ψ, R/2 + U) elements, and K + U with the
 // prefetch (the larger of the two rules). Without U: min(Ψ, max_live + R/2)*b.
 //
+// hpZ (zero_hpz_partition_size L > 1, stage 3): each unit's forward gather
+// leaves a secondary copy of 1/L of it on the rank (Note [Secondary
+// partition] in partition/param_storage.cpp), kept until its backward is
+// done, so at the end of forward it is the whole model's:
+// MemoryEstimate::secondary_params_max = ceil(P/L)*b where the gathered
+// units live, not in device. L must divide N, as the engine requires.
+//
 // Offload (each valid only where the config allows it; anything else throws):
 //   offload_optimizer "cpu" (stages 1-3): the fp32 master shard, the optimizer
 //     states and a copy of the reduced gradient shard S*b (in the training
@@ -90,6 +97,7 @@ struct EstimateInput {
   int64_t stage3_max_reuse_distance = 1000000000;   // elements
   int64_t stage3_prefetch_bucket_size = 50000000;   // elements
   int64_t unit_params = 0;  // stage 3: the largest unit's parameters, when known (0: unknown)
+  int64_t hpz_partition_size = 1;  // stage 3: zero_hpz_partition_size, the ranks of a node (1: no hpZ)
   std::string offload_optimizer = "none";  // "none" | "cpu" | "nvme"
   double offload_optimizer_ratio = 1.0;    // partial offload ("cpu"): the share on the host
   std::string offload_param = "none";      // "none" | "cpu" | "nvme"
@@ -126,6 +134,9 @@ struct MemoryEstimate {
   // Stage 3: up to this many more device bytes for the parameters of the
   // units being gathered (see above); not in device.
   int64_t gathered_params_max = 0;
+  // Stage 3 with hpZ: up to this many more bytes, beside the gathered
+  // units, for the secondary partition (see above); not in device.
+  int64_t secondary_params_max = 0;
   // Each kind summed over the three places.
   MemoryBytes all() const;
 };
@@ -136,7 +147,7 @@ MemoryEstimate estimate_memory(const EstimateInput& in);
 
 // CPU ranks (with accelerator false): the parameters' device is host
 // memory, so `m`'s device bytes are added to its host bytes and device is
-// zero (gathered_params_max is then host memory too).
+// zero (gathered_params_max and secondary_params_max are then host memory too).
 MemoryEstimate device_as_host(MemoryEstimate m);
 
 // K for an optimizer type as the config spells it ("Adam", "AdamW", "SGD",

@@ -339,6 +339,33 @@ TEST(ConfigEstimate, GatheredUnitsIncludeThoseKeptForReuse) {
   EXPECT_EQ(zero::estimate_memory(in).gathered_params_max, int64_t{100000000} * 2);
 }
 
+// hpZ (Note [Secondary partition]): at the end of forward every unit has
+// left 1/L of itself on the rank, ceil(P/L) elements in the training dtype.
+TEST(ConfigEstimate, HpzKeepsASecondaryPartitionOfTheModelPerNode) {
+  EstimateInput in = mixed_adam(1000000001, 8, 3);   // P = 1000000008 (padded to 8 ranks)
+  in.hpz_partition_size = 4;
+  const MemoryEstimate with = zero::estimate_memory(in);
+  EXPECT_EQ(with.padded_params, 1000000008);
+  EXPECT_EQ(with.secondary_params_max, 250000002 * int64_t{2});
+  in.hpz_partition_size = 1;
+  const MemoryEstimate without = zero::estimate_memory(in);
+  EXPECT_EQ(without.secondary_params_max, 0);
+  EXPECT_EQ(with.device.total(), without.device.total()) << "the shards themselves are unchanged";
+  EXPECT_EQ(with.gathered_params_max, without.gathered_params_max);
+  in = mixed_adam(1000000001, 8, 2);   // not stage 3: nothing gathered, nothing kept
+  in.hpz_partition_size = 4;
+  EXPECT_EQ(zero::estimate_memory(in).secondary_params_max, 0);
+  in = mixed_adam(1000, 8, 3);
+  in.hpz_partition_size = 3;   // does not divide the 8 ranks
+  try {
+    zero::estimate_memory(in);
+    ADD_FAILURE() << "accepted";
+  } catch (const zero::PartitionError& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_hpz_partition_size 3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("data-parallel size 8"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ConfigEstimate, RejectsOffloadItsStageDoesNotAllow) {
   auto message = [](EstimateInput in) -> std::string {
     try {
@@ -538,6 +565,25 @@ TEST(ConfigEstimateTool, SgdWithoutMomentumHoldsNoOptimizerState) {
   EXPECT_EQ(j["state_bytes_per_element"], 0);
   for (const auto& row : j["stages"]) EXPECT_EQ(row["device"]["optimizer_states"], 0);
   EXPECT_EQ(j["stages"][1]["device"]["total"], 1000000 * (2 + 2 + 4));   // N = 1: bf16 params, grads, fp32 master
+  std::remove(path.c_str());
+}
+
+TEST(ConfigEstimateTool, HpzAddsTheSecondaryPartitionAtStage3) {
+  const std::string path = ::testing::TempDir() + "/zero_config_estimate_hpz_" + std::to_string(::getpid()) + ".json";
+  std::ofstream(path) << R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+    "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2}})";
+  ToolRun r = tool("'" + path + "' --estimate --params 1e9 --world-size 4 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  for (int stage = 0; stage < 3; ++stage) EXPECT_EQ(j["stages"][stage]["secondary_params_max"], 0) << stage;
+  EXPECT_EQ(j["stages"][3]["secondary_params_max"], int64_t{1000000000} / 2 * 2);   // half the bf16 model
+  ToolRun text = tool("'" + path + "' --estimate --params 1e9 --world-size 4");
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_NE(text.out.find("zero_hpz_partition_size 2): plus the secondary partition"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("up to 1.00 GB more on the device"), std::string::npos) << text.out;
+  ToolRun odd = tool("'" + path + "' --estimate --params 1e9 --world-size 3");
+  EXPECT_NE(odd.status, 0);
+  EXPECT_NE(odd.err.find("zero_hpz_partition_size 2 must divide the data-parallel size 3"), std::string::npos) << odd.err;
   std::remove(path.c_str());
 }
 

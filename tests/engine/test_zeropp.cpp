@@ -7,6 +7,7 @@
 
 #include <filesystem>
 
+#include "partition/estimate.h"
 #include "world_main.h"
 #include "zero/zero.h"
 
@@ -172,6 +173,15 @@ TEST(NodeParts, TheSecondaryPartitionIsInTheMemoryReport) {
   const int64_t kept = engine.memory_report().params - before;
   EXPECT_GE(kept, units * 4 / g_world->size());
   EXPECT_LE(kept, (units + 2 * g_world->size()) * 4 / g_world->size());
+  // zero-config --estimate's figure for it: the whole model's 1/L, an upper
+  // bound (the head is not a unit), padded as the engine pads each bucket.
+  zero::EstimateInput in;
+  in.params = units;
+  in.world_size = g_world->size();
+  in.stage = 3;
+  in.hpz_partition_size = g_world->size();
+  const int64_t estimated = zero::estimate_memory(in).secondary_params_max;
+  EXPECT_NEAR(kept, estimated, 2 * 4) << "the engine pads each of the two units' buckets";
   engine.backward(loss);
   EXPECT_EQ(engine.memory_report().params, before) << "dropped when the backward is done";
 }

@@ -14,7 +14,7 @@
 #include "zero/config.h"
 #include "zero/error.h"
 #include "partition/estimate.h"
-#include "zero/mesh.h"
+#include "zero/mesh_shape.h"
 
 namespace zero_config_tool {
 namespace {
@@ -54,6 +54,7 @@ EstimateSetup estimate_setup(const zero::Config& c, int64_t params, int world_si
   in.stage3_max_live_parameters = z.stage3_max_live_parameters;
   in.stage3_max_reuse_distance = z.stage3_max_reuse_distance;
   in.stage3_prefetch_bucket_size = z.stage3_prefetch_bucket_size;
+  in.hpz_partition_size = z.zero_hpz_partition_size;
   in.sub_group_size = z.sub_group_size;
   in.offload_optimizer_buffer_count = z.offload_optimizer.buffer_count;
   in.offload_param_buffer_count = z.offload_param.buffer_count;
@@ -70,6 +71,7 @@ EstimateSetup estimate_setup(const zero::Config& c, int64_t params, int world_si
 zero::EstimateInput stage_input(const zero::Config& c, zero::EstimateInput in, int stage) {
   const auto& z = c.zero_optimization;
   in.stage = stage;
+  if (stage != 3) in.hpz_partition_size = 1;  // hpZ is stage 3's
   in.offload_optimizer = zero::offload_optimizer_allowed(z.offload_optimizer.device, stage) ? z.offload_optimizer.device : "none";
   in.offload_optimizer_ratio = in.offload_optimizer != "none" ? z.offload_optimizer.ratio : 1.0;
   in.offload_param = zero::offload_param_allowed(z.offload_param.device, stage) ? z.offload_param.device : "none";
@@ -244,6 +246,7 @@ int run_estimate(const Options& o) {
       r["reduce_buffers"] = m.reduce_buffers;
       r["reduce_buffer_count"] = m.reduce_buffer_count;
       r["gathered_params_max"] = m.gathered_params_max;
+      r["secondary_params_max"] = m.secondary_params_max;
       doc["stages"].push_back(r);
     }
     if (o.shape) doc["activations"] = activations_json(o, config, setup);
@@ -306,6 +309,12 @@ int run_estimate(const Options& o) {
            "  max_live_parameters): up to "
         << human(s3.gathered_params_max) << " more " << where << ",\n  min(params, stage3_max_live_parameters "
         << count(z.stage3_max_live_parameters) << " + stage3_max_reuse_distance / 2) x " << b << " bytes.\n";
+  }
+  if (s3.secondary_params_max > 0) {
+    out << "- Stage 3 with hpZ (zero_hpz_partition_size " << z.zero_hpz_partition_size
+        << "): plus the secondary partition, 1/" << z.zero_hpz_partition_size
+        << " of each unit gathered\n  in forward kept until its backward: up to " << human(s3.secondary_params_max)
+        << " more " << where << " at the end of forward.\n";
   }
   const zero::MemoryEstimate& s2 = rows[2];
   out << "- Stages 2-3: grads include " << (z.overlap_comm ? "two reduce buffers" : "one reduce buffer") << " of "
