@@ -1,10 +1,11 @@
 // Writers on a real full disk, on 2 ranks started by zero-run: a tmpfs this
 // test mounts (size-limited, so a write past it fails with ENOSPC as on any
 // full disk; skipped with the reason where mounting is not permitted).
-// For csv_monitor, tensorboard and a checkpoint save, each on a disk full
-// from the start and on one that fills mid-run, every rank must raise the
-// error (EngineError for the monitors, CheckpointError for the save) at the
-// same step, naming the writer, the file and errno's text, well within 30 s
+// For csv_monitor, tensorboard, a checkpoint save and consolidation
+// (zero-ckpt consolidate's writer, save_16bit_model), each on a disk full
+// from the start or on one that fills mid-run, every rank must raise the
+// error (EngineError for the monitors, CheckpointError for the checkpoint
+// files; at the same step where a step raises it), naming the writer, the file and errno's text, well within 30 s
 // of the disk filling (a fail-safe bound, not a benchmark); and the
 // checkpoint saved before the disk filled must load back bit for bit.
 #include <gtest/gtest.h>
@@ -23,6 +24,7 @@
 #include <map>
 #include <regex>
 
+#include "ckpt/checkpoint.h"    // consolidate, as zero-ckpt consolidate calls it
 #include "monitor/monitor.h"  // tensorboard_available
 #include "world_main.h"
 #include "zero/zero.h"
@@ -291,5 +293,49 @@ void checkpoint_case(size_t leave) {
 TEST(Checkpoint, FullFromTheStart) { checkpoint_case(0); }
 // A rank file holds about 25 kB here: 16 kB free fills during the files' writes.
 TEST(Checkpoint, FillsMidRun) { checkpoint_case(16 << 10); }
+
+// Consolidation on the disk (ckpt::consolidate, which zero-ckpt consolidate
+// runs, on rank 0): full from the start, or with room for half the file.
+// It fails naming the output, leaves nothing at it or beside it, and the
+// checkpoint it read stays whole.
+void consolidate_case(size_t leave) {
+  Tmpfs disk(4);
+  SKIP_WITHOUT(disk);
+  const std::string dir = disk.dir + "/ckpt", folder = disk.dir + "/consolidated";
+  const auto saved = save_earlier_checkpoint(dir);
+  if (g_world->rank() == 0) fs::create_directories(folder);
+  disk.fill(leave);
+  if (g_world->rank() == 0) {
+    const std::string out = folder + "/model.safetensors";
+    const Ended e = until_error<zero::CheckpointError>(Clock::now(), [&] { zero::ckpt::consolidate(dir, "global_step2", out); });
+    expect_failed(e, out, folder, /*at_a_step=*/false);
+    EXPECT_TRUE(fs::is_empty(folder)) << "a failed consolidation left a file in " << folder;
+  }
+  g_world->barrier();
+  expect_earlier_checkpoint_intact(dir, saved);
+}
+
+// The Linear's weights consolidate to 16.6 kB: 8 kB free fills half-way.
+TEST(Consolidation, FullFromTheStart) { consolidate_case(0); }
+TEST(Consolidation, FillsMidWrite) { consolidate_case(8 << 10); }
+
+// save_16bit_model (rank 0 writes the gathered weights): every rank raises
+// rank 0's error, naming the file, and the earlier checkpoint stays.
+TEST(Consolidation, Save16bitModelFillsMidWrite) {
+  Tmpfs disk(4);
+  SKIP_WITHOUT(disk);
+  const std::string dir = disk.dir + "/ckpt", folder = disk.dir + "/weights";
+  const auto saved = save_earlier_checkpoint(dir);
+  torch::nn::Linear model = make_model();
+  auto engine = make_engine(model, config(""));
+  train_step(engine, model, 0);
+  disk.fill(8 << 10);
+  const Ended e = until_error<zero::CheckpointError>(Clock::now(), [&] { engine.save_16bit_model(folder); });
+  expect_failed(e, "save_16bit_model: ", folder, /*at_a_step=*/false);
+  EXPECT_NE(e.error.find(folder + "/model.safetensors"), std::string::npos) << e.error;
+  if (g_world->rank() == 0) EXPECT_FALSE(fs::exists(folder + "/model.safetensors"));
+  g_world->barrier();
+  expect_earlier_checkpoint_intact(dir, saved);
+}
 
 }  // namespace
