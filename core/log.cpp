@@ -9,6 +9,7 @@
 
 #include "core/env.h"
 #include "core/write_failure.h"
+#include "zero/launch_info.h"
 
 namespace zero::log {
 namespace {
@@ -22,10 +23,20 @@ struct State {
   std::set<std::string> warned;
 };
 
+// A setting the log cannot use is said once on stderr, naming the variable,
+// and the default stands: the log is set up on its first line, where
+// nothing can be thrown (core/ throws nothing), and a typo in a log setting
+// should not stop a run.
+void bad_setting(const std::string& name, const std::string& value, const std::string& expected,
+                 const std::string& instead) {
+  std::fprintf(stderr, "zero: %s=%s: expected %s; %s\n", name.c_str(), value.c_str(), expected.c_str(), instead.c_str());
+}
+
 Level parse_level(const std::string& s) {
   if (s == "debug") return Level::Debug;
   if (s == "warn" || s == "warning") return Level::Warn;
   if (s == "error") return Level::Error;
+  if (s != "info") bad_setting("ZERO_LOG_LEVEL", s, "debug, info, warn or error", "logging at info");
   return Level::Info;
 }
 
@@ -37,10 +48,21 @@ State& state() {
     if (ranks == "all") {
       st->all_ranks = true;
     } else if (!ranks.empty()) {
-      st->ranks.clear();
+      std::set<int> listed;
       std::stringstream ss(ranks);
-      for (std::string item; std::getline(ss, item, ',');) {
-        if (!item.empty()) st->ranks.insert(std::atoi(item.c_str()));
+      bool ok = true;
+      for (std::string item; ok && std::getline(ss, item, ',');) {
+        const auto r = env::parse_whole_number(item, 0, comm::LaunchInfo::kMaxWorldSize - 1);
+        if (r) listed.insert(static_cast<int>(*r));
+        ok = r.has_value();
+      }
+      if (ok && !listed.empty()) {
+        st->ranks = listed;
+      } else {
+        bad_setting("ZERO_LOG_RANKS", ranks,
+                    "all or ranks separated by commas (whole numbers from 0 to " +
+                        std::to_string(comm::LaunchInfo::kMaxWorldSize - 1) + ")",
+                    "rank 0 logs");
       }
     }
     return st;

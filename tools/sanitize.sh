@@ -31,9 +31,10 @@ case "$kind" in
     [ "$quick" = 0 ] || dir="${ZERO_SANITIZE_DIR:-$prefix-asan-quick}"
     flags="-fsanitize=address,undefined -fno-sanitize=vptr -fno-omit-frame-pointer"
     # The torch-free half: config parser, checkpoint format and tools, the
-    # torch.save reader and DeepSpeed's folders in and out, the monitors' writer thread, fuzz corpora.
-    quick_targets=(test_config test_ckpt_format test_torchsave test_interop test_monitor_writer zero-ckpt zero-config fuzz_replay)
-    quick_tests='^(config\.|ckpt\.(CkptTest|Manifest|Dtypes|WeightFilesTest|python_reader)|torchsave\.|interop\.(ImportDeepSpeed|ExportDeepSpeed|ExportHf)\.|monitor\.MonitorWriter\.|fuzz\.)'
+    # torch.save reader and DeepSpeed's folders in and out, the monitors' writer thread, the
+    # environment's log settings, fuzz corpora.
+    quick_targets=(test_config test_ckpt_format test_torchsave test_interop test_monitor_writer test_env_settings zero-ckpt zero-config fuzz_replay)
+    quick_tests='^(config\.|ckpt\.(CkptTest|Manifest|Dtypes|WeightFilesTest|python_reader)|torchsave\.|interop\.(ImportDeepSpeed|ExportDeepSpeed|ExportHf)\.|monitor\.MonitorWriter\.|core\.(LogRanks|LogLevel|FaultHook)\.|fuzz\.)'
     ;;
   thread)
     dir="${ZERO_SANITIZE_DIR:-$prefix-tsan}"

@@ -25,18 +25,44 @@ int main(int argc, char** argv) {
   GPTOptions options;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i];
-    const char* v = argv[i + 1];
-    if (key == "--steps") steps = std::atoll(v);
-    else if (key == "--depth") options.depth = std::atoll(v);
-    else if (key == "--width") options.width = std::atoll(v);
-    else if (key == "--heads") options.heads = std::atoll(v);
-    else if (key == "--context") options.context = std::atoll(v);
-    else if (key == "--batch") batch = std::atoll(v);
-    else if (key == "--gas") gas = std::atoll(v);
-    else if (key == "--lr") lr = std::atof(v);
-    else if (key == "--threads") threads = std::atoll(v);
-    else if (key == "--seed") seed = std::atoll(v);
-    else if (key == "--log-every") log_every = std::atoll(v);
+    const std::string v = argv[i + 1];
+    // The whole text must be the number: "10s" or "abc" is an error, not 10 or 0.
+    auto whole = [&](int64_t least) {
+      size_t used = 0;
+      long long n = least - 1;
+      try {
+        n = std::stoll(v, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != v.size() || n < least) {
+        std::fprintf(stderr, "zero-gpt-plain: %s %s: a whole number >= %lld\n", key.c_str(), v.c_str(),
+                     static_cast<long long>(least));
+        std::exit(2);
+      }
+      return static_cast<int64_t>(n);
+    };
+    if (key == "--steps") steps = whole(0);
+    else if (key == "--depth") options.depth = whole(1);
+    else if (key == "--width") options.width = whole(1);
+    else if (key == "--heads") options.heads = whole(1);
+    else if (key == "--context") options.context = whole(1);
+    else if (key == "--batch") batch = whole(1);
+    else if (key == "--gas") gas = whole(1);
+    else if (key == "--lr") {
+      size_t used = 0;
+      try {
+        lr = std::stod(v, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != v.size() || !(lr > 0)) {
+        std::fprintf(stderr, "zero-gpt-plain: --lr %s: a number > 0\n", v.c_str());
+        return 2;
+      }
+    } else if (key == "--threads") threads = whole(0);
+    else if (key == "--seed") seed = whole(0);
+    else if (key == "--log-every") log_every = whole(1);
     else {
       std::fprintf(stderr, "zero-gpt-plain: unknown option %s\n", key.c_str());
       return 2;

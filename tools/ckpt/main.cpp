@@ -18,10 +18,12 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "core/env.h"
 #include "interop/export_deepspeed.h"
 #include "interop/export_hf.h"
 #include "interop/import_deepspeed.h"
 #include "zero/error.h"
+#include "zero/launch_info.h"
 
 namespace {
 
@@ -127,9 +129,11 @@ Options parse(int argc, char** argv) {
       o.config = value("--config");
     } else if (a == "--world-size" || a.rfind("--world-size=", 0) == 0) {
       const std::string n = value("--world-size");
-      if (n.empty() || n.size() > 6 || n.find_first_not_of("0123456789") != std::string::npos || std::stoi(n) < 1)
-        throw UsageError{"--world-size " + n + ": a number of ranks, 1 or more"};
-      o.world_size = std::stoi(n);
+      const auto ranks = zero::env::parse_whole_number(n, 1, zero::comm::LaunchInfo::kMaxWorldSize);  // core/env.h
+      if (!ranks)
+        throw UsageError{"--world-size " + n + ": a number of ranks, a whole number from 1 to " +
+                         std::to_string(zero::comm::LaunchInfo::kMaxWorldSize)};
+      o.world_size = static_cast<int>(*ranks);
     } else if (a == "--name-map" || a.rfind("--name-map=", 0) == 0) {
       o.name_map = value("--name-map");
     } else if (a.size() > 1 && a[0] == '-') {

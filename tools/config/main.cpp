@@ -72,21 +72,15 @@ const char* const kUsage =
 
 // A positive whole number for a shape flag.
 int64_t parse_size(const std::string& flag, const std::string& text) {
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno != 0 || v < 1 || v > 100000000LL)
-    throw UsageError{flag + " must be a positive whole number; got '" + text + "'"};
-  return v;
+  const auto v = zero::env::parse_whole_number(text, 1, 100000000LL);  // the one parser of numbers (core/env.h)
+  if (!v) throw UsageError{flag + " must be a whole number from 1 to 100000000; got '" + text + "'"};
+  return *v;
 }
 
 int parse_world_size(const std::string& text, const std::string& origin) {
-  char* end = nullptr;
-  errno = 0;
-  long v = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno != 0 || v < 1 || v > 1000000)
-    throw UsageError{origin + " must be a positive integer; got '" + text + "'"};
-  return static_cast<int>(v);
+  const auto v = zero::env::parse_whole_number(text, 1, 1000000);
+  if (!v) throw UsageError{origin + " must be a whole number of ranks from 1 to 1000000; got '" + text + "'"};
+  return static_cast<int>(*v);
 }
 
 // A whole number of parameters, written 1500000000 or 1.5e9.
@@ -95,13 +89,12 @@ int64_t parse_params(const std::string& text) {
       "--params must be a whole number of parameters from 1 to 1e15, e.g. 7e9 or 7000000000; got '" + text + "'";
   if (text.empty() || !(std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '.'))
     throw UsageError{expected};
-  char* end = nullptr;
-  errno = 0;
-  long long whole = std::strtoll(text.c_str(), &end, 10);
-  if (*end == '\0' && errno == 0) {
-    if (whole < 1 || whole > 1000000000000000LL) throw UsageError{expected};
-    return whole;
+  if (text.find_first_not_of("0123456789") == std::string::npos) {   // digits only: a whole number
+    const auto whole = zero::env::parse_whole_number(text, 1, 1000000000000000LL);
+    if (!whole) throw UsageError{expected};
+    return *whole;
   }
+  char* end = nullptr;
   errno = 0;
   double v = std::strtod(text.c_str(), &end);
   if (*end != '\0' || errno != 0 || !std::isfinite(v) || v < 1 || v > 1e15 || v != std::floor(v))

@@ -16,6 +16,7 @@
 
 #include "zero/error.h"
 #include "zero/launch_config.h"
+#include "core/env.h"
 
 namespace zero_run {
 namespace {
@@ -115,13 +116,12 @@ int write_launch_file(int argc, char** argv) {
       }
       std::replace(name.begin() + std::min<size_t>(2, name.size()), name.end(), '_', '-');
       auto integer = [&](int min, int max) {
-        char* end = nullptr;
-        const long v = std::strtol(value.c_str(), &end, 10);
-        if (value.empty() || *end != '\0' || v < min || v > max) {
+        const auto v = zero::env::parse_whole_number(value, min, max);  // the one parser of numbers (core/env.h)
+        if (!v) {
           throw std::invalid_argument(name + " must be an integer in [" + std::to_string(min) + ", " +
                                       std::to_string(max) + "], got '" + value + "'");
         }
-        return static_cast<int>(v);
+        return static_cast<int>(*v);
       };
       auto one_of = [&](std::initializer_list<const char*> allowed) {
         for (const char* x : allowed) {
