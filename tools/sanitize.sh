@@ -4,6 +4,9 @@
 #   bash tools/sanitize.sh address          # ASan + UBSan: library, tools, whole suite (build-asan)
 #   bash tools/sanitize.sh address --quick  # ASan + UBSan: the torch-free half (config, checkpoint
 #                                           #   format, fuzz corpora), a few minutes; what CI runs
+#   bash tools/sanitize.sh address --hardening  # ASan + UBSan over the bad-input tests: checkpoints
+#                                           #   (hostile, killed, concurrent, full disk), launcher and
+#                                           #   launch configs, checked collectives, monitors (build-asan)
 #   bash tools/sanitize.sh thread           # TSan: comm thread, NVMe swapper, stage-3 prefetch (build-tsan)
 #
 # Extra arguments go to ctest (e.g. -R zero.). Any sanitizer report fails
@@ -19,9 +22,12 @@ prefix=build
 [ "$zero_torch" = wheel ] && prefix=build-wheel
 kind="${1:-address}"
 shift || true
-quick=0
+quick=0 hardening=0
 if [ "${1:-}" = "--quick" ]; then
   quick=1
+  shift
+elif [ "${1:-}" = "--hardening" ]; then
+  hardening=1
   shift
 fi
 
@@ -34,6 +40,12 @@ case "$kind" in
     # torch.save reader and DeepSpeed's folders in and out, the monitors' writer thread, the
     # environment's log settings, fuzz corpora.
     quick_targets=(test_config test_ckpt_format test_torchsave test_interop test_monitor_writer test_env_settings zero-ckpt zero-config fuzz_replay)
+    # The bad-input tests of the hardening and full-disk work, with LibTorch.
+    hardening_targets=(zero-run zero-ckpt zero-config launcher_probe test_launcher test_launch_config test_launch_env
+                       accelerate_train test_config test_ckpt_format test_checkpoint ckpt_killed_save ckpt_concurrent_saver
+                       test_torchsave test_interop test_monitor_writer test_monitors test_comms_logger test_full_disk
+                       full_disk_probe test_progress test_env_settings test_collectives comm_faults fuzz_replay)
+    hardening_tests='^(config\.|core\.(Progress|LogRanks|LogLevel|FaultHook)\.|ckpt\.|torchsave\.|interop\.(ImportDeepSpeed|ExportDeepSpeed|ExportHf)\.|monitor\.(MonitorWriter\.|monitors|comms_logger|full_disk)|launcher\.|accelerate\.|comm\.(collectives\.gloo|faults\.gloo\.checked|launch_env)|fuzz\.)'
     quick_tests='^(config\.|ckpt\.(CkptTest|Manifest|Dtypes|WeightFilesTest|python_reader)|torchsave\.|interop\.(ImportDeepSpeed|ExportDeepSpeed|ExportHf)\.|monitor\.MonitorWriter\.|core\.(LogRanks|LogLevel|FaultHook)\.|fuzz\.)'
     ;;
   thread)
@@ -41,7 +53,7 @@ case "$kind" in
     flags="-fsanitize=thread -fno-omit-frame-pointer"
     ;;
   *)
-    echo "usage: bash tools/sanitize.sh address [--quick] | thread  [ctest args]" >&2
+    echo "usage: bash tools/sanitize.sh address [--quick | --hardening] | thread  [ctest args]" >&2
     exit 2
     ;;
 esac
@@ -68,6 +80,9 @@ if [ "$kind" = thread ]; then
   cmake --build . -j "$jobs" --target zero-run test_collectives comm_faults test_swapper test_param_storage
   exec ctest --output-on-failure --timeout 600 -j "${ZERO_TEST_JOBS:-2}" \
     -R '^(comm\.collectives|comm\.faults|offload\.Swap|zero\.param_storage)' "$@"
+elif [ "$hardening" = 1 ]; then
+  cmake --build . -j "$jobs" --target "${hardening_targets[@]}"
+  exec ctest --output-on-failure --timeout 600 -j "${ZERO_TEST_JOBS:-2}" -R "$hardening_tests" "$@"
 elif [ "$quick" = 1 ]; then
   cmake --build . -j "$jobs" --target "${quick_targets[@]}"
   exec ctest --output-on-failure --timeout 600 -j "${ZERO_TEST_JOBS:-2}" -R "$quick_tests" "$@"
