@@ -1,5 +1,11 @@
 # Sourced by the GPU scripts, from the project root with $out set: unpacks
-# the Debian packages from .debs/ (the list is in tools/setup-deps.sh), and
+# the Debian packages from .debs/ (made on a Debian 12 machine; .debs/ is
+# ignored by git and travels as a carried path):
+#   mkdir -p .debs && (cd .debs && apt-get download liburing-dev liburing2 \
+#     nlohmann-json3-dev libtbb-dev libtbb12 libtbbmalloc2 libtbbbind-2-5 \
+#     libhwloc15 libgtest-dev libgloo-dev libgloo0 libhiredis0.14 libibverbs1 \
+#     libnl-3-200 libnl-route-3-200 libxxhash-dev libxxhash0 libzip-dev libzip4)
+# (2 MB; yaml-cpp and protobuf are optional and left out), and
 # configures and builds build-gpu for the targets given, finding LibTorch
 # and NCCL the way ZERO_TORCH=wheel does (cmake/TorchChoice.cmake): from
 # python3's torch package and its nvidia-nccl wheel.
