@@ -173,8 +173,8 @@ TEST(NodeParts, TheSecondaryPartitionIsInTheMemoryReport) {
   const int64_t kept = engine.memory_report().params - before;
   EXPECT_GE(kept, units * 4 / g_world->size());
   EXPECT_LE(kept, (units + 2 * g_world->size()) * 4 / g_world->size());
-  // zero-config --estimate's figure for it: the whole model's 1/L, an upper
-  // bound (the head is not a unit), padded as the engine pads each bucket.
+  // zero-config --estimate's figure for the units' parameters: 1/L of them,
+  // within the padding the engine adds to each bucket.
   zero::EstimateInput in;
   in.params = units;
   in.world_size = g_world->size();
