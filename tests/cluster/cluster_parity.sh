@@ -13,21 +13,13 @@
 #   cluster_parity.sh ZERO_RUN CLUSTER_TRAIN
 # Exit 77 (skipped) where network namespaces cannot be made, saying why.
 set -euo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
 run="$1" program="$2"
+. "$(dirname "$0")/lib.sh"
 steps=20
 work="$(mktemp -d "${TMPDIR:-/tmp}/zero_cluster.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
 
-status=0
-bash "$root/tools/netns-cluster.sh" --zero-run "$run" --nodes 2 --nproc 2 --time-limit 80 -- \
-  "$program" --steps "$steps" --out "$work/cluster.bin" >"$work/cluster.log" 2>&1 || status=$?
-if [ "$status" = 77 ]; then
-  grep -m1 SKIP "$work/cluster.log" >&2
-  exit 77
-fi
-[ "$status" = 0 ] || { cat "$work/cluster.log"; fail "the 2-node run failed (status $status)"; }
+cluster_run "$work/cluster.log" 80 "$program" --steps "$steps" --out "$work/cluster.bin"
 "$run" --nproc 4 "$program" --steps "$steps" --out "$work/reference.bin" >"$work/reference.log" 2>&1 ||
   { cat "$work/reference.log"; fail "the 1-node run failed"; }
 
@@ -44,8 +36,7 @@ done
 # With tp 2 (a tensor-parallel pair on each node) the dp groups {0, 2} and
 # {1, 3} hold one rank per node: intra-node groups of one, and the
 # inter-node group is the dp group itself (Note [Node groups]).
-bash "$root/tools/netns-cluster.sh" --zero-run "$run" --nodes 2 --nproc 2 --time-limit 60 -- \
-  "$program" --layout-tp 2 >"$work/tp2.log" 2>&1 || { cat "$work/tp2.log"; fail "the 2-node tp 2 mesh failed"; }
+cluster_run "$work/tp2.log" 60 "$program" --layout-tp 2
 for r in 0 1 2 3; do
   want="layout: rank $r node $((r / 2)) of 2; world gloo; dp intra [$r] local; dp inter [$((r % 2)),$((r % 2 + 2))] gloo"
   grep -qF "$want" "$work/tp2.log" || { cat "$work/tp2.log"; fail "2 nodes, tp 2: no line '$want'"; }
@@ -60,8 +51,8 @@ for n in 0 1; do
   [ -n "$sent" ] && [ "$sent" -ge 257360 ] || { cat "$work/cluster.log"; fail "node $n sent ${sent:-?} bytes over its link, expected >= 257360"; }
 done
 
-grep -o 'step [0-9]* loss .*' "$work/reference.log" >"$work/reference.losses"
-grep -o 'step [0-9]* loss .*' "$work/cluster.log" >"$work/cluster.losses"
+losses "$work/reference.log" >"$work/reference.losses"
+losses "$work/cluster.log" >"$work/cluster.losses"
 [ "$(wc -l <"$work/reference.losses")" = "$steps" ] || { cat "$work/reference.log"; fail "the 1-node run printed no $steps losses"; }
 if ! cmp -s "$work/reference.losses" "$work/cluster.losses" || ! cmp -s "$work/reference.bin" "$work/cluster.bin"; then
   paste "$work/reference.losses" "$work/cluster.losses" >&2

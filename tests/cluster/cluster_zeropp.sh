@@ -13,27 +13,20 @@
 #   cluster_zeropp.sh ZERO_RUN CLUSTER_TRAIN
 # Exit 77 (skipped) where network namespaces cannot be made, saying why.
 set -euo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
 run="$1" program="$2"
+. "$(dirname "$0")/lib.sh"
 steps=30
 work="$(mktemp -d "${TMPDIR:-/tmp}/zero_cluster_zeropp.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
 
 # train NAME [ZERO_EXTRA]: a 2 x 2 run; its losses in NAME.losses, the bytes
 # both nodes sent over their links in NAME.sent.
 train() {
-  local name="$1" extra="${2:-}" status=0
+  local name="$1" extra="${2:-}"
   local args=("$program" --steps "$steps" --out "$work/$name.bin")
   [ -n "$extra" ] && args+=(--zero-extra "$extra")
-  bash "$root/tools/netns-cluster.sh" --zero-run "$run" --nodes 2 --nproc 2 --time-limit 80 -- "${args[@]}" \
-    >"$work/$name.log" 2>&1 || status=$?
-  if [ "$status" = 77 ]; then
-    grep -m1 SKIP "$work/$name.log" >&2
-    exit 77
-  fi
-  [ "$status" = 0 ] || { cat "$work/$name.log"; fail "$name: the run failed (status $status)"; }
-  grep -o 'step [0-9]* loss .*' "$work/$name.log" >"$work/$name.losses"
+  cluster_run "$work/$name.log" 80 "${args[@]}"
+  losses "$work/$name.log" >"$work/$name.losses"
   [ "$(wc -l <"$work/$name.losses")" = "$steps" ] || { cat "$work/$name.log"; fail "$name: no $steps losses"; }
   sed -n 's/^netns-cluster: node [0-9]* link: sent \([0-9]*\) bytes.*/\1/p' "$work/$name.log" |
     awk '{ s += $1 } END { print s }' >"$work/$name.sent"

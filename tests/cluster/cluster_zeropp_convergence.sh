@@ -15,25 +15,18 @@
 # the other way). ctest runs stage3 and all as fixtures, so each test is
 # one run. Exit 77 (skipped) where network namespaces cannot be made.
 set -euo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
 run="$1" program="$2" work="$3" variant="$4"
+. "$(dirname "$0")/lib.sh"
 steps=300 half=150
-fail() { echo "FAIL: $*" >&2; exit 1; }
 
 # train NAME ZERO_EXTRA [cluster_gpt options...]: a 2 x 2 run; its losses in WORK/NAME.losses.
 train() {
-  local name="$1" extra="$2" status=0
+  local name="$1" extra="$2"
   shift 2
   local args=("$program" --steps "$steps" "$@")
   [ -n "$extra" ] && args+=(--zero-extra "$extra")
-  bash "$root/tools/netns-cluster.sh" --zero-run "$run" --nodes 2 --nproc 2 --time-limit 150 -- "${args[@]}" \
-    >"$work/$name.log" 2>&1 || status=$?
-  if [ "$status" = 77 ]; then
-    grep -m1 SKIP "$work/$name.log" >&2
-    exit 77
-  fi
-  [ "$status" = 0 ] || { cat "$work/$name.log"; fail "$name: the run failed (status $status)"; }
-  grep -o 'step [0-9]* loss .*' "$work/$name.log" >"$work/$name.losses"
+  cluster_run "$work/$name.log" 150 "${args[@]}"
+  losses "$work/$name.log" >"$work/$name.losses"
   [ "$(tail -1 "$work/$name.losses" | awk '{ print $2 }')" = "$steps" ] ||
     { cat "$work/$name.log"; fail "$name: did not reach step $steps"; }
 }
