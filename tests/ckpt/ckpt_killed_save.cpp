@@ -8,28 +8,16 @@
 #include <fstream>
 #include <iostream>
 
+#include "small_job.h"
 #include "zero/zero.h"
 
 namespace {
 
-torch::nn::Sequential make_model() {
-  torch::manual_seed(7);
-  return torch::nn::Sequential(torch::nn::Linear(6, 16), torch::nn::Tanh(), torch::nn::Linear(16, 3));
-}
-
-zero::Engine make_engine(torch::nn::Sequential& model) {
-  return zero::initialize(zero::Config::from_json(R"({"train_micro_batch_size_per_gpu": 4, "steps_per_print": 1000000,
-      "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zero_optimization": {"stage": 2, "reduce_bucket_size": 20}})"),
-                          model);
-}
+using small_job::make_engine;
+using small_job::make_model;
 
 void train(zero::Engine& engine, torch::nn::Sequential& model, int steps) {
-  for (int i = 0; i < steps; ++i) {
-    auto gen = at::detail::createCPUGenerator(10 * engine.global_steps() + engine.group().rank());
-    auto x = torch::randn({4, 6}, gen);
-    engine.backward(model->forward(x).pow(2).mean());
-    engine.step();
-  }
+  for (int i = 0; i < steps; ++i) small_job::step(engine, model);
 }
 
 int fail(const std::string& why) {
