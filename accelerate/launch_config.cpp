@@ -2,8 +2,9 @@
 #include "zero/launch_config.h"
 
 #ifdef ZERO_HAVE_YAML
-#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
+
+#include "accelerate/yaml_structure.h"
 #endif
 
 #include <unistd.h>
@@ -15,8 +16,6 @@
 #include <cstring>
 #include <optional>
 #include <sstream>
-#include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "core/did_you_mean.h"
@@ -161,99 +160,6 @@ class Reader {
   std::string source_;
 };
 
-// Note [Launch config structure]
-// yaml-cpp keeps both entries of a key written twice in a mapping (a lookup
-// finds the first, a walk sees both, so the last silently wins here), takes
-// the first of several documents without a word, and recurses up to 2000
-// levels while parsing. Before the text becomes nodes, its events are
-// walked once through yaml-cpp's own parser: a key written twice in any
-// mapping (an alias to a scalar counts as that scalar), a second document,
-// or nesting past kMaxLaunchConfigDepth is a ConfigError naming it, the
-// first found. As with the JSON readers (core/json_duplicates.h), one hash
-// set per open mapping keeps this linear in the keys. Aliases are not
-// followed, so an alias bomb costs one event per alias.
-class StructureCheck : public YAML::EventHandler {
- public:
-  explicit StructureCheck(const Reader& r) : r_(r) {}
-
-  void OnDocumentStart(const YAML::Mark&) override {
-    if (++documents_ > 1) r_.fail("", "holds more than one YAML document ('---' starts another); keep one");
-  }
-  void OnDocumentEnd() override {}
-  void OnNull(const YAML::Mark&, YAML::anchor_t) override { leaf("null", true); }
-  void OnAlias(const YAML::Mark&, YAML::anchor_t anchor) override {
-    auto it = scalars_.find(anchor);
-    if (it != scalars_.end()) leaf(it->second, true);
-    else leaf("", false);
-  }
-  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t anchor, const std::string& value) override {
-    if (anchor != YAML::NullAnchor) scalars_[anchor] = value;
-    leaf(value, true);
-  }
-  void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
-    open(false, m);
-  }
-  void OnSequenceEnd() override { close(); }
-  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
-    open(true, m);
-  }
-  void OnMapEnd() override { close(); }
-
- private:
-  struct Frame {
-    bool map = false;
-    bool at_key = true;  // a mapping's next node is a key
-    std::string key;     // the current key ("" while it is a list or a mapping)
-    size_t index = 0;    // a list's next item
-    std::unordered_set<std::string> keys;
-  };
-
-  std::string path() const {
-    std::string p;
-    for (const Frame& f : stack_) {
-      if (f.map) p += (p.empty() ? "" : ".") + (f.key.empty() ? std::string("?") : f.key);
-      else p += "[" + std::to_string(f.index) + "]";
-    }
-    return p;
-  }
-  // A scalar, null or alias; `text` is its value when `named` (a possible key).
-  void leaf(const std::string& text, bool named) {
-    if (!stack_.empty() && stack_.back().map && stack_.back().at_key) {
-      Frame& top = stack_.back();
-      top.key = named ? text : "";
-      if (named && !top.keys.insert(text).second) {
-        r_.fail(path(), "duplicate key (a key may appear once per mapping; which one was meant?)");
-      }
-    }
-    done();
-  }
-  void open(bool map, const YAML::Mark& m) {
-    if (!stack_.empty() && stack_.back().map && stack_.back().at_key) stack_.back().key.clear();
-    if (static_cast<int>(stack_.size()) >= kMaxLaunchConfigDepth) {
-      r_.fail("", "nested deeper than " + std::to_string(kMaxLaunchConfigDepth) + " levels at line " +
-                      std::to_string(m.line + 1) + " (a launch config nests 2)");
-    }
-    stack_.emplace_back();
-    stack_.back().map = map;
-  }
-  void close() {
-    if (!stack_.empty()) stack_.pop_back();
-    done();
-  }
-  // A node of the innermost open list or mapping is complete.
-  void done() {
-    if (stack_.empty()) return;
-    Frame& top = stack_.back();
-    if (top.map) top.at_key = !top.at_key;
-    else ++top.index;
-  }
-
-  const Reader& r_;
-  int documents_ = 0;
-  std::vector<Frame> stack_;
-  std::unordered_map<YAML::anchor_t, std::string> scalars_;
-};
-
 // A mapping's key as text; a key that is a list, a mapping or null is an
 // error naming where it is (yaml-cpp's as<std::string> would throw
 // TypedBadConversion, which no caller expects).
@@ -350,11 +256,9 @@ LaunchConfig read_yaml(const Reader& r, const std::string& text, const std::stri
   }
   YAML::Node root;
   try {
-    std::istringstream in(text);
-    YAML::Parser parser(in);
-    StructureCheck check(r);  // Note [Launch config structure]
-    while (parser.HandleNextDocument(check)) {
-    }
+    // Note [Launch config structure]
+    launch_yaml::check_structure(text, kMaxLaunchConfigDepth,
+                                 [&](const std::string& path, const std::string& problem) { r.fail(path, problem); });
     root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     r.fail("", "is not valid YAML: " + std::string(e.what()));
