@@ -30,6 +30,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -207,6 +208,10 @@ struct ParamInfo {
 // the files (FragmentReader::check_matches_manifest).
 constexpr const char* kParamsRecord = "params";
 std::string params_record(const std::vector<ParamInfo>& params);
+// The listing `file` (rank 0's) recorded, or nullopt where it holds none (a
+// file written before the record, or by an import); CheckpointError when
+// it is not such a listing.
+std::optional<std::vector<ParamInfo>> recorded_params(const SafetensorsFile& file);
 
 struct Manifest {
   std::string format = kFormatName;

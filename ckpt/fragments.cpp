@@ -18,16 +18,12 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
-#include <mutex>
 #include <optional>
 #include <set>
-#include <thread>
 
 #include "ckpt/checkpoint.h"
-#include "core/json_depth.h"
+#include "ckpt/hash_pipeline.h"
 #include "core/regular_file.h"
 #include "zero/error.h"
 
@@ -38,64 +34,6 @@ namespace {
 [[noreturn]] void fail(const std::string& message) { throw CheckpointError(message); }
 
 std::string range_string(int64_t a, int64_t b) { return "[" + std::to_string(a) + ", " + std::to_string(b) + ")"; }
-
-// Spans of memory hashed in the order pushed, on one helper thread started
-// at the first push.
-class HashPipeline {
- public:
-  ~HashPipeline() {
-    drain();  // the spans point into the caller's memory: done before it goes
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    work_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
-  // Hashes [p, p + n) into `hash`; `owned`, when given, holds the bytes.
-  void push(Xxh3* hash, const void* p, size_t n, std::vector<char> owned = {}) {
-    if (n == 0) return;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
-      spans_.push_back({hash, static_cast<const char*>(p), n, std::move(owned)});
-    }
-    work_.notify_one();
-  }
-  // Returns when every span pushed so far is hashed.
-  void drain() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    idle_.wait(lock, [this] { return spans_.empty() && !busy_; });
-  }
-
- private:
-  struct Span {
-    Xxh3* hash;
-    const char* p;
-    size_t n;
-    std::vector<char> owned;
-  };
-  void run() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    for (;;) {
-      work_.wait(lock, [this] { return stop_ || !spans_.empty(); });
-      if (spans_.empty()) return;  // stop_ and nothing left
-      Span span = std::move(spans_.front());
-      spans_.pop_front();
-      busy_ = true;
-      lock.unlock();
-      span.hash->update(span.owned.empty() ? span.p : span.owned.data(), span.n);
-      lock.lock();
-      busy_ = false;
-      if (spans_.empty()) idle_.notify_all();
-    }
-  }
-  std::mutex mutex_;
-  std::condition_variable work_, idle_;
-  std::deque<Span> spans_;
-  bool busy_ = false, stop_ = false;
-  std::thread thread_;
-};
 
 }  // namespace
 
@@ -391,39 +329,7 @@ namespace {
 
 std::string shape_text(const std::vector<int64_t>& shape) { return nlohmann::json(shape).dump(); }
 
-// The listing a save recorded in rank 0's file, or nullopt where it holds
-// none (a file written before the record, or by an import).
-std::optional<std::vector<ParamInfo>> recorded_params(const SafetensorsFile& file) {
-  auto it = file.metadata().find(kParamsRecord);
-  if (it == file.metadata().end()) return std::nullopt;
-  const std::string bad = file.path() + ": its metadata \"" + kParamsRecord + "\" is not the parameter listing a save writes";
-  if (core::json_nests_deeper_than(it->second)) fail(bad + " (nested too deep)");
-  std::vector<ParamInfo> out;
-  try {
-    const nlohmann::json j = nlohmann::json::parse(it->second);
-    if (!j.is_array()) fail(bad);
-    for (const auto& p : j) {
-      if (!p.is_array() || p.size() != 3 || !p[0].is_string() || !p[1].is_array() || !p[2].is_boolean()) fail(bad);
-      ParamInfo info{p[0].get<std::string>(), {}, p[2].get<bool>()};
-      for (const auto& d : p[1]) {
-        if (!d.is_number_integer()) fail(bad);
-        info.shape.push_back(d.get<int64_t>());
-      }
-      out.push_back(std::move(info));
-    }
-  } catch (const nlohmann::json::exception& e) {
-    fail(bad + " (" + e.what() + ")");
-  }
-  return out;
-}
-
 }  // namespace
-
-std::string params_record(const std::vector<ParamInfo>& params) {
-  nlohmann::json j = nlohmann::json::array();
-  for (const ParamInfo& p : params) j.push_back({p.name, p.shape, p.trainable});
-  return j.dump();
-}
 
 void FragmentReader::check_matches_manifest() {
   Impl& I = *impl_;
