@@ -10,6 +10,8 @@
 // says so in the CommError.
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -104,9 +106,12 @@ std::unique_ptr<HostBackend> make_gloo_backend(const GroupInfo& group);  // gloo
 // Null when the group cannot use shared memory (shm.cpp, Note [Shared-memory
 // collectives]); every rank of the group gets the same answer.
 std::unique_ptr<HostBackend> make_shm_backend(const GroupInfo& group);
-// This process's node as ranks compare it (shm.cpp, Note [One node]): equal
+// This process's node as ranks compare it (node.cpp, Note [One node]): equal
 // strings, one node.
 std::string node_identity();
+// Whether process `pid` of this node runs; one that exited but was not
+// reaped yet (a zombie) counts as gone (node.cpp).
+bool process_alive(pid_t pid);
 
 // Collectives on CUDA tensors enqueued on a communication stream (nccl.cpp).
 class DeviceBackend {

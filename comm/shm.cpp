@@ -13,7 +13,6 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -101,27 +100,6 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t
               "shared-memory collectives need address-free atomics");
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
-
-std::string read_first_line(const char* path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
-std::string namespace_of(const char* path) {
-  char link[128] = {0};
-  const ssize_t n = ::readlink(path, link, sizeof(link) - 1);
-  return n > 0 ? std::string(link, size_t(n)) : "";
-}
-
-// A process that exited but was not reaped yet (a zombie) counts as gone.
-bool alive(pid_t pid) {
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
-  const std::string stat = read_first_line(("/proc/" + std::to_string(pid) + "/stat").c_str());
-  const size_t paren = stat.rfind(')');
-  return paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'Z';
-}
 
 std::string as_string(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 std::vector<uint8_t> as_bytes(const std::string& s) { return {s.begin(), s.end()}; }
@@ -338,7 +316,7 @@ class ShmBackend : public HostBackend {
       if (rank_slot(p).arrived.load(std::memory_order_acquire) >= k) continue;
       late.push_back(p);
       const pid_t pid = rank_slot(p).pid;
-      if (pid > 0 && !alive(pid)) dead.push_back(p);
+      if (pid > 0 && !process_alive(pid)) dead.push_back(p);
     }
     const bool timed_out = waited >= group_.timeout;
     if (dead.empty() && !timed_out) return;
@@ -438,20 +416,6 @@ void* map_segment(const GroupInfo& group, size_t bytes, std::string& error) {
 }
 
 }  // namespace
-
-// Note [One node]: ranks share a node when they share a kernel (its boot
-// id), a PID namespace (the liveness checks above signal peers by PID) and
-// a network namespace. The last is what makes tools/netns-cluster.sh's
-// emulated nodes separate nodes: their ranks could map one segment, but
-// then nothing would cross the emulated link. Separate network namespaces
-// on one kernel are otherwise containers, which mostly have their own
-// /dev/shm and PID namespace anyway. The same identity decides the
-// shared-memory transport here and ProcessGroup::node() (process_group.cpp),
-// so a group of ranks on one node is a shared-memory group.
-std::string node_identity() {
-  return read_first_line("/proc/sys/kernel/random/boot_id") + "|" + namespace_of("/proc/self/ns/pid") + "|" +
-         namespace_of("/proc/self/ns/net");
-}
 
 std::unique_ptr<HostBackend> make_shm_backend(const GroupInfo& group) {
   const std::string choice = env::host_transport();
