@@ -1,12 +1,14 @@
 // fp16 loss scaling and overflow skipping across ranks, the learning-rate
 // schedule as the engine applies it, and bf16 against fp32. Runs on 1 and 2
-// ranks through zero-run.
+// ranks through zero-run; on a GPU with ZERO_TEST_DEVICE=cuda
+// (tests/engine/test_device.h).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
 
 #include "tests/engine/elementwise_model.h"
+#include "tests/engine/test_device.h"
 #include "zero/zero.h"
 
 namespace {
@@ -18,7 +20,7 @@ using zero_test::kN;
 
 torch::Tensor batch_x(int64_t step, at::ScalarType dtype) {
   auto gen = at::detail::createCPUGenerator(500 + step * 7 + g_world->rank());
-  return torch::randn({4, kN}, gen).to(dtype);
+  return torch::randn({4, kN}, gen).to(zero_test::test_device(), dtype);
 }
 
 zero::Engine make_engine(Elementwise& model, const std::string& fp16, const std::string& scheduler = "") {
@@ -26,6 +28,7 @@ zero::Engine make_engine(Elementwise& model, const std::string& fp16, const std:
     "optimizer": {"type": "SGD", "params": {"lr": 0.01}},
     "zero_optimization": {"stage": 2, "reduce_bucket_size": 16},
     "fp16": )" + fp16 + (scheduler.empty() ? "" : ", \"scheduler\": " + scheduler) + "}";
+  model->to(zero_test::test_device());
   zero::InitOptions options;
   options.group = g_world;
   return zero::initialize(zero::Config::from_json(json), model, options);
@@ -134,6 +137,8 @@ TORCH_MODULE(Mlp);
 // Mean loss over the first and the last 20 steps.
 std::pair<double, double> losses(bool bf16) {
   Mlp model;
+  const at::Device device = zero_test::test_device();
+  model->to(device);
   const std::string json = std::string(R"({"train_micro_batch_size_per_gpu": 32, "steps_per_print": 1000000,
     "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zero_optimization": {"stage": 2},
     "bf16": {"enabled": )") + (bf16 ? "true" : "false") + "}}";
@@ -143,7 +148,7 @@ std::pair<double, double> losses(bool bf16) {
   double first = 0, last = 0;
   for (int step = 0; step < 200; ++step) {
     auto gen = at::detail::createCPUGenerator(9000 + step * 13 + g_world->rank());
-    auto x = torch::randn({32, 16}, gen);
+    auto x = torch::randn({32, 16}, gen).to(device);
     auto y = torch::tanh(x.narrow(1, 0, 2).sum(1, true));
     auto dtype = bf16 ? at::kBFloat16 : at::kFloat;
     auto loss = (model->forward(x.to(dtype)).to(at::kFloat) - y).pow(2).mean();
