@@ -16,6 +16,8 @@ set -euo pipefail
 zero_run="$1" zero_ckpt="$2" python="$3" fixture="$4" name_map="$5" world="$6" work="$7"
 tolerance="${TOLERANCE:-1e-5}" norm_tolerance="${NORM_TOLERANCE:-1e-4}" stage="${CONFIG_STAGE:-}"
 here="$(cd "$(dirname "$0")" && pwd)"
+# CPU ranks whatever the shell exports (the peer scripts only default it).
+export DS_ACCELERATOR=cpu
 if ! why="$("$python" -c "import os; os.environ['DS_ACCELERATOR'] = 'cpu'; import deepspeed" 2>&1)"; then
   echo "SKIPPED: $python cannot import deepspeed (${why##*$'\n'}); run tools/setup-deps.sh with ZERO_TORCH=wheel"
   exit 77

@@ -16,6 +16,8 @@ work="${10}"
 tolerance="${TOLERANCE:-1e-5}" norm_tolerance="${NORM_TOLERANCE:-1e-4}" steps=3 resume=5
 shape=(--vocab 29 --context 15 --width 10 --depth 1 --heads 2)
 here="$(cd "$(dirname "$0")" && pwd)"
+# CPU ranks whatever the shell exports (the peer scripts only default it).
+export DS_ACCELERATOR=cpu
 if ! why="$("$python" -c "import os; os.environ['DS_ACCELERATOR'] = 'cpu'; import deepspeed" 2>&1)"; then
   echo "SKIPPED: $python cannot import deepspeed (${why##*$'\n'}); run tools/setup-deps.sh with ZERO_TORCH=wheel"
   exit 77

@@ -12,6 +12,8 @@ set -euo pipefail
 zero_run="$1" llama="$2" python="$3" fixture="$4" tokens="$5" config="$6" steps="$7" work="$8"
 tolerance="${TOLERANCE:-1e-5}" norm_tolerance="${NORM_TOLERANCE:-1e-4}" peer_config="${PEER_CONFIG:-$6}"
 here="$(cd "$(dirname "$0")" && pwd)"
+# CPU ranks whatever the shell exports (the peer scripts only default it).
+export DS_ACCELERATOR=cpu
 if ! why="$("$python" -c "import os; os.environ['DS_ACCELERATOR'] = 'cpu'; import deepspeed, transformers" 2>&1)"; then
   echo "SKIPPED: $python cannot import deepspeed and transformers (${why##*$'\n'}); run tools/setup-deps.sh with ZERO_TORCH=wheel"
   exit 77

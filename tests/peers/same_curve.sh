@@ -27,6 +27,8 @@ steps="${STEPS:-20}" tolerance="${TOLERANCE:-1e-5}" norm_tolerance="${NORM_TOLER
 early_steps="${EARLY_STEPS:-0}" early_tolerance="${EARLY_TOLERANCE:-$tolerance}"
 here="$(cd "$(dirname "$0")" && pwd)"
 peer="$here/../../bench/deepspeed_peer.py"
+# CPU ranks whatever the shell exports (deepspeed_peer.py only defaults it).
+export DS_ACCELERATOR=cpu
 if ! why="$("$python" -c "import os; os.environ['DS_ACCELERATOR'] = 'cpu'; import deepspeed" 2>&1)"; then
   echo "SKIPPED: $python cannot import deepspeed (${why##*$'\n'}); run tools/setup-deps.sh with ZERO_TORCH=wheel, or set ZERO_PEER_PYTHON"
   exit 77
