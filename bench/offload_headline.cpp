@@ -2,11 +2,16 @@
 // state is larger than the accelerator's memory trains with
 // offload_optimizer "cpu", while the same model without offload runs out of
 // memory. One configuration per process (the allocator's peak is a
-// per-process figure); bench/gpu/run_offload.sh runs them and FSDP2's
-// offload on the same model and batch (bench/gpu/fsdp2_offload.py).
+// per-process figure); bench/gpu/run_all.sh runs them and FSDP2's
+// offload on the same model and batch (bench/gpu/torch_reference.py).
 //
 //   bench_offload_headline --device cuda --cap-gb 80 --offload cpu [--ratio 0.6]
 //       --depth 32 --width 4096 --heads 32 --context 1024 --micro 2
+//
+// --offload none|cpu|cpu+param|nvme|nvme+param (nvme needs --nvme-path);
+// --stage 0-3 (2 by default). With --offload none it is also the GPU's
+// step-time row at each stage (bench/gpu/run_all.sh). The result names the
+// device and its dense peak (profile/device_peak.h) for the MFU.
 //
 // On CUDA, --cap-gb caps the caching allocator (setMemoryFraction) as if
 // the GPU had that much memory. The data is random tokens (the step's cost
@@ -36,6 +41,7 @@
 #include "gpt/gpt.h"
 #include "gpt_bench.h"
 #include "activations/activation_memory.h"  // the CUDA allocator's peak, in libzero
+#include "profile/device_peak.h"                // the device's dense peak, for the MFU
 #include "zero/zero.h"
 
 using namespace zero_examples;
@@ -79,12 +85,19 @@ std::string ds_config(const zero_bench::Flags& flags) {
             {"contiguous_gradients", true},
             {"reduce_bucket_size", flags.num("bucket")},
             {"sub_group_size", flags.num("bucket")}};
-  const std::string offload = flags.str("offload");  // none | cpu | cpu+param
+  const std::string offload = flags.str("offload");  // none | cpu | cpu+param | nvme | nvme+param
+  const bool nvme = offload.rfind("nvme", 0) == 0;
+  if (offload != "none" && offload != "cpu" && offload != "cpu+param" && !nvme) {
+    throw std::invalid_argument("--offload must be none, cpu, cpu+param, nvme or nvme+param; got '" + offload + "'");
+  }
+  if (nvme && flags.str("nvme-path").empty()) throw std::invalid_argument("--offload " + offload + " needs --nvme-path DIR");
   if (offload != "none") {
     // --ratio below 1: partial offload, the rest of the optimizer on the device.
-    z["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}, {"ratio", std::stod(flags.str("ratio"))}};
+    z["offload_optimizer"] = {{"device", nvme ? "nvme" : "cpu"}, {"pin_memory", true}, {"ratio", std::stod(flags.str("ratio"))}};
+    if (nvme) z["offload_optimizer"]["nvme_path"] = flags.str("nvme-path");
   }
   if (offload == "cpu+param") z["offload_param"] = {{"device", "cpu"}, {"pin_memory", true}};
+  if (offload == "nvme+param") z["offload_param"] = {{"device", "nvme"}, {"pin_memory", true}, {"nvme_path", flags.str("nvme-path")}};
   json c = {{"train_micro_batch_size_per_gpu", flags.num("micro")},
             {"gradient_accumulation_steps", 1},
             {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}, {"betas", {0.9, 0.95}}, {"weight_decay", 0.01}}}}},
@@ -92,6 +105,7 @@ std::string ds_config(const zero_bench::Flags& flags) {
             {"bf16", {{"enabled", flags.str("dtype") == "bf16"}}},
             {"steps_per_print", 1000000000},
             {"zero_optimization", z}};
+  if (nvme) c["aio"] = {{"block_size", 1048576}, {"queue_depth", 8}};
   return c.dump();
 }
 
@@ -103,7 +117,7 @@ int main(int argc, char** argv) {
                                   {{"device", "auto"}, {"cap-gb", "0"}, {"offload", "cpu"}, {"ratio", "1"}, {"stage", "2"},
                                    {"dtype", "bf16"}, {"depth", "4"}, {"width", "256"}, {"heads", "4"},
                                    {"context", "128"}, {"vocab", "50304"}, {"micro", "2"}, {"steps", "4"},
-                                   {"warmup", "1"}, {"bucket", "500000000"}, {"out", ""}});
+                                   {"warmup", "1"}, {"bucket", "500000000"}, {"nvme-path", ""}, {"out", ""}});
     auto world = zero::comm::init_process_group();
     const int rank = world->rank(), N = world->size();
     const at::Device device = zero_bench::bench_device(flags.str("device"));
@@ -122,7 +136,10 @@ int main(int argc, char** argv) {
     json result = {{"offload", flags.str("offload")}, {"ratio", std::stod(flags.str("ratio"))}, {"stage", flags.num("stage")}, {"dtype", flags.str("dtype")},
                    {"device", device.str()}, {"ranks", N}, {"cap_bytes", cap}, {"device_total_bytes", device_total},
                    {"depth", options.depth}, {"width", options.width}, {"context", options.context},
-                   {"micro_batch", micro}, {"tokens_per_step", micro * options.context * N}, {"oom", false}};
+                   {"micro_batch", micro}, {"tokens_per_step", micro * options.context * N}, {"oom", false},
+                   {"device_name", zero::profile::accelerator_name(device)},
+                   {"peak_flops", zero::profile::peak_flops_per_s(zero::profile::accelerator_name(device),
+                                                                  flags.str("dtype") == "bf16" ? at::kBFloat16 : at::kFloat, false)}};
     std::string phase = "building the model";
     const auto t_start = Clock::now();
     try {
@@ -163,7 +180,8 @@ int main(int argc, char** argv) {
       result["step_s_median"] = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];
       result["step_s"] = times;
       result["split_s"] = {{"forward", st.forward * per}, {"backward", st.backward * per}, {"reduce", st.reduce * per},
-                           {"step", st.step * per},       {"host_step", st.host_step * per}, {"gather", st.gather * per}};
+                           {"step", st.step * per},       {"host_step", st.host_step * per}, {"gather", st.gather * per},
+                           {"gather_wait", st.gather_wait * per}, {"nvme_wait", st.nvme_wait * per}};
     } catch (const std::exception& e) {
       if (!is_out_of_memory(e)) throw;
       result["oom"] = true;

@@ -1,6 +1,6 @@
 """The GPT of examples/gpt in PyTorch, for the peers zero is measured against
-(bench/ddp_peer.py: DDP on CPU ranks; bench/gpu/fsdp2_offload.py: FSDP2 on
-a GPU): pre-LayerNorm blocks, fused qkv, attention as matmul + float32
+(bench/ddp_peer.py: DDP on CPU ranks; bench/gpu/torch_reference.py: plain, FSDP2 and
+FSDP2 + CPU offload on a GPU): pre-LayerNorm blocks, fused qkv, attention as matmul + float32
 softmax, GELU MLP x4, learned positions, head tied to the token embedding,
 GPT-2 initialisation (std 0.02, residual projections 0.02 / sqrt(2 depth)).
 forward(tokens) returns the logits; LossModel wraps it with the loss, as

@@ -18,11 +18,13 @@ packages=(
   libtcmalloc-minimal4    # the allocator zero-run preloads (tools/launcher/allocator.h)
   libyaml-cpp-dev         # launch config files in Accelerate's YAML (accelerate/)
   fio                     # reference for the NVMe swapper benchmark
+  patchelf                # the GPU bundle's programs find their libraries beside them (bench/gpu/bundle.sh)
   libgtest-dev libbenchmark-dev
 )
 case "$zero_torch" in
   debian) packages+=(libtorch-dev) ;;   # LibTorch 1.13 (CPU)
   wheel) packages+=(python3-venv        # the .venv below
+                   python3-dev          # Python.h: DeepSpeed compiles its CPU ops (cpu_adam, fused_adam) on first use
                    libaio-dev) ;;       # DeepSpeed's async I/O op, for its NVMe rows (bench/run_vs_deepspeed.sh)
 esac
 

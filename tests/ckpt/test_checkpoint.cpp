@@ -307,7 +307,7 @@ TEST(Save, SameTagAgainReplacesIt) {
   }
 }
 
-// On a GPU (skipped elsewhere; bench/gpu/run.sh runs them at world size 1):
+// On a GPU (skipped elsewhere; bench/gpu/run_all.sh runs them at world size 1):
 // a CUDA run resumes bit-exactly (dropout draws from the GPU's generator,
 // saved as "rng/cuda"), and a checkpoint from CPU ranks loads on the GPU
 // with the same weights.

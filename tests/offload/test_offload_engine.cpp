@@ -368,7 +368,7 @@ TEST(OffloadConfig, UnsupportedOptimizerIsAClearError) {
   }
 }
 
-// On a GPU (skipped elsewhere; bench/gpu/run_offload.sh runs them at world
+// On a GPU (skipped elsewhere; bench/gpu/run_all.sh runs them at world
 // size 1): offload's CUDA path (reduced gradients copied to pinned host
 // memory as buckets finish, their norm summed on the GPU, updated shards
 // back through the pinned staging buffers, asynchronously) reaches what the
