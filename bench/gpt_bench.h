@@ -16,10 +16,19 @@
 
 namespace zero_bench {
 
-// "--key value" pairs; a key given twice keeps the last value.
+// "--key value" pairs; a key given twice keeps the last value. -h or
+// --help prints every option with its default and exits 0.
 class Flags {
  public:
   Flags(int argc, char** argv, const std::map<std::string, std::string>& defaults) : values_(defaults) {
+    for (int i = 1; i < argc; ++i) {
+      if (std::string(argv[i]) == "-h" || std::string(argv[i]) == "--help") {
+        std::string usage = std::string("usage: ") + argv[0];
+        for (const auto& kv : values_) usage += " [--" + kv.first + " " + (kv.second.empty() ? "\"\"" : kv.second) + "]";
+        std::printf("%s\n", usage.c_str());
+        std::exit(0);
+      }
+    }
     for (int i = 1; i < argc; ++i) {
       std::string key = argv[i];
       if (key.rfind("--", 0) != 0 || !values_.count(key.substr(2))) {

@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <string>
 
@@ -75,8 +76,17 @@ int main(int argc, char** argv) {
   int stage = -1;  // -1: the config's
   bool expect_learning = true;
   GPTOptions options;
+  const char* usage =
+      "usage: zero-run --nproc 2 zero-main [--config configs/main.json] [--stage S] [--steps 600]\n"
+      "                [--depth 4] [--width 128] [--heads 4] [--context 64] [--expect-learning 1]\n";
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "-h") == 0 || std::strcmp(argv[i], "--help") == 0) {
+      std::fputs(usage, stdout);
+      return 0;
+    }
+  }
   if (argc % 2 == 0) {
-    std::fprintf(stderr, "zero-main: %s needs a value\n", argv[argc - 1]);
+    std::fprintf(stderr, "zero-main: %s needs a value\n\n%s", argv[argc - 1], usage);
     return 2;
   }
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -107,7 +117,7 @@ int main(int argc, char** argv) {
     else if (key == "--context") options.context = number(1);
     else if (key == "--expect-learning") expect_learning = value != "0";
     else {
-      std::fprintf(stderr, "zero-main: unknown option %s\n", key.c_str());
+      std::fprintf(stderr, "zero-main: unknown option %s\n\n%s", key.c_str(), usage);
       return 2;
     }
   }

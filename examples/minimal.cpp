@@ -3,7 +3,15 @@
 #include <torch/torch.h>
 #include <zero/zero.h>
 
-int main() {
+#include <cstdio>
+#include <cstring>
+
+int main(int argc, char** argv) {
+  if (argc > 1) {  // no options; -h or --help asks for this line
+    const bool help = argc == 2 && (!std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help"));
+    std::fputs("usage: zero-run --nproc 2 zero-minimal (no options)\n", help ? stdout : stderr);
+    return help ? 0 : 2;
+  }
   torch::manual_seed(0);
   torch::nn::Sequential model(torch::nn::Linear(8, 64), torch::nn::ReLU(), torch::nn::Linear(64, 1));
   auto engine = zero::initialize(zero::Config::from_json(R"({

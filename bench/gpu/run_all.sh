@@ -11,17 +11,17 @@
 #   bash bench/gpu/run_all.sh                 # all parts
 #   PARTS="speed larger" bash bench/gpu/run_all.sh
 # Parts (budget in seconds, ZERO_GPU_BUDGET_<PART> changes it):
-#   correctness (110)  the Cuda.* tests; the engine's parity tests (stages 0-3,
+#   correctness (130)  the Cuda.* tests; the engine's parity tests (stages 0-3,
 #                      fp32/bf16/fp16) with ZERO_TEST_DEVICE=cuda on 1 rank
 #                      and on 2 and 4 gloo ranks sharing the GPU
-#   speed       (130)  a 1.56 B GPT in bf16 at world 1: zero stages 0-3, a plain
+#   speed       (120)  a 1.56 B GPT in bf16 at world 1: zero stages 0-3, a plain
 #                      torch loop and FSDP2 (bench/gpu/torch_reference.py)
-#   larger      (190)  the 6.65 B GPT with the allocator capped at 80 GB:
+#   larger      (175)  the 6.65 B GPT with the allocator capped at 80 GB:
 #                      offload_optimizer cpu (all, then ratio 0.6) against
 #                      FSDP2 + CPUOffloadPolicy
-#   peaks       (50)   stage 2 and 3 CUDA allocator peaks on 2 gloo ranks
+#   peaks       (45)   stage 2 and 3 CUDA allocator peaks on 2 gloo ranks
 #                      sharing the GPU, beside the estimate zero-config prints
-#   nvme        (80)   offload_optimizer nvme and + offload_param nvme at
+#   nvme        (70)   offload_optimizer nvme and + offload_param nvme at
 #                      stage 3 on the machine's disk, beside dd's O_DIRECT
 #                      read and write rates measured in the same run
 # A part that cannot run here (no GPU, too little GPU memory) is skipped with
@@ -176,7 +176,7 @@ headline="$bin/bench_offload_headline"
 for p in $parts; do
   case "$p" in
   correctness)
-    start_part correctness 110
+    start_part correctness 130
     if needs_gpu 1; then
       run offload_cuda "$bin/zero-run" --nproc 1 "$bin/test_offload_engine" --gtest_filter='Cuda.*'
       run ckpt_cuda "$bin/zero-run" --nproc 1 "$bin/test_checkpoint" --gtest_filter='Cuda.*'
@@ -190,7 +190,7 @@ for p in $parts; do
       ZERO_CUDA_BACKEND=gloo ZERO_TEST_DEVICE=$device run precision_gloo_2 "$bin/zero-run" --nproc 2 "$bin/test_precision" $test_filter
     fi ;;
   speed)
-    start_part speed 130
+    start_part speed 120
     if needs_gpu 40; then
       for s in 2 3 0 1; do
         run "speed_zero_stage$s" env ZERO_LOG_LEVEL=warn "$headline" --device $device --offload none --stage $s \
@@ -202,7 +202,7 @@ for p in $parts; do
       done
     fi ;;
   larger)
-    start_part larger 190
+    start_part larger 175
     if needs_gpu "$cap"; then
       run large_zero_offload env ZERO_LOG_LEVEL=warn "$headline" --device $device --cap-gb $cap --offload cpu \
         --steps 2 $gpt_large --out "$work/rows/large_zero_offload.jsonl"
@@ -212,7 +212,7 @@ for p in $parts; do
         --steps 2 $gpt_large --out "$work/rows/large_zero_ratio.jsonl"
     fi ;;
   peaks)
-    start_part peaks 50
+    start_part peaks 45
     if needs_gpu 20; then
       for s in 2 3; do
         ZERO_CUDA_BACKEND=gloo run "peaks_stage$s" "$bin/zero-run" --nproc 2 "$bin/bench_memory_peaks" --device $device --stage $s \
@@ -226,7 +226,7 @@ for p in $parts; do
       run peaks_estimate "$bin/zero-config" "$work/peaks_config.json" --estimate $gpt_mid --params "${params:-0}" --world-size 2 --json
     fi ;;
   nvme)
-    start_part nvme 80
+    start_part nvme 70
     if needs_gpu 20; then
       nvme_dir="${ZERO_GPU_NVME:-$root/.gpu-nvme}"
       mkdir -p "$nvme_dir"

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "gpt/corpus.h"
@@ -23,6 +24,19 @@ int main(int argc, char** argv) {
   int64_t steps = 300, batch = 32, gas = 1, log_every = 25, threads = 0, seed = 0;
   double lr = 3e-3;
   GPTOptions options;
+  const char* usage =
+      "usage: zero-gpt-plain [--steps 300] [--depth 4] [--width 128] [--heads 4] [--context 64] [--batch 32]\n"
+      "                      [--gas 1] [--lr 3e-3] [--threads N] [--seed 0] [--log-every 25]\n";
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "-h") == 0 || std::strcmp(argv[i], "--help") == 0) {
+      std::fputs(usage, stdout);
+      return 0;
+    }
+  }
+  if (argc % 2 == 0) {  // a trailing option without its value was ignored before
+    std::fprintf(stderr, "zero-gpt-plain: %s needs a value\n\n%s", argv[argc - 1], usage);
+    return 2;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i];
     const std::string v = argv[i + 1];
@@ -64,7 +78,7 @@ int main(int argc, char** argv) {
     else if (key == "--seed") seed = whole(0);
     else if (key == "--log-every") log_every = whole(1);
     else {
-      std::fprintf(stderr, "zero-gpt-plain: unknown option %s\n", key.c_str());
+      std::fprintf(stderr, "zero-gpt-plain: unknown option %s\n\n%s", key.c_str(), usage);
       return 2;
     }
   }
