@@ -81,7 +81,6 @@ export LD_LIBRARY_PATH="$torch_lib$(find "$site/nvidia" -maxdepth 3 -type d -nam
 [ -f "$b/lib/libtcmalloc_minimal.so.4" ] && export ZERO_ALLOCATOR="$b/lib/libtcmalloc_minimal.so.4"
 export ZERO_COMM_TIMEOUT="${ZERO_COMM_TIMEOUT:-120}"
 bin="$b/bin"
-run_ranks() { "$bin/zero-run" --nproc "$@"; }
 
 # ---- the machine -------------------------------------------------------------------
 "$python" - "$work/machine.json" "$rehearsal" <<'EOF' 2>"$work/logs/probe.log"
