@@ -71,9 +71,7 @@ cp -L "$(find "$build" -name 'libzero_activations.so.0' | head -1)" "$b/lib/"
 # its base system provides: resolved here with torch's folders first, as the
 # lease resolves them; glibc, libstdc++ and the driver's libcuda stay the
 # machine's own (newer there: Ubuntu 24.04).
-torch_lib=$("$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
-site=$(dirname "$(dirname "$torch_lib")")
-torch_path="$torch_lib$(find "$site/nvidia" -maxdepth 3 -type d -name lib -printf ':%p' 2>/dev/null)"
+. bench/gpu/torch_paths.sh
 system_libs='^(libc|libm|libdl|libpthread|librt|libresolv|ld-linux-x86-64|libstdc\+\+|libgcc_s|libcuda|libutil)\.so'
 for f in "$b"/bin/* "$b"/lib/libzero*.so.0; do
   LD_LIBRARY_PATH="$b/lib:$torch_path" ldd "$f" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}'

@@ -38,9 +38,7 @@ scratch=$(mktemp -d /tmp/zero-rehearse.XXXXXX)
 trap 'rm -rf "$scratch"' EXIT
 tar -C "$scratch" -xzf "$bundle"
 b="$scratch/zero-gpu"
-torch_lib=$("$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
-site=$(dirname "$(dirname "$torch_lib")")
-lib_path="$torch_lib$(find "$site/nvidia" -maxdepth 3 -type d -name lib -printf ':%p')"
+. bench/gpu/torch_paths.sh
 base='^(libc|libm|libdl|libpthread|librt|libresolv|ld-linux-x86-64|libstdc\+\+|libgcc_s|libutil)\.so'
 bad=""
 for f in "$b"/bin/* "$b"/lib/*; do
@@ -48,7 +46,7 @@ for f in "$b"/bin/* "$b"/lib/*; do
     if [ "$path" = "not" ]; then bad+="$(basename "$f"): $name not found"$'\n'; continue; fi
     case "$path" in "$b"/* | "$site"/*) continue ;; esac
     [[ "$name" =~ $base ]] || bad+="$(basename "$f"): $name from $path (not in the bundle, not torch's, not the base system's)"$'\n'
-  done < <(LD_LIBRARY_PATH="$lib_path" ldd "$f" | awk '$2 == "=>"')
+  done < <(LD_LIBRARY_PATH="$torch_path" ldd "$f" | awk '$2 == "=>"')
 done
 [ -z "$bad" ] || fail "shared libraries the lease would miss:"$'\n'"$bad"
 echo "rehearse: $(ls "$b/bin" | wc -l) programs and $(ls "$b/lib" | wc -l) libraries resolve to the bundle, torch $("$python" -c 'import torch; print(torch.__version__)') and the base system"

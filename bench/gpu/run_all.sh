@@ -74,9 +74,8 @@ fi
 # LibTorch, CUDA's runtime and NCCL: the machine's torch's own. The bundle's
 # programs find its libraries through their RUNPATH ($ORIGIN/../lib), so
 # that Python here never loads Debian's builds of them.
-torch_lib=$("$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
-site=$(dirname "$(dirname "$torch_lib")")
-export LD_LIBRARY_PATH="$torch_lib$(find "$site/nvidia" -maxdepth 3 -type d -name lib -printf ':%p' 2>/dev/null)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. bench/gpu/torch_paths.sh
+export LD_LIBRARY_PATH="$torch_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # zero-run's allocator, as on CPU ranks.
 [ -f "$b/lib/libtcmalloc_minimal.so.4" ] && export ZERO_ALLOCATOR="$b/lib/libtcmalloc_minimal.so.4"
 export ZERO_COMM_TIMEOUT="${ZERO_COMM_TIMEOUT:-120}"
