@@ -239,6 +239,20 @@ struct Manifest {
   static Manifest from_json(const nlohmann::json& j, const std::string& where);
 };
 
+// Every refusal in ckpt/ and interop/: a CheckpointError whose message
+// names what is wrong and how to fix it.
+[[noreturn]] void fail(const std::string& message);
+
+// Note [Tag rule]: a tag is one folder name inside the checkpoint
+// directory, the same rule wherever one is saved, loaded or read from
+// `latest`, zero's or DeepSpeed's: not empty, not "latest" (the pointer
+// file beside the tags), not starting with '.' ("." and "..", and the
+// hidden folders saves stage in), and without '/', newline or NUL.
+// tag_problem: empty when `tag` is one, otherwise what is wrong with it.
+std::string tag_problem(const std::string& tag);
+// fail()s, naming `where`, when tag_problem says.
+void check_tag(const std::string& tag, const std::string& where);
+
 // Paths and the `latest` pointer.
 std::string tag_dir(const std::string& dir, const std::string& tag);
 std::string rank_file_name(int rank);  // "rank00003.safetensors"

@@ -13,7 +13,6 @@ namespace zero::ckpt {
 
 namespace {
 
-[[noreturn]] void fail(const std::string& message) { throw CheckpointError(message); }
 
 // float8 e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent
 // 0 is subnormal (m/8 x 2^-6); S.1111.111 is NaN, and there is no infinity.

@@ -24,7 +24,6 @@ namespace zero::ckpt {
 
 namespace {
 
-[[noreturn]] void fail(const std::string& message) { throw CheckpointError(message); }
 
 std::string errno_text(int e) {
   std::string s = std::strerror(e);

@@ -31,7 +31,6 @@ namespace zero::ckpt {
 
 namespace {
 
-[[noreturn]] void fail(const std::string& message) { throw CheckpointError(message); }
 
 std::string range_string(int64_t a, int64_t b) { return "[" + std::to_string(a) + ", " + std::to_string(b) + ")"; }
 

@@ -19,7 +19,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-[[noreturn]] void fail(const std::string& message) { throw CheckpointError(message); }
 
 using json = nlohmann::json;
 
@@ -59,12 +58,6 @@ bool is_hex16(const std::string& s) {
 }
 
 // A tag is one path component.
-void check_tag(const std::string& tag, const std::string& what) {
-  if (tag.empty() || tag == "." || tag == ".." || tag.find('/') != std::string::npos ||
-      tag.find('\n') != std::string::npos || tag.find('\0') != std::string::npos)
-    fail(what + ": invalid checkpoint tag \"" + tag + "\" (a tag is one directory name, e.g. global_step100)");
-}
-
 // "global_step9" before "global_step10": digit runs compare as numbers.
 bool natural_less(const std::string& a, const std::string& b) {
   size_t i = 0, j = 0;
@@ -293,6 +286,26 @@ void write_latest(const std::string& dir, const std::string& tag) {
     fail("refusing to point " + tag_dir(dir, "latest") + " at tag \"" + tag + "\": " + manifest_path(dir, tag) +
          " does not exist (write the manifest, last, before `latest`)");
   write_file_durably(tag_dir(dir, "latest"), tag + "\n");
+}
+
+void fail(const std::string& message) { throw CheckpointError(message); }
+
+std::string tag_problem(const std::string& tag) {
+  if (tag.empty()) return "it is empty";
+  if (tag == "latest") return "\"latest\" is the file naming the newest tag";
+  if (tag[0] == '.') return "it starts with '.'";
+  if (tag.find('/') != std::string::npos) return "it holds '/'";
+  if (tag.find('\n') != std::string::npos) return "it holds a newline";
+  if (tag.find('\0') != std::string::npos) return "it holds a NUL byte";
+  return "";
+}
+
+void check_tag(const std::string& tag, const std::string& where) {
+  const std::string problem = tag_problem(tag);
+  if (problem.empty()) return;
+  std::string shown;  // a newline or NUL written out, so the message stays one whole line
+  for (char c : tag) shown += c == '\n' ? "\\n" : c == '\0' ? "\\0" : std::string(1, c);
+  fail(where + ": invalid checkpoint tag \"" + shown + "\": " + problem + " (a tag is one folder name, e.g. global_step100)");
 }
 
 std::string read_latest(const std::string& dir) {

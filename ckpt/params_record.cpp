@@ -11,7 +11,6 @@
 namespace zero::ckpt {
 namespace {
 
-[[noreturn]] void fail(const std::string& message) { throw CheckpointError(message); }
 
 }  // namespace
 

@@ -27,7 +27,6 @@ namespace {
 // The safetensors library refuses headers above 100 MB; so do we.
 constexpr uint64_t kMaxHeader = 100'000'000;
 
-[[noreturn]] void fail(const std::string& message) { throw CheckpointError(message); }
 
 std::string base_name(const std::string& path) {
   auto slash = path.find_last_of('/');

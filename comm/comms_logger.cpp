@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "comm/internal.h"
+#include "core/byte_units.h"
 #include "zero/comm.h"
 #include "zero/log.h"
 
@@ -34,16 +35,6 @@ double bus_factor(const std::string& op, int n) {
   if (op == "all_reduce") return 2.0 * (n - 1) / n;
   if (op == "all_gather" || op == "reduce_scatter") return static_cast<double>(n - 1) / n;
   return 1.0;
-}
-
-// 1024-based, as DeepSpeed's convert_size.
-std::string human_bytes(double bytes) {
-  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.2f %s", bytes, units[u]);
-  return text;
 }
 
 }  // namespace
@@ -88,7 +79,7 @@ void LoggedOp::record(double seconds) const {
   if (verbose) {
     char line[256];
     std::snprintf(line, sizeof(line), "comm op: %s | time (ms): %.3f | msg size: %s | algbw (Gbps): %.2f | busbw (Gbps): %.2f",
-                  op, seconds * 1e3, human_bytes(static_cast<double>(message_bytes)).c_str(), algbw, busbw);
+                  op, seconds * 1e3, core::deepspeed_size(static_cast<double>(message_bytes)).c_str(), algbw, busbw);
     log::info("comms", line);
   }
 }
@@ -120,8 +111,8 @@ std::string comms_summary() {
     last_op = s.op;
     const double n = static_cast<double>(std::max<int64_t>(s.count, 1));
     std::snprintf(row, sizeof(row), "%-16s%-14s%-8lld%-16s%-18.2f%-16.3f%-16.2f%-16.2f\n", "",
-                  human_bytes(static_cast<double>(s.message_bytes)).c_str(), static_cast<long long>(s.count),
-                  human_bytes(static_cast<double>(s.sent_bytes)).c_str(), s.latency_s * 1e3, s.latency_s * 1e3 / n,
+                  core::deepspeed_size(static_cast<double>(s.message_bytes)).c_str(), static_cast<long long>(s.count),
+                  core::deepspeed_size(static_cast<double>(s.sent_bytes)).c_str(), s.latency_s * 1e3, s.latency_s * 1e3 / n,
                   s.algbw_gbps_sum / n, s.busbw_gbps_sum / n);
     out += row;
   }

@@ -52,8 +52,38 @@ void visit_offload_param(Fields& f, OffloadParamConfig& o) {
     f.warn(unimplemented_warning(f.path("max_in_cpu")));
 }
 
+// Keys zero reads nothing from: each warns when set to a value that would
+// ask DeepSpeed for something zero does not do. Their defaults describe
+// what zero always does (gradients in contiguous flat buckets,
+// reduce-scattered at stages 2-3, parameters all-gathered bucket by bucket
+// of reduce_bucket_size, master weights loaded from the fp32 copies), and
+// zero's checkpoints are always elastic (Note [Checkpoint layout]), so
+// elastic_checkpoint true is honoured.
+void warn_zero_unread(Fields& f, const ZeroOptimizationConfig& z) {
+  const ZeroOptimizationConfig defaults;
+  auto warn = [&](const char* key, bool differs, const std::string& what_zero_does) {
+    if (differs) f.warn(unimplemented_warning(f.path(key)) + " (" + what_zero_does + ")");
+  };
+  warn("contiguous_gradients", z.contiguous_gradients != defaults.contiguous_gradients,
+       "zero always keeps gradients in contiguous flat buckets");
+  warn("reduce_scatter", z.reduce_scatter != defaults.reduce_scatter,
+       "zero always reduce-scatters gradients at stages 2-3");
+  warn("allgather_partitions", z.allgather_partitions != defaults.allgather_partitions,
+       "zero always all-gathers the updated partitions");
+  warn("allgather_bucket_size", z.allgather_bucket_size != defaults.allgather_bucket_size,
+       "zero all-gathers bucket by bucket, reduce_bucket_size elements each");
+  warn("load_from_fp32_weights", z.load_from_fp32_weights != defaults.load_from_fp32_weights,
+       "zero always loads the master weights from the checkpoint's fp32 copies");
+  warn("round_robin_gradients", z.round_robin_gradients != defaults.round_robin_gradients,
+       "zero copies each bucket's gradients to the host as it is reduced");
+  warn("stage3_model_persistence_threshold",
+       z.stage3_model_persistence_threshold != defaults.stage3_model_persistence_threshold,
+       "stage3_param_persistence_threshold alone decides which buckets stay gathered");
+}
+
 // MiCS and ZeRO++'s quantized non-trainable weights: kept in the struct, no effect yet.
 void warn_zero_extras(Fields& f, const ZeroOptimizationConfig& z) {
+  warn_zero_unread(f, z);
   if (z.mics_shard_size > 0) f.warn(unimplemented_warning(f.path("mics_shard_size")));
   if (z.mics_hierarchical_params_gather)
     f.warn(unimplemented_warning(f.path("mics_hierarchical_params_gather")));

@@ -9,10 +9,12 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/optim/optimizer.h>
 #include <torch/version.h>
+#include <c10/core/Event.h>
 
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -69,6 +71,17 @@ inline std::optional<at::ScalarType> float8_e5m2() { return at::kFloat8_e5m2; }
 #else
 inline std::optional<at::ScalarType> float8_e4m3fn() { return std::nullopt; }
 inline std::optional<at::ScalarType> float8_e5m2() { return std::nullopt; }
+#endif
+
+// Blocks until `event`'s work has run: c10::Event::synchronize from 2.1
+// on; 1.13 has only query() (and no accelerator in Debian's build), so it
+// polls, yielding the core.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+inline void synchronize(const c10::Event& event) { event.synchronize(); }
+#else
+inline void synchronize(const c10::Event& event) {
+  while (!event.query()) std::this_thread::yield();
+}
 #endif
 
 }  // namespace zero::compat

@@ -103,19 +103,10 @@ std::vector<std::pair<std::string, at::Generator>> generators(torch::nn::Module&
 
 // ---- NvmeWindow ----
 
-NvmeWindow::NvmeWindow(offload::SwappedTensors* store, MasterOptimizer& optimizer, const std::vector<at::Tensor>& masters,
-                       bool write_back)
-    : store_(store), write_back_(write_back) {
+NvmeWindow::NvmeWindow(partition::MasterStore& masters, bool write_back)
+    : store_(masters.nvme_store()), write_back_(write_back) {
   if (!store_) return;
-  for (const auto& master : masters) {  // the store's ids of each bucket's master weights and states
-    ids_.emplace_back();
-    std::vector<at::Tensor> tensors{master};
-    for (const auto& name : optimizer.state_names()) tensors.push_back(optimizer.state(master, name, false));
-    for (const auto& t : tensors) {
-      const int id = t.defined() ? store_->find(t) : -1;
-      if (id >= 0) ids_.back().push_back(id);
-    }
-  }
+  for (size_t k = 0; k < masters.size(); ++k) ids_.push_back(masters.nvme_ids(k));  // its master weights and states
 }
 
 NvmeWindow::~NvmeWindow() {

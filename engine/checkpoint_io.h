@@ -14,6 +14,7 @@
 #include "engine/loss_scaler.h"
 #include "engine/optimizer.h"
 #include "offload/swapped_tensors.h"
+#include "partition/master_store.h"
 #include "zero/tensor_parallel.h"
 
 namespace zero::engine {
@@ -73,8 +74,7 @@ std::vector<std::pair<std::string, at::Generator>> generators(torch::nn::Module&
 // Without a store it does nothing.
 class NvmeWindow {
  public:
-  NvmeWindow(offload::SwappedTensors* store, MasterOptimizer& optimizer, const std::vector<at::Tensor>& masters,
-             bool write_back);
+  NvmeWindow(partition::MasterStore& masters, bool write_back);
   ~NvmeWindow();
   // Bucket k resident (the one before let go, the one after being read).
   void enter(size_t k);

@@ -240,7 +240,7 @@ void read_partition(TrainingState& s, Source* source, const std::vector<std::str
     attempts.run([&] { read_bucket(s, *source, k, kinds, fragments, staged); });
     if (!allow_non_finite) attempts.run([&] { check_finite(s, k, kinds, fragments); });
     s.params.masters().publish_bucket(k);  // the loaded master weights become the parameters
-    if (source && (!staged.empty() || s.optimizer.nvme_store())) source->reader->wait_for_hashes();  // they read the memory about to go
+    if (source && (!staged.empty() || s.params.masters().nvme_store())) source->reader->wait_for_hashes();  // they read the memory about to go
   }
   // Checked while the last buckets are gathered, before anything else is
   // taken from the files.
@@ -331,7 +331,7 @@ std::string load_checkpoint(TrainingState& s, const std::string& dir, const std:
   attempts.run([&] { source = std::make_unique<Source>(dir, m, s.pg); });
   std::vector<std::string> kinds{"fp32"};
   if (plan.states) kinds.insert(kinds.end(), m.states.begin(), m.states.end());
-  NvmeWindow window(s.optimizer.nvme_store(), s.optimizer, s.params.masters().tensors(), /*write_back=*/true);
+  NvmeWindow window(s.params.masters(), /*write_back=*/true);
   read_partition(s, source.get(), kinds, window, attempts, options.allow_non_finite);
   attempts.run([&] {
     if (plan.states && !m.states.empty()) s.optimizer.set_step_count(record.optimizer_steps);

@@ -33,12 +33,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-void check_tag(const std::string& tag) {
-  if (tag.empty() || tag == "latest" || tag[0] == '.' || tag.find('/') != std::string::npos) {
-    throw CheckpointError("checkpoint tag \"" + tag + "\" is not usable as a folder name; use e.g. \"global_step100\"");
-  }
-}
-
 void agree(comm::ProcessGroup& pg, const std::string& my_error, const std::string& what, const std::string& suffix = "") {
   const std::string error = comm::agreed_error(pg, my_error, what);
   if (!error.empty()) throw CheckpointError(error + suffix);
@@ -165,7 +159,7 @@ int64_t first_non_finite(const float* p, int64_t n) {
 class RankFile {
  public:
   RankFile(TrainingState& s, bool allow_non_finite)
-      : window_(s.optimizer.nvme_store(), s.optimizer, s.params.masters().tensors(), /*write_back=*/false),
+      : window_(s.params.masters(), /*write_back=*/false),
         allow_non_finite_(allow_non_finite) {}
 
   void add_whole(const std::string& name, const at::Tensor& t) {
@@ -409,7 +403,7 @@ json parse_client_state(const std::string& text) {
 void save_checkpoint(TrainingState& s, const std::string& dir, const std::string& tag_in, const std::string& client_state,
                      const SaveOptions& options) {
   const std::string tag = tag_in.empty() ? "global_step" + std::to_string(s.counters.global_steps) : tag_in;
-  check_tag(tag);
+  ckpt::check_tag(tag, "save_checkpoint(" + dir + ")");
   json client = parse_client_state(client_state);
   comm::ProcessGroup& pg = s.pg;
   const int rank = pg.rank();

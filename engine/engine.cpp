@@ -250,7 +250,7 @@ void Engine::Impl::optimizer_step(std::optional<double> agreed_loss) {
   record.global_steps = steps.global_steps, record.skipped_steps = steps.skipped_steps;
   record.lr = steps.lr, record.loss_scale = loss_scale(), record.grad_norm = last_norm;
   record.step_s = engine::seconds_since(start), record.publish_s = result.publish_seconds;
-  record.host = optimizer->take_timing();
+  record.host_step_s = result.host_update_seconds, record.nvme_wait_s = result.nvme_wait_seconds;
   sync_buffers();
   telemetry->step_done(record, agreed_loss);
 }

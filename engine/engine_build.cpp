@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "activations/estimate.h"
+#include "core/byte_units.h"
 #include "engine/engine_impl.h"
 #include "engine/engine_setup.h"
 #include "zero/activation_checkpointing.h"
@@ -14,7 +15,7 @@
 
 namespace zero {
 
-using engine::human_bytes;
+using core::human_bytes;
 
 std::string MemoryReport::describe() const {
   std::ostringstream out;
@@ -86,7 +87,7 @@ void Engine::Impl::build_params(InitOptions& options, const std::shared_ptr<part
       if (at::isFloatingType(b.scalar_type())) b.set_data(b.to(dtype));
     }
   }
-  optimizer = engine::master_optimizer(config, *sharded, model_params.weight_decays, dp, pg->rank(), params_on_host);
+  optimizer = engine::master_optimizer(config, *sharded, model_params.weight_decays, dp, params_on_host);
   if (pipeline) pipeline->find_tied_buckets(*sharded);
 }
 
@@ -164,7 +165,7 @@ MemoryReport Engine::Impl::memory() const {
     // always apart from the parameters, so masters().bytes() counts it, fp32 too.
     r.offload_buffers = sharded->offload_buffer_bytes();
     r.host_offloaded += r.offload_buffers;
-    if (offload::SwappedTensors* nvme = optimizer->nvme_store()) {  // only the offloaded share is in the store
+    if (offload::SwappedTensors* nvme = sharded->masters().nvme_store()) {  // only the offloaded share is in the store
       r.nvme_offloaded += nvme->nvme_bytes();
       r.host_offloaded += nvme->resident_bytes();
       r.nvme_host_peak = nvme->peak_resident_bytes();

@@ -242,14 +242,15 @@ bool fused_step_on_host(const Config& config, bool params_on_host) {
   return params_on_host && (o.type == "Adam" || o.type == "AdamW") && !o.params.torch_adam && !o.params.amsgrad;
 }
 
-// offload_optimizer "nvme": where the master weights and states go.
-offload::SwapOptions optimizer_swap(const Config& config, const OffloadOptimizerConfig& offload, int rank) {
+// NVMe offload's files under `nvme_path` with `buffer_count` bounce
+// buffers (offload_optimizer's or offload_param's), as the aio section says.
+offload::SwapOptions nvme_swap(const Config& config, const std::string& nvme_path, int64_t buffer_count, int rank) {
   offload::SwapOptions swap;
-  swap.nvme_path = offload.nvme_path;
+  swap.nvme_path = nvme_path;
   swap.rank = rank;
   swap.block_size = config.aio.block_size;
   swap.queue_depth = config.aio.queue_depth;
-  swap.buffer_count = offload.buffer_count;
+  swap.buffer_count = buffer_count;
   return swap;
 }
 }  // namespace
@@ -313,14 +314,13 @@ partition::Options partition_options(const Config& config, at::ScalarType dtype,
   o.offload_ratio = offload.ratio;
   o.host_grad_copies = env::offload_host_grad_copies();  // for tests (Note [Offload copies])
   o.pin_memory = offload.pin_memory || z.offload_param.pin_memory;
-  if (offload.device == "nvme") o.master_swap = optimizer_swap(config, offload, world->rank());
+  if (offload.device == "nvme") {
+    o.master_swap = nvme_swap(config, offload.nvme_path, offload.buffer_count, world->rank());
+    o.sub_group_numel = std::max<int64_t>(z.sub_group_size, 1);
+  }
   o.offload_param = z.offload_param.device;
   if (z.offload_param.device == "nvme") {
-    o.param_swap.nvme_path = z.offload_param.nvme_path;
-    o.param_swap.rank = world->rank();
-    o.param_swap.block_size = config.aio.block_size;
-    o.param_swap.queue_depth = config.aio.queue_depth;
-    o.param_swap.buffer_count = z.offload_param.buffer_count;
+    o.param_swap = nvme_swap(config, z.offload_param.nvme_path, z.offload_param.buffer_count, world->rank());
   }
   return o;
 }
@@ -406,7 +406,7 @@ std::vector<at::Tensor> kept_on_device(const partition::ShardedParams& params, d
 
 std::unique_ptr<MasterOptimizer> master_optimizer(const Config& config, partition::ShardedParams& params,
                                                   const std::vector<double>& weight_decays,
-                                                  std::shared_ptr<comm::ProcessGroup> dp, int world_rank,
+                                                  std::shared_ptr<comm::ProcessGroup> dp,
                                                   bool params_on_host) {
   // The optimizer's tensors are the master tensors group by group, which is
   // bucket order (Note [Flat layout]): tensor k is bucket k's.
@@ -419,17 +419,13 @@ std::unique_ptr<MasterOptimizer> master_optimizer(const Config& config, partitio
       if (!t.is_same(params.masters().tensors()[k++])) throw EngineError("internal: master tensors out of bucket order");
     }
   }
-  const auto& offload = config.zero_optimization.offload_optimizer;
   const bool offloaded = params.options().offload_optimizer;
   HostStep host;
   host.enabled = offloaded || fused_step_on_host(config, params_on_host);
   // Without offload every master is already in host memory (Note [Fused step on CPU ranks]).
   if (offloaded) host.elsewhere = kept_on_device(params, params.options().offload_ratio);
-  if (offload.device == "nvme") {
-    host.swap = optimizer_swap(config, offload, world_rank);
-    host.store = params.masters().take_nvme_store();  // the master weights, written as they were made
-    host.sub_group_numel = config.zero_optimization.sub_group_size;
-  }
+  // offload_optimizer "nvme": the master weights went to files as they were made; their states join them.
+  if (params.masters().nvme_store()) host.nvme_masters = &params.masters();
   return make_optimizer(config.optimizer, groups, shard_layout(params, dp), std::move(host));
 }
 

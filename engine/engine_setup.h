@@ -92,12 +92,11 @@ partition::Options partition_options(const Config& config, at::ScalarType dtype,
                                      std::shared_ptr<comm::ProcessGroup> world);
 
 // The optimizer of `params`' master partition, on the host with offload
-// (owning its NVMe store with ZeRO-Infinity) or on CPU ranks (Note [Fused
-// step on CPU ranks]). `dp`: the group params is sharded over; world_rank
-// names NVMe files; `params_on_host`: every trainable parameter is in host memory.
+// (its states joining the master weights' NVMe store with ZeRO-Infinity)
+// or on CPU ranks (Note [Fused step on CPU ranks]). `dp`: the group params
+// is sharded over; `params_on_host`: every trainable parameter is in host memory.
 std::unique_ptr<MasterOptimizer> master_optimizer(const Config& config, partition::ShardedParams& params,
                                                   const std::vector<double>& weight_decays,
-                                                  std::shared_ptr<comm::ProcessGroup> dp, int world_rank,
-                                                  bool params_on_host);
+                                                  std::shared_ptr<comm::ProcessGroup> dp, bool params_on_host);
 
 }  // namespace zero::engine

@@ -40,7 +40,7 @@ void Engine::Impl::write_back_gathered(const std::vector<at::Tensor>& touched, i
   const auto& masters = params.masters().tensors();
   std::vector<std::vector<partition::FlatLayout::Fragment>> by_bucket(masters.size());
   for (const auto& f : params.fragments()) by_bucket[static_cast<size_t>(f.bucket)].push_back(f);
-  engine::NvmeWindow window(s.optimizer->nvme_store(), *s.optimizer, masters, /*write_back=*/true);
+  engine::NvmeWindow window(params.masters(), /*write_back=*/true);
   for (size_t k = 0; k < masters.size(); ++k) {
     window.enter(k);
     for (const auto& f : by_bucket[k]) {

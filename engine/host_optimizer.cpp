@@ -1,8 +1,7 @@
 #include "engine/host_optimizer.h"
 
-#include <chrono>
 #include <cmath>
-#include <sstream>
+#include <string>
 
 #include "engine/optimizer.h"
 #include "offload/cpu_optimizer.h"
@@ -59,9 +58,10 @@ HostOptimizer::HostOptimizer(std::vector<torch::optim::OptimizerParamGroup> grou
     : Optimizer(groups, std::move(defaults)) {
   compat::keep_group_options(*this, groups);
   for (const auto& t : elsewhere) elsewhere_.insert(t.unsafeGetTensorImpl());
-  for (const auto& g : param_groups_) {
-    for (const auto& p : g.params()) {
-      if (on_host(p)) check_host_fp32(p, "offload_optimizer");
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    for (size_t j = 0; j < param_groups_[g].params().size(); ++j) {
+      if (on_host(param_groups_[g].params()[j])) check_host_fp32(param_groups_[g].params()[j], "offload_optimizer");
+      flat_.emplace_back(g, j);
     }
   }
 }
@@ -72,21 +72,19 @@ at::Tensor HostOptimizer::state_like(const at::Tensor& p, double value) const {
   return offload::empty_with_huge_pages(p.numel(), p.options()).fill_(value);
 }
 
-void HostOptimizer::update_one(torch::optim::OptimizerParamGroup& group, at::Tensor& p, size_t i) {
-  at::Tensor target;
-  if (out_) {
-    if (!p.grad().defined()) {
-      throw OffloadError("offloaded tensor " + std::to_string(i) + " has no gradient; its target would not be written");
-    }
-    target = out_->update_target(i);
+void HostOptimizer::update_tensor(size_t i, const at::Tensor& target) {
+  if (i >= flat_.size()) throw OffloadError("internal: the host optimizer has no tensor " + std::to_string(i));
+  auto& group = param_groups_[flat_[i].first];
+  at::Tensor& p = group.params()[flat_[i].second];
+  if (!p.grad().defined()) {
+    throw OffloadError("offloaded tensor " + std::to_string(i) + " has no gradient; its target would not be written");
   }
   if (on_host(p)) {
     update(group, p, target);
-  } else if (p.grad().defined()) {
+  } else {
     update_elsewhere(group, p);
     if (target.defined()) target.copy_(p);
   }
-  if (out_) out_->send_updated(i);
 }
 
 // Partial offload: torch::optim's step over `p` alone, with the group's
@@ -116,100 +114,19 @@ void HostOptimizer::update_elsewhere(torch::optim::OptimizerParamGroup& group, a
   inner->state().erase(lent);
 }
 
-void HostOptimizer::use_store(std::unique_ptr<offload::SwappedTensors> store, std::vector<std::vector<int>> ids,
-                              int64_t sub_group_numel) {
-  store_ = std::move(store);
-  ids_ = std::move(ids);
-  sub_group_numel_ = std::max<int64_t>(sub_group_numel, 1);
-}
-
-HostTiming HostOptimizer::take_timing() {
-  HostTiming t = timing_;
-  timing_ = HostTiming();
-  return t;
-}
-
-void HostOptimizer::step_into(partition::MasterStore* out) {
-  out_ = out;
-  try {
-    step();
-  } catch (...) {
-    out_ = nullptr;
-    throw;
-  }
-  out_ = nullptr;
-}
-
 torch::Tensor HostOptimizer::step(LossClosure closure) {
-  using Clock = std::chrono::steady_clock;
-  auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   at::Tensor loss = run_closure(closure);
-  // Flat parameter list, group by group.
-  std::vector<std::pair<torch::optim::OptimizerParamGroup*, at::Tensor*>> flat;
   for (auto& group : param_groups_) {
-    for (auto& p : group.params()) flat.emplace_back(&group, &p);
-  }
-  // Partial offload: the updates elsewhere are queued first (asynchronous
-  // on an accelerator), so they run while the host kernels run.
-  std::vector<size_t> host;
-  for (size_t i = 0; i < flat.size(); ++i) {
-    if (on_host(*flat[i].second)) {
-      host.push_back(i);
-    } else {
-      update_one(*flat[i].first, *flat[i].second, i);
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      if (on_host(p)) {
+        update(group, p, at::Tensor());
+      } else {
+        update_elsewhere(group, p);
+      }
     }
   }
-  if (!store_) {
-    const auto start = Clock::now();
-    for (size_t i : host) update_one(*flat[i].first, *flat[i].second, i);
-    timing_.compute_s += since(start);
-    return loss;
-  }
-  if (!host.empty()) step_through_store(flat, host);
   return loss;
-}
-
-// NVMe offload: sub-groups of consecutive parameters of about
-// sub_group_numel elements, read ahead one sub-group and written behind
-// one, so that at most three are resident.
-void HostOptimizer::step_through_store(const std::vector<std::pair<torch::optim::OptimizerParamGroup*, at::Tensor*>>& flat,
-                                       const std::vector<size_t>& host) {
-  using Clock = std::chrono::steady_clock;
-  auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
-  std::vector<std::vector<size_t>> sub_groups(1);
-  int64_t filled = 0;
-  for (size_t i : host) {
-    if (filled > 0 && filled + flat[i].second->numel() > sub_group_numel_) {
-      sub_groups.emplace_back();
-      filled = 0;
-    }
-    sub_groups.back().push_back(i);
-    filled += flat[i].second->numel();
-  }
-  auto ids_of = [&](size_t s) {
-    std::vector<int> ids;
-    for (size_t i : sub_groups[s]) ids.insert(ids.end(), ids_[i].begin(), ids_[i].end());
-    return ids;
-  };
-  auto wait = Clock::now();
-  store_->swap_in(ids_of(0));
-  timing_.nvme_wait_s += since(wait);
-  for (size_t s = 0; s < sub_groups.size(); ++s) {
-    wait = Clock::now();
-    if (s + 1 < sub_groups.size()) store_->swap_in(ids_of(s + 1));
-    store_->wait_in(ids_of(s));
-    timing_.nvme_wait_s += since(wait);
-    const auto start = Clock::now();
-    for (size_t i : sub_groups[s]) update_one(*flat[i].first, *flat[i].second, i);
-    timing_.compute_s += since(start);
-    wait = Clock::now();
-    store_->swap_out(ids_of(s));
-    if (s > 0) store_->wait_out(ids_of(s - 1));
-    timing_.nvme_wait_s += since(wait);
-  }
-  wait = Clock::now();
-  store_->wait_out(ids_of(sub_groups.size() - 1));
-  timing_.nvme_wait_s += since(wait);
 }
 
 // ---- CpuAdam ----
@@ -246,15 +163,13 @@ void CpuAdam::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p, co
   const offload::GradArray grad = host_grad(p, "CpuAdam");
   offload::AdamStep h;
   double lr, b1, b2, eps, wd;
-  bool amsgrad;
   if (decoupled_) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
-    lr = o.lr(), b1 = std::get<0>(o.betas()), b2 = std::get<1>(o.betas()), eps = o.eps(), wd = o.weight_decay(), amsgrad = o.amsgrad();
+    lr = o.lr(), b1 = std::get<0>(o.betas()), b2 = std::get<1>(o.betas()), eps = o.eps(), wd = o.weight_decay();
   } else {
     const auto& o = static_cast<const torch::optim::AdamOptions&>(group.options());
-    lr = o.lr(), b1 = std::get<0>(o.betas()), b2 = std::get<1>(o.betas()), eps = o.eps(), wd = o.weight_decay(), amsgrad = o.amsgrad();
+    lr = o.lr(), b1 = std::get<0>(o.betas()), b2 = std::get<1>(o.betas()), eps = o.eps(), wd = o.weight_decay();
   }
-  if (amsgrad) throw OffloadError("offload_optimizer does not support amsgrad; set optimizer.params.amsgrad false");
   h.lr = static_cast<float>(lr), h.beta1 = static_cast<float>(b1), h.beta2 = static_cast<float>(b2);
   h.eps = static_cast<float>(eps), h.weight_decay = static_cast<float>(wd), h.decoupled_weight_decay = decoupled_;
   h.grad_scale = grad_scale_;

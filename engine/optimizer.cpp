@@ -6,6 +6,7 @@
 #include "engine/host_optimizer.h"
 #include "engine/lamb.h"
 #include "engine/lr_schedule.h"
+#include "partition/master_store.h"
 #include "zero/error.h"
 
 namespace zero::engine {
@@ -79,9 +80,8 @@ template <>
 struct States<torch::optim::AdagradParamState> {
   using State = torch::optim::AdagradParamState;
   static at::Tensor get(const State& s, const std::string&) { return s.sum(); }
-  static void make(State& s, const at::Tensor& like, const std::string&) {
-    if (!s.sum().defined()) s.sum(torch::zeros_like(like));  // Adagrad makes its sums up front: not reached
-  }
+  // torch::optim::Adagrad and CpuAdagrad make every sum as they are built.
+  static void make(State&, const at::Tensor&, const std::string&) {}
   static int64_t step(const State& s) { return s.step(); }
   static void set_step(State& s, int64_t step) { s.step(step); }
 };
@@ -100,16 +100,21 @@ class TorchOptimizer final : public MasterOptimizer {
   TorchOptimizer(std::unique_ptr<torch::optim::Optimizer> inner, std::vector<std::string> names, HostOptimizer* host)
       : MasterOptimizer(std::move(names), all_params(*inner)), inner_(std::move(inner)), host_(host) {}
 
-  void update(partition::MasterStore& masters, double grad_scale) override {
-    if (!host_) {
-      scale_grads(tensors(), grad_scale);
-      inner_->step();
+  // The host kernels update one tensor at a time; torch::optim's step takes them all.
+  bool per_bucket() const override { return host_ != nullptr; }
+  bool reads_training_dtype() const override { return host_ != nullptr; }
+  void begin_step(double grad_scale) override {
+    if (host_) {
+      host_->set_grad_scale(grad_scale);  // applied as the kernels read the gradients
       return;
     }
-    host_->set_grad_scale(grad_scale);  // applied as the kernels read the gradients
-    host_->step_into(&masters);         // each bucket sent on as soon as it is updated
+    scale_grads(tensors(), grad_scale);
+    inner_->step();
   }
-  bool reads_training_dtype() const override { return host_ != nullptr; }
+  void update(size_t k, const at::Tensor& target) override {
+    if (!host_) throw EngineError("internal: torch::optim updates every tensor in begin_step");
+    host_->update_tensor(k, target);
+  }
   void set_hyperparameters(double lr, std::optional<double> momentum) override {
     for (auto& group : inner_->param_groups()) {
       auto& options = static_cast<Options&>(group.options());
@@ -141,8 +146,6 @@ class TorchOptimizer final : public MasterOptimizer {
       if (State* s = find(t)) States<State>::set_step(*s, step);
     }
   }
-  HostTiming take_timing() override { return host_ ? host_->take_timing() : HostTiming{}; }
-  offload::SwappedTensors* nvme_store() override { return host_ ? host_->nvme_store() : nullptr; }
 
  private:
   State* find(const at::Tensor& t) {
@@ -158,11 +161,16 @@ class LambOptimizer final : public MasterOptimizer {
   explicit LambOptimizer(std::unique_ptr<Lamb> lamb)
       : MasterOptimizer({"exp_avg", "exp_avg_sq"}, all_params(*lamb)), lamb_(std::move(lamb)) {}
 
-  void update(partition::MasterStore& /*masters*/, double grad_scale) override {
+  // The trust ratios need every tensor's norms, all-reduced across the ranks.
+  bool per_bucket() const override { return false; }
+  bool reads_training_dtype() const override { return false; }
+  void begin_step(double grad_scale) override {
     scale_grads(tensors(), grad_scale);
     lamb_->step();
   }
-  bool reads_training_dtype() const override { return false; }
+  void update(size_t, const at::Tensor&) override {
+    throw EngineError("internal: Lamb updates every tensor in begin_step");
+  }
   void set_hyperparameters(double lr, std::optional<double> momentum) override {
     for (auto& group : lamb_->param_groups()) {
       auto& o = static_cast<LambParamOptions&>(group.options()).options;
@@ -204,54 +212,37 @@ std::unique_ptr<MasterOptimizer> torch_optimizer(const std::vector<OptimizerGrou
   return std::make_unique<TorchOptimizer<Options, State>>(std::move(torch), std::move(names), nullptr);
 }
 
-// ZeRO-Infinity: every tensor the host kernels update, and its states, go
-// to files under swap.nvme_path (with partial offload, the others stay with
-// the parameters); the step brings them back sub-group by sub-group. The
-// tensors come already written (the partition's master weights, `store`),
-// and their states, as they start, are registered by value and not written
-// (SwappedTensors::add_filled): a state larger than memory is never in it.
-void swap_to_nvme(HostOptimizer& host, MasterOptimizer& optimizer, std::unique_ptr<offload::SwappedTensors> store,
-                  const offload::SwapOptions& swap, int64_t sub_group_numel) {
-  if (!store) store = std::make_unique<offload::SwappedTensors>(swap);
-  std::vector<std::vector<int>> ids;
-  for (const auto& p : optimizer.tensors()) {
-    const std::string key = "master" + std::to_string(ids.size());
-    if (!host.on_host(p)) {
-      ids.emplace_back();  // Note [Partial offload]: not swapped
-      continue;
-    }
-    int id = store->find(p);
-    if (id < 0) {
-      id = store->add(p, key);
-      store->swap_out({id});
-    }
-    ids.push_back({id});
-    host.make_states_of(p);
-    int state = 0;
+// ZeRO-Infinity: the states of every tensor the host kernels update join
+// its master weights in their files (with partial offload, the others stay
+// with the parameters). As they start they are registered by value and not
+// written (MasterStore::add_nvme_state): a state larger than memory is
+// never in it.
+void swap_states_to_nvme(HostOptimizer& host, MasterOptimizer& optimizer, partition::MasterStore& masters) {
+  const auto& tensors = optimizer.tensors();
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    if (!host.on_host(tensors[k])) continue;  // Note [Partial offload]: not swapped
+    host.make_states_of(tensors[k]);
     for (const auto& name : optimizer.state_names()) {
       // A fresh state holds one value everywhere (0, or Adagrad's
       // initial_accumulator_value).
-      const at::Tensor s = optimizer.state(p, name, false);
-      const double value = s.numel() > 0 ? s.reshape(-1)[0].item<double>() : 0.0;
-      ids.back().push_back(store->add_filled(s, key + ".state" + std::to_string(state++), value));
+      const at::Tensor s = optimizer.state(tensors[k], name, false);
+      masters.add_nvme_state(k, s, s.numel() > 0 ? s.reshape(-1)[0].item<double>() : 0.0);
     }
   }
-  store->swap_out_all();
-  store->reset_peak();  // from here on the step's pipeline bounds it
-  host.use_store(std::move(store), std::move(ids), sub_group_numel);
+  masters.nvme_states_added();
 }
 
 template <typename Options, typename State, typename Host, typename... Args>
-std::unique_ptr<MasterOptimizer> host_optimizer(HostStep& step, std::vector<std::string> names, Args&&... args) {
+std::unique_ptr<MasterOptimizer> host_optimizer(const HostStep& step, std::vector<std::string> names, Args&&... args) {
   auto host = std::make_unique<Host>(std::forward<Args>(args)..., step.elsewhere);
   Host* raw = host.get();
   auto optimizer = std::make_unique<TorchOptimizer<Options, State>>(std::move(host), std::move(names), raw);
-  if (step.swap) swap_to_nvme(*raw, *optimizer, std::move(step.store), *step.swap, step.sub_group_numel);
+  if (step.nvme_masters) swap_states_to_nvme(*raw, *optimizer, *step.nvme_masters);
   return optimizer;
 }
 
 std::unique_ptr<MasterOptimizer> make_host_optimizer(const OptimizerConfig& config, const std::vector<OptimizerGroup>& groups,
-                                                     HostStep& step) {
+                                                     const HostStep& step) {
   using namespace torch::optim;
   const auto& p = config.params;
   if (config.type == "Adam" || config.type == "AdamW") {
@@ -304,7 +295,7 @@ std::unique_ptr<MasterOptimizer> make_lamb(const OptimizerConfig& config, const 
 }  // namespace
 
 std::unique_ptr<MasterOptimizer> make_optimizer(const OptimizerConfig& config, const std::vector<OptimizerGroup>& groups,
-                                                const ShardLayout& layout, HostStep host) {
+                                                const ShardLayout& layout, const HostStep& host) {
   using namespace torch::optim;
   if (config.type.empty()) {
     throw ConfigError("the config has no \"optimizer\" section; add e.g. {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}");

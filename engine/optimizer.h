@@ -18,16 +18,19 @@
 #include <vector>
 
 #include "core/torch_compat.h"
-#include "offload/swapped_tensors.h"
+#include "partition/step.h"
 #include "zero/config.h"
-#include "partition/partition.h"
+
+namespace zero::partition {
+class MasterStore;
+}
 
 namespace zero::engine {
 
 // Note [One optimizer interface]: the engine schedules, checkpoints and
 // measures its optimizer through MasterOptimizer alone, and the partition
-// steps it as a BucketOptimizer (Note [The step] in partition/step.cpp): no
-// type names, no casts. Its tensors are the master tensors in bucket order.
+// drives it as a BucketOptimizer (Note [The step] in partition/step.cpp):
+// no type names, no casts. Its tensors are the master tensors in bucket order.
 // The arithmetic of each optimizer exists once per place it runs:
 // torch::optim's where the parameters are (also for the buckets partial
 // offload keeps there), offload/'s kernels on the host. States are named as
@@ -36,11 +39,6 @@ namespace zero::engine {
 // torch::optim's state is keyed as compat::optimizer_state_key says (Note
 // [LibTorch 1.13 and 2.x] in core/torch_compat.h).
 using compat::optimizer_state_key;
-
-// offload_optimizer: seconds in the host kernels and waiting for NVMe.
-struct HostTiming {
-  double compute_s = 0, nvme_wait_s = 0;
-};
 
 class MasterOptimizer : public partition::BucketOptimizer {
  public:
@@ -64,12 +62,6 @@ class MasterOptimizer : public partition::BucketOptimizer {
   int64_t state_bytes();
   // The master tensors it updates, in bucket order (so group by group).
   const std::vector<at::Tensor>& tensors() const { return tensors_; }
-  // offload_optimizer: the host kernels' time since the last call (zeros
-  // for torch::optim).
-  virtual HostTiming take_timing() { return {}; }
-  // offload_optimizer "nvme": the store its master weights and states live
-  // in between steps; nullptr otherwise.
-  virtual offload::SwappedTensors* nvme_store() { return nullptr; }
 
  protected:
   MasterOptimizer(std::vector<std::string> state_names, std::vector<at::Tensor> tensors)
@@ -98,17 +90,13 @@ struct HostStep {
   bool enabled = false;
   // Partial offload: the tensors updated where they live, not by the host kernels.
   std::vector<at::Tensor> elsewhere;
-  // offload_optimizer "nvme" (ZeRO-Infinity): the host tensors and their
-  // states live in files under swap.nvme_path between steps, brought back
-  // sub-group by sub-group of about sub_group_numel elements.
-  std::optional<offload::SwapOptions> swap;
-  int64_t sub_group_numel = 0;
-  // The store the host tensors were written to as they were made (the
-  // partition's master weights); their states join it. None: made here.
-  std::unique_ptr<offload::SwappedTensors> store;
+  // offload_optimizer "nvme" (ZeRO-Infinity): the master weights, already in
+  // files, whose states join them there; the partition's step brings them
+  // back sub-group by sub-group (Note [The step]).
+  partition::MasterStore* nvme_masters = nullptr;
 };
 
 std::unique_ptr<MasterOptimizer> make_optimizer(const OptimizerConfig& config, const std::vector<OptimizerGroup>& groups,
-                                                const ShardLayout& layout, HostStep host = {});
+                                                const ShardLayout& layout, const HostStep& host = {});
 
 }  // namespace zero::engine

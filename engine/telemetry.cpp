@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "activations/activation_memory.h"
+#include "core/byte_units.h"
 #include "core/write_failure.h"
 #include "profile/device_peak.h"
 #include "zero/activation_checkpointing.h"
@@ -18,6 +19,9 @@
 namespace zero::engine {
 
 namespace {
+
+// The step's loss, DeepSpeed's tag: its value arrives after the other events are made.
+const std::string kLossTag = "Train/Samples/train_loss";
 
 // <output_path>/<job_name>, or <job_name> in the working directory. (DeepSpeed's
 // tensorboard falls back to ~/tensorboard/; zero keeps both monitors alike.)
@@ -40,19 +44,6 @@ at::Tensor with_write_flag(const at::Tensor& value) {
 }
 
 }  // namespace
-
-std::string human_bytes(int64_t bytes) {
-  char text[32];
-  const double b = static_cast<double>(bytes);
-  if (b >= 1e9) {
-    std::snprintf(text, sizeof(text), "%.2f GB", b / 1e9);
-  } else if (b >= 1e6) {
-    std::snprintf(text, sizeof(text), "%.2f MB", b / 1e6);
-  } else {
-    std::snprintf(text, sizeof(text), "%.1f kB", b / 1e3);
-  }
-  return text;
-}
 
 Telemetry::Totals Telemetry::Totals::since(const Totals& mark) const {
   Totals d;
@@ -172,8 +163,8 @@ void Telemetry::step_done(const StepRecord& record, std::optional<double> agreed
   ++total_.steps;
   total_.step += record.step_s;
   total_.gather += record.publish_s;
-  total_.host_step += record.host.compute_s;
-  total_.nvme_wait += record.host.nvme_wait_s;
+  total_.host_step += record.host_step_s;
+  total_.nvme_wait += record.nvme_wait_s;
   finish_profile();
   record_step(record, agreed_loss);
   log_progress(record);
@@ -215,9 +206,9 @@ void Telemetry::record_step(const StepRecord& r, std::optional<double> agreed_lo
   const Totals d = total_.since(record_mark_);
   record_mark_ = total_;
   if (!monitors_) return;
-  const double loss = 0;  // filled in by write_pending_step
+  const double loss = 0;  // filled in by write_pending_step, which finds it by its tag
   const int64_t samples = r.global_steps * *config_.batch.train_batch_size;
-  std::vector<monitor::Event> events{{"Train/Samples/train_loss", loss, samples}, {"Train/Samples/lr", r.lr, samples}};
+  std::vector<monitor::Event> events{{kLossTag, loss, samples}, {"Train/Samples/lr", r.lr, samples}};
   if (config_.fp16.enabled) events.push_back({"Train/Samples/loss_scale", r.loss_scale, samples});
   events.push_back({"Train/Samples/grad_norm", r.grad_norm, samples});
   events.push_back({"Train/Samples/skipped_steps", static_cast<double>(r.skipped_steps), samples});
@@ -266,8 +257,10 @@ void Telemetry::write_pending_step() {
   pending_loss_.reset();
   const bool failed = pending_loss_value_[1].item<double>() > 0;
   if (monitors_ && !pending_events_.empty() && !failed) {
-    // train_loss comes first
-    pending_events_.front().value = pending_agreed_loss_ ? *pending_agreed_loss_ : pending_loss_value_[0].item<double>();
+    const double loss = pending_agreed_loss_ ? *pending_agreed_loss_ : pending_loss_value_[0].item<double>();
+    for (auto& event : pending_events_) {
+      if (event.tag == kLossTag) event.value = loss;
+    }
     monitors_->write(std::move(pending_events_));
   }
   pending_events_.clear();
@@ -375,7 +368,7 @@ void Telemetry::log_progress(const StepRecord& r) {
     line.precision(1);
     line << " | checkpoints/step " << c.forwards / steps << ", ms/step checkpointed forward "
          << c.forward_s * 1000.0 / steps << " recompute " << c.recompute_s * 1000.0 / steps << ", inputs kept "
-         << human_bytes(static_cast<int64_t>(c.saved_bytes / steps)) << "/step";
+         << core::human_bytes(static_cast<double>(c.saved_bytes / steps)) << "/step";
   }
   log::info("engine", line.str());
   log_comms_summary("at step " + std::to_string(r.global_steps));

@@ -27,9 +27,8 @@ namespace zero::engine {
 
 using Clock = std::chrono::steady_clock;
 
-// Seconds since `t`; bytes as "1.50 GB".
+// Seconds since `t`.
 inline double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-std::string human_bytes(int64_t bytes);
 
 // What the core tells after each optimizer step.
 struct StepRecord {
@@ -37,7 +36,8 @@ struct StepRecord {
   double lr = 0, loss_scale = 1, grad_norm = 0;
   double step_s = 0;     // the whole step, publish included
   double publish_s = 0;  // of it, sending the updated parameters on
-  HostTiming host;       // of it, the host kernels and NVMe waits (offload)
+  double host_step_s = 0;  // of it, the host kernels (offload, CPU ranks)
+  double nvme_wait_s = 0;  // of it, waiting for NVMe (offload_optimizer "nvme")
 };
 
 // What a pipeline's train_batch took (PipelineDriver::run).

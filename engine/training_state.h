@@ -40,7 +40,7 @@ struct TrainingState {
   // shapes and write their slices in full coordinates.
   const std::map<std::string, tp::Split>& splits;
   partition::ShardedParams& params;
-  MasterOptimizer& optimizer;  // with offload_optimizer "nvme", its nvme_store() holds the master weights and states
+  MasterOptimizer& optimizer;  // with offload_optimizer "nvme", params.masters().nvme_store() holds its states too
   const LrSchedule& schedule;
   LossScaler* scaler;  // fp16 only
   StepCounters& counters;

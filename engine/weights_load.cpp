@@ -132,7 +132,7 @@ void load_weights(TrainingState& s, const std::string& path, const WeightsLoadOp
   int64_t total = 0;
   for (const at::Tensor& m : masters) total += static_cast<int64_t>(m.nbytes());
   Progress progress("loading weights from " + path, total, s.pg.rank() == 0);
-  NvmeWindow window(s.optimizer.nvme_store(), s.optimizer, masters, /*write_back=*/true);
+  NvmeWindow window(s.params.masters(), /*write_back=*/true);
   for (size_t k = 0; k < masters.size(); ++k) {
     progress.advance(static_cast<int64_t>(masters[k].nbytes()));
     attempt([&] { window.enter(k); });  // NVMe offload: the bucket comes back, and goes back after

@@ -7,6 +7,7 @@
 #include <regex>
 #include <set>
 
+#include "ckpt/checkpoint.h"
 #include "core/regular_file.h"
 #include "interop/saved_values.h"
 #include "interop/value_json.h"
@@ -15,6 +16,8 @@
 
 namespace zero::interop {
 
+using ckpt::fail;
+
 namespace fs = std::filesystem;
 using torchsave::TensorRef;
 using torchsave::TorchSaveFile;
@@ -22,14 +25,8 @@ using torchsave::Value;
 
 namespace {
 
-[[noreturn]] void fail(const std::string& message) { throw CheckpointError(message); }
 
 // A tag is one path component.
-void check_tag(const std::string& tag, const std::string& where) {
-  if (tag.empty() || tag == "." || tag == ".." || tag.find('/') != std::string::npos || tag.find('\0') != std::string::npos)
-    fail(where + ": \"" + tag + "\" is not a checkpoint tag (one folder name, e.g. global_step100)");
-}
-
 std::string read_latest(const std::string& dir) {
   const std::string path = (fs::path(dir) / "latest").string();
   std::error_code ec;
@@ -38,7 +35,7 @@ std::string read_latest(const std::string& dir) {
   std::string text, error;
   if (!core::read_regular_file(path, 4096, text, error)) fail("cannot read " + error);
   while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
-  check_tag(text, path);
+  ckpt::check_tag(text, path);
   return text;
 }
 
@@ -211,7 +208,7 @@ DeepSpeedCheckpoint::DeepSpeedCheckpoint(const std::string& dir, const std::stri
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) fail("DeepSpeed checkpoint folder " + dir + " does not exist");
   tag_ = tag.empty() ? read_latest(dir) : tag;
-  check_tag(tag_, "--tag");
+  ckpt::check_tag(tag_, "--tag");
   folder_ = (fs::path(dir) / tag_).string();
   if (!fs::is_directory(folder_, ec))
     fail((tag.empty() ? (fs::path(dir) / "latest").string() + " names tag \"" + tag_ + "\", but " : std::string()) +

@@ -27,6 +27,8 @@
 
 namespace zero::interop {
 
+using ckpt::fail;
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 using torchsave::Py;
@@ -34,7 +36,6 @@ using torchsave::StorageBytes;
 
 namespace {
 
-[[noreturn]] void fail(const std::string& message) { throw CheckpointError(message); }
 
 // The DeepSpeed version whose layout this writes (its loader checks the
 // checkpoint's version against its own stage-1 changes of 0.3.17).

@@ -11,18 +11,20 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/checkpoint.h"
 #include "core/regular_file.h"
 #include "interop/staging.h"
 #include "zero/error.h"
 
 namespace zero::interop {
 
+using ckpt::fail;
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
 
-[[noreturn]] void fail(const std::string& message) { throw CheckpointError(message); }
 
 ckpt::DType dtype_named(const std::string& name, const std::string& where) {
   std::string n = name;

@@ -21,11 +21,12 @@
 
 namespace zero::interop {
 
+using ckpt::fail;
+
 namespace fs = std::filesystem;
 
 namespace {
 
-[[noreturn]] void fail(const std::string& message) { throw CheckpointError(message); }
 
 nlohmann::json engine_record(const DeepSpeedCheckpoint& ds) {
   const auto& c = ds.counters();

@@ -4,9 +4,12 @@
 #include <cmath>
 #include <cstring>
 
+#include "ckpt/checkpoint.h"
 #include "zero/error.h"
 
 namespace zero::interop {
+
+using ckpt::fail;
 
 using torchsave::TensorRef;
 using torchsave::TorchSaveFile;
@@ -14,7 +17,6 @@ using torchsave::Value;
 
 namespace {
 
-[[noreturn]] void fail(const std::string& message) { throw CheckpointError(message); }
 
 }  // namespace
 

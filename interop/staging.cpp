@@ -9,15 +9,17 @@
 #include <cerrno>
 #include <cstring>
 
+#include "ckpt/checkpoint.h"
 #include "zero/error.h"
 
 namespace zero::interop {
+
+using ckpt::fail;
 
 namespace fs = std::filesystem;
 
 namespace {
 
-[[noreturn]] void fail(const std::string& message) { throw CheckpointError(message); }
 
 void fsync_directory(const fs::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

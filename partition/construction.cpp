@@ -8,6 +8,7 @@
 #include <system_error>
 #include <unordered_set>
 
+#include "core/byte_units.h"
 #include "offload/swapped_tensors.h"
 #include "zero/error.h"
 #include "zero/unit.h"
@@ -21,9 +22,7 @@ thread_local ConstructionParts* g_current = nullptr;
 std::mutex g_live_mutex;
 std::vector<std::shared_ptr<ConstructionParts>> g_live;
 
-std::string human(int64_t bytes) {
-  return std::to_string(bytes) + " bytes (" + std::to_string(bytes >> 20) + " MiB)";
-}
+std::string human(int64_t bytes) { return std::to_string(bytes) + " bytes (" + core::human_bytes(static_cast<double>(bytes)) + ")"; }
 
 }  // namespace
 

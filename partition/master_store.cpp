@@ -5,10 +5,11 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
-#include <chrono>
-#include <thread>
+#include <string>
 
+#include "core/torch_compat.h"
 #include "offload/host_tensors.h"
+#include "zero/error.h"
 
 namespace zero::partition {
 
@@ -29,6 +30,7 @@ MasterStore::~MasterStore() {
 
 void MasterStore::add(const at::Tensor& shard_values, bool separate) {
   const size_t k = tensors_.size();
+  nvme_ids_.emplace_back();
   at::Tensor m;
   if (on_host_[k]) {
     // The updated parameters leave through update_target: pageable.
@@ -36,7 +38,9 @@ void MasterStore::add(const at::Tensor& shard_values, bool separate) {
     if (nvme_) {
       // To its file now: the master weights of a partition larger than
       // memory never are in it at once.
-      nvme_->write_behind(nvme_->add(m, "master" + std::to_string(k)));
+      const int id = nvme_->add(m, "master" + std::to_string(k));
+      nvme_->write_behind(id);
+      nvme_ids_.back().push_back(id);
     }
   } else {
     m = separate ? shard_values.clone() : storage_.shard(k);
@@ -45,9 +49,17 @@ void MasterStore::add(const at::Tensor& shard_values, bool separate) {
   by_group_[layout_.buckets()[k].group].push_back(m);
 }
 
-std::unique_ptr<offload::SwappedTensors> MasterStore::take_nvme_store() {
-  if (nvme_) nvme_->wait_behind();
-  return std::move(nvme_);
+void MasterStore::add_nvme_state(size_t k, const at::Tensor& state, double value) {
+  if (!nvme_ || nvme_ids_[k].empty()) throw OffloadError("internal: bucket " + std::to_string(k) + " has no master weights on NVMe");
+  const std::string key = "master" + std::to_string(k) + ".state" + std::to_string(nvme_ids_[k].size() - 1);
+  nvme_ids_[k].push_back(nvme_->add_filled(state, key, value));
+}
+
+void MasterStore::nvme_states_added() {
+  if (!nvme_) return;
+  nvme_->wait_behind();
+  nvme_->swap_out_all();
+  nvme_->reset_peak();  // from here on the step's pipeline bounds it
 }
 
 bool MasterStore::is_param_shard(size_t k) const {
@@ -98,7 +110,7 @@ at::Tensor MasterStore::staging_for(size_t k, const at::Tensor& shard) {
     }
   }
   Staging& s = staging_[next_staging_++ % staging_.size()];
-  while (!s.copied->query()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  compat::synchronize(*s.copied);
   s.bucket = static_cast<int>(k);
   return s.buffer.slice(0, 0, layout_.buckets()[k].shard_numel);
 }

@@ -59,7 +59,7 @@ class MasterStore {
   // number of parameter groups (one may have no bucket).
   // `nvme` (offload_optimizer "nvme"): the master weights on the host go
   // to files under its nvme_path as each bucket's is made, and the
-  // optimizer adopts the store (take_nvme_store).
+  // optimizer's states join them there (add_nvme_state).
   MasterStore(const FlatLayout& layout, ParamStorage& storage, std::vector<bool> on_host, size_t groups,
               std::optional<offload::SwapOptions> nvme = std::nullopt);
   ~MasterStore();  // waits for the all-gathers a failed step left running
@@ -77,10 +77,20 @@ class MasterStore {
   // Per parameter group, its buckets' tensors (the optimizer's groups).
   const std::vector<std::vector<at::Tensor>>& by_group() const { return by_group_; }
   bool on_host(size_t k) const { return on_host_[k]; }
-  // offload_optimizer "nvme": the store holding the host master weights,
-  // every one written (key "master<k>"); null after the first call or
-  // without NVMe.
-  std::unique_ptr<offload::SwappedTensors> take_nvme_store();
+
+  // offload_optimizer "nvme" (ZeRO-Infinity): the store that holds the host
+  // master weights (key "master<k>") and their optimizer states between
+  // steps; null without NVMe. The step brings each bucket's back
+  // (nvme_ids(k): its master weights, then its states) around its update.
+  offload::SwappedTensors* nvme_store() { return nvme_.get(); }
+  const std::vector<int>& nvme_ids(size_t k) const { return nvme_ids_[k]; }
+  // A state of bucket k's master weights, as it starts (`value` everywhere),
+  // joins them: registered by value, not written, so that a state larger
+  // than memory is never in it. Once every state has joined,
+  // nvme_states_added() sends every tensor to its file, and the resident
+  // peak counts from there.
+  void add_nvme_state(size_t k, const at::Tensor& state, double value);
+  void nvme_states_added();
 
   // The one way back to the parameters (Note [Offload copies]):
   // update_target(k) is where bucket k's updated shard is to be written in
@@ -119,7 +129,8 @@ class MasterStore {
   size_t next_staging_ = 0;
   std::vector<comm::WorkHandle> works_;  // all-gathers send_updated() started
   std::vector<bool> sent_;               // per bucket: send_updated() since the last publish()
-  std::unique_ptr<offload::SwappedTensors> nvme_;  // until the optimizer takes it
+  std::unique_ptr<offload::SwappedTensors> nvme_;
+  std::vector<std::vector<int>> nvme_ids_;  // per bucket: its tensors in nvme_ (none when not on the host)
 };
 
 }  // namespace zero::partition

@@ -30,6 +30,7 @@
 #include "partition/host_grads.h"
 #include "partition/master_store.h"
 #include "partition/param_storage.h"
+#include "partition/step.h"
 #include "zero/unit.h"
 
 namespace zero::partition {
@@ -59,8 +60,11 @@ struct Options {
   double offload_ratio = 1.0;              // Note [Partial offload]
   bool pin_memory = false;                 // page-locked host tensors (with CUDA parameters)
   // offload_optimizer "nvme": the host master weights go to files as each
-  // bucket's is made (MasterStore::take_nvme_store hands them on).
+  // bucket's is made; the optimizer's states join them (Note [The step]).
   std::optional<offload::SwapOptions> master_swap;
+  // With master_swap: the step brings them back in sub-groups of about this
+  // many elements (zero_optimization.sub_group_size).
+  int64_t sub_group_numel = 1000000000;
   // Copy the reduced gradients of offloaded buckets to host tensors even
   // when the parameters are in host memory (CPU ranks), as an accelerator
   // needs: the same bookkeeping runs, and is tested, without one.
@@ -76,36 +80,6 @@ struct Options {
 };
 
 class UnitScheduler;
-
-// What ShardedParams::step hands the update of the master weights to (the
-// engine's optimizer, Note [The step] in step.cpp). Its tensors are the
-// master tensors in bucket order: tensor k is bucket k's.
-class BucketOptimizer {
- public:
-  virtual ~BucketOptimizer() = default;
-  // Updates every master tensor from its gradient times `grad_scale` (the
-  // loss scale's inverse times the clipping coefficient). One that updates
-  // bucket by bucket on the host writes each updated bucket where
-  // `masters.update_target(k)` says and calls `masters.send_updated(k)` as
-  // soon as it is done; the partition sends the others after.
-  virtual void update(MasterStore& masters, double grad_scale) = 0;
-  // Whether update() reads the gradients in the training dtype (the fused
-  // host kernels widen them as they read); otherwise the partition widens
-  // them to fp32 first.
-  virtual bool reads_training_dtype() const = 0;
-};
-
-// One optimizer step as the engine asks for it.
-struct StepRequest {
-  double loss_scale = 1.0;  // fp16: the gradients carry it; the update divides it out
-  bool skip_if_not_finite = false;  // fp16: an overflow on any rank skips the step on every rank
-  double clip = 0.0;  // gradient_clipping: the bound of the global norm; 0: none
-};
-struct StepResult {
-  bool skipped = false;          // the gradients were not finite: nothing was updated
-  double norm = 0.0;             // the global L2 norm of the unscaled gradients (0 when skipped)
-  double publish_seconds = 0.0;  // of the step, sending the updated parameters on
-};
 
 // The trainable parameters of a model, flattened and sharded (Note [Flat layout]).
 class ShardedParams {
@@ -197,6 +171,10 @@ class ShardedParams {
   void attach_master_grads(bool widen);
   void detach_master_grads();
   double global_squares();
+  // step(): the per-bucket optimizer's loop over the buckets.
+  void update_buckets(BucketOptimizer& optimizer, StepResult& result);
+  void update_bucket(BucketOptimizer& optimizer, size_t k);
+  void update_swapped(BucketOptimizer& optimizer, const std::vector<size_t>& buckets, StepResult& result);
   std::shared_ptr<comm::ProcessGroup> pg_;
   Options options_;
   FlatLayout layout_;

@@ -19,12 +19,21 @@
 // 4. Clip: the norm of the unscaled gradients gives the clipping
 //    coefficient (as torch::nn::utils::clip_grad_norm_), which with the
 //    loss scale's inverse makes one factor.
-// 5. Update: the optimizer updates master tensor k, which is bucket k's,
-//    multiplying its gradient by the factor as it reads it. A host
-//    optimizer writes each updated bucket in the training dtype where
-//    MasterStore::update_target(k) says and sends it on at once
-//    (send_updated: the bucket's all-gather, or its write to NVMe), while
-//    it updates the next one.
+// 5. Update: the optimizer begins the step with the factor, which it
+//    multiplies each gradient by as it reads it. A per-bucket optimizer
+//    (the fused host kernels, an elementwise kernel per tensor) is then
+//    driven here, bucket by bucket: update(k) writes bucket k's new values
+//    in the training dtype where MasterStore::update_target(k) says, in
+//    the same pass, and send_updated(k) sends them on at once (the
+//    bucket's all-gather, or its write to NVMe) while the next bucket is
+//    updated. With partial offload the buckets kept on the accelerator go
+//    first (queued there, they run while the host updates its share).
+//    With offload_optimizer "nvme" the host buckets come in sub-groups of
+//    about sub_group_size elements: the next sub-group's master weights
+//    and states are read while this one is updated, the previous one's
+//    written back, so that at most three are resident. An optimizer that
+//    takes every tensor at once (torch::optim, Lamb) updates them all in
+//    begin_step().
 // 6. Publish: MasterStore::publish() sends the buckets not yet sent (from
 //    the fp32 master weights, converted) and waits until every bucket's
 //    parameters are whole again.
@@ -34,11 +43,17 @@
 
 #include <chrono>
 #include <cmath>
+#include <vector>
 
 #include "core/fault.h"
 #include "partition/partition.h"
 
 namespace zero::partition {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+}  // namespace
 
 StepResult ShardedParams::step(BucketOptimizer& optimizer, const StepRequest& request) {
   StepResult result;
@@ -56,13 +71,79 @@ StepResult ShardedParams::step(BucketOptimizer& optimizer, const StepRequest& re
     const double coef = request.clip / (result.norm + 1e-6);  // as torch::nn::utils::clip_grad_norm_
     if (coef < 1.0) factor *= coef;
   }
-  optimizer.update(masters_, factor);
+  optimizer.begin_step(factor);
+  if (optimizer.per_bucket()) update_buckets(optimizer, result);
   detach_master_grads();
-  const auto publish_start = std::chrono::steady_clock::now();
+  const auto publish_start = Clock::now();
   masters_.publish();
-  result.publish_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - publish_start).count();
+  result.publish_seconds = seconds_since(publish_start);
   zero_grads();
   return result;
+}
+
+void ShardedParams::update_bucket(BucketOptimizer& optimizer, size_t k) {
+  const at::Tensor target = masters_.update_target(k);
+  optimizer.update(k, target);
+  masters_.send_updated(k);
+}
+
+// Step 5 for a per-bucket optimizer: each bucket updated, then sent on.
+void ShardedParams::update_buckets(BucketOptimizer& optimizer, StepResult& result) {
+  std::vector<size_t> host;
+  for (size_t k = 0; k < num_buckets(); ++k) {
+    if (options_.offload_optimizer && !masters_.on_host(k)) {
+      update_bucket(optimizer, k);  // Note [Partial offload]: kept on the accelerator, queued first
+    } else {
+      host.push_back(k);
+    }
+  }
+  if (masters_.nvme_store()) return update_swapped(optimizer, host, result);
+  const auto start = Clock::now();
+  for (size_t k : host) update_bucket(optimizer, k);
+  result.host_update_seconds += seconds_since(start);
+}
+
+// offload_optimizer "nvme": the host buckets in sub-groups of about
+// sub_group_numel elements, read one ahead and written one behind.
+void ShardedParams::update_swapped(BucketOptimizer& optimizer, const std::vector<size_t>& buckets,
+                                   StepResult& result) {
+  if (buckets.empty()) return;
+  offload::SwappedTensors& store = *masters_.nvme_store();
+  std::vector<std::vector<size_t>> sub_groups(1);
+  int64_t filled = 0;
+  for (size_t k : buckets) {
+    const int64_t numel = masters_.tensors()[k].numel();
+    if (filled > 0 && filled + numel > options_.sub_group_numel) {
+      sub_groups.emplace_back();
+      filled = 0;
+    }
+    sub_groups.back().push_back(k);
+    filled += numel;
+  }
+  auto ids_of = [&](size_t s) {
+    std::vector<int> ids;
+    for (size_t k : sub_groups[s]) ids.insert(ids.end(), masters_.nvme_ids(k).begin(), masters_.nvme_ids(k).end());
+    return ids;
+  };
+  auto wait = Clock::now();
+  store.swap_in(ids_of(0));
+  result.nvme_wait_seconds += seconds_since(wait);
+  for (size_t s = 0; s < sub_groups.size(); ++s) {
+    wait = Clock::now();
+    if (s + 1 < sub_groups.size()) store.swap_in(ids_of(s + 1));
+    store.wait_in(ids_of(s));
+    result.nvme_wait_seconds += seconds_since(wait);
+    const auto start = Clock::now();
+    for (size_t k : sub_groups[s]) update_bucket(optimizer, k);
+    result.host_update_seconds += seconds_since(start);
+    wait = Clock::now();
+    store.swap_out(ids_of(s));
+    if (s > 0) store.wait_out(ids_of(s - 1));
+    result.nvme_wait_seconds += seconds_since(wait);
+  }
+  wait = Clock::now();
+  store.wait_out(ids_of(sub_groups.size() - 1));
+  result.nvme_wait_seconds += seconds_since(wait);
 }
 
 // Each bucket's gradient is attached and its squares added once per step

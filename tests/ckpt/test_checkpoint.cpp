@@ -307,6 +307,30 @@ TEST(Save, SameTagAgainReplacesIt) {
   }
 }
 
+// Note [Tag rule]: the engine's save refuses what every reader would
+// (a newline, which `latest` could not hold, is new), before it writes
+// anything, on every rank alike.
+TEST(Save, RefusesATagNoReaderWouldAccept) {
+  RunSetup s;
+  const std::string dir = dir_for("bad_tags");
+  Net a = make_net(1);
+  auto ea = make_engine(s, a);
+  train(ea, a, 0, 1, *g_world);
+  for (const std::string tag : {"latest", ".saving", "a/b", "step\n1"}) {
+    SCOPED_TRACE(tag);
+    try {
+      ea.save_checkpoint(dir, tag);
+      ADD_FAILURE() << "saved";
+    } catch (const zero::CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("invalid checkpoint tag"), std::string::npos) << e.what();
+    }
+  }
+  g_world->barrier();
+  EXPECT_FALSE(fs::exists(dir + "/latest")) << "nothing was saved";
+  ea.save_checkpoint(dir, "global_step1");  // the engine still saves
+  EXPECT_TRUE(fs::exists(dir + "/latest"));
+}
+
 // On a GPU (skipped elsewhere; bench/gpu/run_all.sh runs them at world size 1):
 // a CUDA run resumes bit-exactly (dropout draws from the GPU's generator,
 // saved as "rng/cuda"), and a checkpoint from CPU ranks loads on the GPU

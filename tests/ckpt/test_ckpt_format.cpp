@@ -513,6 +513,36 @@ TEST_F(CkptTest, LatestAndTagErrorsSayWhatToDo) {
   EXPECT_CONTAINS(error_of([&] { read_manifest(ck, "global_step9"); }), "deeper than 64 levels");
 }
 
+// Note [Tag rule]: one rule for every tag, saved, loaded or read from
+// `latest`. Against the three rules it replaced, ckpt/ (latest, manifests)
+// now also refuses "latest" and names starting with '.', the engine's save
+// also a newline or NUL, DeepSpeed's folders (interop) all three; nothing
+// refused before is accepted now.
+TEST_F(CkptTest, OneTagRuleEverywhere) {
+  using zero::ckpt::check_tag;
+  using zero::ckpt::tag_problem;
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"", "empty"},           {"latest", "newest tag"},   {".", "starts with '.'"},
+      {"..", "starts with '.'"}, {".saving", "starts with '.'"}, {"a/b", "'/'"},
+      {"../x", "starts with '.'"}, {"step\n1", "newline"},  {std::string("st\0ep", 6), "NUL"}};
+  for (const auto& [tag, why] : refused) {
+    SCOPED_TRACE(tag);
+    EXPECT_CONTAINS(tag_problem(tag), why);
+    const std::string e = error_of([&] { check_tag(tag, "here"); });
+    EXPECT_CONTAINS(e, "here: invalid checkpoint tag");
+    EXPECT_CONTAINS(e, "global_step100");
+  }
+  for (const std::string tag : {"global_step100", "best", "step.5", "latest2", "my latest", "a..b", "x."}) {
+    EXPECT_EQ(tag_problem(tag), "") << tag;
+  }
+  // read_latest applies it to what the file says.
+  const std::string ck = dir_ + "/ck";
+  fs::create_directories(ck);
+  spit(ck + "/latest", ".saving\n");
+  EXPECT_CONTAINS(error_of([&] { read_latest(ck); }), "starts with '.'");
+  EXPECT_CONTAINS(error_of([&] { write_latest(ck, "latest"); }), "invalid checkpoint tag");
+}
+
 TEST_F(CkptTest, WriteLatestKeepsTheOldTagUntilTheRename) {
   Model model;
   model.write(dir_, "global_step1", kOneRank);

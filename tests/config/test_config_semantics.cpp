@@ -206,9 +206,36 @@ TEST(ConfigDeprecated, OldZeroFormCarriesAllgatherSize) {
     EXPECT_EQ(c.zero_optimization.stage, 1);
     EXPECT_EQ(c.zero_optimization.allgather_bucket_size, 200000000);
     EXPECT_TRUE(c.fp16.enabled || std::string(json).find("fp16") == std::string::npos);
-    EXPECT_EQ(c.warnings().size(), 1u);
+    // The deprecated form, and allgather_bucket_size's own: zero reads nothing from it.
+    EXPECT_EQ(c.warnings().size(), 2u);
+    EXPECT_EQ(zero_test::count_containing(c.warnings(), "allgather_bucket_size is accepted but not implemented"), 1u);
   }
   EXPECT_EQ(parse(R"({"allgather_size": 2e8, "zero_optimization": false})").zero_optimization.stage, 0);
+}
+
+// zero_optimization keys zero reads nothing from warn when they ask for
+// something zero does not do, and only then.
+TEST(ConfigUnread, EachUnreadKeyWarnsOnlyAwayFromItsDefault) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"contiguous_gradients", "false"},        {"reduce_scatter", "false"},
+      {"allgather_partitions", "false"},        {"allgather_bucket_size", "2e8"},
+      {"load_from_fp32_weights", "false"},      {"round_robin_gradients", "true"},
+      {"stage3_model_persistence_threshold", "1000"}};
+  for (const auto& [key, value] : cases) {
+    SCOPED_TRACE(key);
+    Config c = parse(R"({"zero_optimization": {")" + key + "\": " + value + "}}");
+    ASSERT_EQ(c.warnings().size(), 1u);
+    EXPECT_NE(c.warnings()[0].find("zero_optimization." + key + " is accepted but not implemented"), std::string::npos)
+        << c.warnings()[0];
+  }
+  // Their defaults, written out, ask for what zero does; zero's checkpoints
+  // are always elastic, so asking for it is honoured.
+  EXPECT_TRUE(parse(R"({"zero_optimization": {"elastic_checkpoint": true}})").warnings().empty());
+  EXPECT_TRUE(parse(R"({"zero_optimization": {"contiguous_gradients": true, "reduce_scatter": true,
+                       "allgather_partitions": true, "allgather_bucket_size": 5e8, "load_from_fp32_weights": true,
+                       "round_robin_gradients": false, "elastic_checkpoint": false}})")
+                  .warnings()
+                  .empty());
 }
 
 TEST(ConfigDeprecated, OldAndNewTogetherIsAnError) {

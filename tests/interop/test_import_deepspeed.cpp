@@ -194,6 +194,15 @@ TEST(ImportDeepSpeed, BadFoldersFailNamingTheFileAndLeaveNothing) {
   std::ofstream(no_tag / "latest") << "global_step9";
   expect_refused(no_tag, "names tag \"global_step9\", but");
 
+  // Note [Tag rule]: DeepSpeed's `latest` is read by zero's one rule, which
+  // refuses names DeepSpeed's folders accepted before ("latest", hidden).
+  for (const std::string tag : {"latest", ".global_step3"}) {
+    const fs::path odd = copy_fixture("stage2_fp32_2ranks", scratch.path() / "odd_tag");
+    std::ofstream(odd / "latest") << tag;
+    expect_refused(odd, "invalid checkpoint tag \"" + tag + "\"");
+    fs::remove_all(odd);
+  }
+
   const fs::path missing = copy_fixture("stage2_fp32_2ranks", scratch.path() / "missing");
   fs::remove(missing / "global_step3" / "zero_pp_rank_1_mp_rank_00_optim_states.pt");
   expect_refused(missing, "zero_pp_rank_1_mp_rank_00_optim_states.pt is missing");

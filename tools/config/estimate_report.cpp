@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/byte_units.h"
 #include "tools/config/options.h"
 #include "zero/config.h"
 #include "zero/error.h"
@@ -110,20 +111,9 @@ std::string count(int64_t v) {
 }
 
 // Decimal units, one for the whole table: GB unless everything is smaller.
-struct Unit {
-  const char* name;
-  double bytes;
-};
-Unit unit_for(int64_t largest) {
-  if (largest >= 1000000000) return {"GB", 1e9};
-  if (largest >= 1000000) return {"MB", 1e6};
-  return {"kB", 1e3};
-}
-std::string in_unit(int64_t bytes, Unit u) { return format("%.2f", static_cast<double>(bytes) / u.bytes); }
-std::string human(int64_t bytes) {
-  Unit u = unit_for(bytes);
-  return in_unit(bytes, u) + " " + u.name;
-}
+using zero::core::ByteUnit;
+std::string in_unit(int64_t bytes, ByteUnit u) { return zero::core::in_unit(static_cast<double>(bytes), u); }
+std::string human(int64_t bytes) { return zero::core::human_bytes(static_cast<double>(bytes)); }
 
 std::string pad_left(const std::string& s, size_t width) { return s.size() >= width ? s : std::string(width - s.size(), ' ') + s; }
 
@@ -256,7 +246,7 @@ int run_estimate(const Options& o) {
 
   int64_t largest = 0;
   for (const auto& m : rows) largest = std::max({largest, m.all().total(), m.device.total()});
-  const Unit u = unit_for(largest);
+  const ByteUnit u = zero::core::byte_unit_for(static_cast<double>(largest));
   const int b = setup.base.dtype_bytes;
   std::ostringstream out;
   const std::string written = count(o.params), exact = with_commas(o.params);
