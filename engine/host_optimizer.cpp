@@ -116,15 +116,8 @@ void HostOptimizer::update_elsewhere(torch::optim::OptimizerParamGroup& group, a
 
 torch::Tensor HostOptimizer::step(LossClosure closure) {
   at::Tensor loss = run_closure(closure);
-  for (auto& group : param_groups_) {
-    for (auto& p : group.params()) {
-      if (!p.grad().defined()) continue;
-      if (on_host(p)) {
-        update(group, p, at::Tensor());
-      } else {
-        update_elsewhere(group, p);
-      }
-    }
+  for (size_t i = 0; i < flat_.size(); ++i) {
+    if (param_groups_[flat_[i].first].params()[flat_[i].second].grad().defined()) update_tensor(i, at::Tensor());
   }
   return loss;
 }
