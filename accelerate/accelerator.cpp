@@ -1,6 +1,8 @@
 // zero::Accelerator (zero/accelerate.h): the launch config and a ds_config
 // merged into one Config, the engine built from it, the data loaders'
 // shards, and save_state / load_state on the engine's sharded checkpoints.
+// One concept over 400 lines: the Accelerator's whole life (its config, its
+// engine, its loaders and its saved state), which share one merged Config.
 #include <torch/torch.h>
 
 #include <fstream>

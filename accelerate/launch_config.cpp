@@ -1,4 +1,6 @@
 // Accelerate's YAML launch config, read with yaml-cpp (zero/launch_config.h).
+// One concept over 400 lines: one YAML format, key by key, with the checks
+// each key needs next to it.
 #include "zero/launch_config.h"
 
 #ifdef ZERO_HAVE_YAML

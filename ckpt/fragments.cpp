@@ -14,6 +14,8 @@
 // finish_verification() reads and hashes the rest of the file. The engine
 // saves fragments in the order it loads them at the same world size, so
 // there the whole file is read once and hashed as it arrives.
+// One concept over 400 lines: the index of every rank's fragments and the
+// reads across it, which share that index and its lazily opened files.
 #include <sys/stat.h>
 
 #include <algorithm>

@@ -4,6 +4,8 @@
 // directly. Reduce-scatter is an all-to-all of the input chunks followed by
 // a local reduction: each rank sends (N-1)/N of its input, as a ring
 // reduce-scatter would, and the layout is explicit (chunk r to rank r).
+// One concept over 400 lines: one transport's collectives, which share its
+// context, its tags and its timeout handling.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>

@@ -1,5 +1,7 @@
 // Host collectives through one shared-memory segment, for a group whose
 // ranks all run on this host (Note [Shared-memory collectives]).
+// One concept over 400 lines: one shared-memory segment's protocol (layout,
+// futex waits, the collectives over it), which only makes sense together.
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <signal.h>

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
-#include "engine/loss_scaler.h"
-#include "engine/optimizer.h"
+#include "optim/loss_scaler.h"
+#include "optim/optimizer.h"
 #include "offload/swapped_tensors.h"
 #include "partition/master_store.h"
 #include "zero/tensor_parallel.h"

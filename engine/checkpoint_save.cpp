@@ -2,6 +2,8 @@
 // ckpt/checkpoint.h): every rank writes the fragments of the parameters its
 // partition holds, in model space, so that any world size and stage loads
 // them directly; rank 0 writes the manifest once every file is complete.
+// One concept over 400 lines: one save, from each rank's fragments to the
+// manifest and `latest`, whose steps must agree on one staging folder.
 #include <fcntl.h>  // renameat2
 #include <sys/file.h>  // flock
 #include <unistd.h>

@@ -2,7 +2,10 @@
 // (partition/). backward() and step(), or a pipeline's train_batch(), with
 // gradient accumulation, the fp16 loss scale and clipping; the step itself
 // is the partition's (Note [The step] in partition/step.cpp). Construction is in
-// engine_build.cpp, what is measured in telemetry.cpp.
+// engine_build.cpp, what is measured in telemetry/ (what the ranks agree on
+// for it in step_boundary.cpp).
+// One concept over 400 lines: the Engine's public calls, each short, that
+// share Engine::Impl's state and its call-order checks.
 #include "zero/engine.h"
 
 #include <torch/torch.h>
@@ -18,7 +21,8 @@
 #include "core/heap.h"
 #include "engine/engine_impl.h"
 #include "engine/checkpoint_io.h"
-#include "engine/engine_setup.h"
+#include "engine/model_params.h"
+#include "engine/rank_agreement.h"
 #include "zero/error.h"
 #include "zero/log.h"
 
@@ -85,8 +89,10 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
   s.build_params(options, parts);
   s.broadcast_buffers = options.broadcast_buffers;
   s.setup_activation_checkpointing();
-  s.telemetry = std::make_unique<engine::Telemetry>(s.config, s.pg, *s.module, s.model_device, s.dtype,
-                                                    s.pipeline && s.pipeline->has_links(), [&s] { return s.memory(); });
+  s.telemetry = std::make_unique<telemetry::Telemetry>(s.config, s.pg->rank(), *s.module, s.model_device, s.dtype,
+                                                       s.pipeline && s.pipeline->has_links(), [&s] { return s.memory(); },
+                                                       engine::open_monitors(s.config, *s.pg));
+  s.boundary = std::make_unique<engine::StepBoundary>(s.pg, *s.telemetry);
 
   const auto& opt = s.config.optimizer;
   s.schedule = std::make_unique<LrSchedule>(LrSchedule::from_config(s.config.scheduler, opt));
@@ -169,7 +175,7 @@ void Engine::backward(const at::Tensor& loss) {
     s.sharded->end_backward();
     throw;
   }
-  const auto reduce_start = engine::Clock::now();
+  const auto reduce_start = telemetry::Clock::now();
   s.sharded->end_backward();
   s.backward_pending = true;
   s.telemetry->backward_ends(reduce_start);
@@ -224,7 +230,7 @@ void Engine::Impl::sync_buffers() {
 // torch's own kernels do (OMP_NUM_THREADS: cores / ranks under zero-run),
 // not every core of the machine the ranks share.
 void Engine::Impl::optimizer_step(std::optional<double> agreed_loss) {
-  const auto start = engine::Clock::now();
+  const auto start = telemetry::Clock::now();
   if (pipeline) pipeline->reduce_tied_grads(*sharded);
   const int64_t taken = steps.scheduler_steps();  // optimizer steps the schedule has seen
   const double lr = schedule->lr_at(taken);
@@ -246,13 +252,15 @@ void Engine::Impl::optimizer_step(std::optional<double> agreed_loss) {
     ++steps.global_steps;
     if (scaler) scaler->update(false);
   }
-  engine::StepRecord record;
+  telemetry::StepRecord record;
   record.global_steps = steps.global_steps, record.skipped_steps = steps.skipped_steps;
   record.lr = steps.lr, record.loss_scale = loss_scale(), record.grad_norm = last_norm;
-  record.step_s = engine::seconds_since(start), record.publish_s = result.publish_seconds;
+  record.step_s = telemetry::seconds_since(start), record.publish_s = result.publish_seconds;
   record.host_step_s = result.host_update_seconds, record.nvme_wait_s = result.nvme_wait_seconds;
   sync_buffers();
-  telemetry->step_done(record, agreed_loss);
+  telemetry->step_done(record);
+  boundary->after_step(record, agreed_loss);
+  telemetry->forward_starts(steps.global_steps);
 }
 
 double Engine::train_batch(const std::function<Batch()>& next_batch) {
@@ -338,7 +346,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag, con
                              const SaveOptions& options) {
   impl_->check_thread("engine.save_checkpoint", /*binds=*/false);
   impl_->check_loaded("engine.save_checkpoint");
-  impl_->telemetry->flush();  // the curves reach at least the checkpoint
+  impl_->boundary->flush();  // the curves reach at least the checkpoint
   engine::TrainingState state = impl_->training_state();
   engine::save_checkpoint(state, dir, tag, client_state, options);
 }

@@ -8,7 +8,11 @@
 #include "activations/estimate.h"
 #include "core/byte_units.h"
 #include "engine/engine_impl.h"
-#include "engine/engine_setup.h"
+#include "core/write_failure.h"
+#include "engine/master_optimizer.h"
+#include "engine/model_params.h"
+#include "engine/partition_options.h"
+#include "engine/rank_agreement.h"
 #include "zero/activation_checkpointing.h"
 #include "zero/error.h"
 #include "zero/log.h"
@@ -142,7 +146,11 @@ void Engine::Impl::setup_activation_checkpointing() {
 }
 
 Engine::Impl::~Impl() {
-  telemetry.reset();  // the last step's loss is written while the groups are alive
+  if (boundary) boundary->finish();  // the last step's loss is written while the groups are alive
+  boundary.reset();
+  telemetry.reset();
+  // What failed as the engine went away was logged; the next engine in this process starts clean.
+  write_failure::take();
   if (ActivationCheckpointOptions a = activation_checkpointing_options(); a.partition) {
     a.partition = nullptr;  // this engine's group: checkpoints after it keep whole inputs
     configure_activation_checkpointing(a);

@@ -1,8 +1,9 @@
 #pragma once
 // Engine::Impl, the training core: the parts it trains with and the
 // counters of training (engine.cpp, engine_build.cpp). What it measures is
-// the Telemetry's (telemetry.h), a pipeline's schedule the PipelineDriver's
-// (pipeline_driver.h).
+// the Telemetry's (telemetry/telemetry.h), what the ranks agree on for it
+// the StepBoundary's (step_boundary.h), a pipeline's schedule the
+// PipelineDriver's (pipeline_driver.h).
 #include <torch/torch.h>
 
 #include <map>
@@ -12,14 +13,15 @@
 #include <utility>
 #include <vector>
 
-#include "engine/loss_scaler.h"
-#include "engine/lr_schedule.h"
-#include "engine/optimizer.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizer.h"
 #include "engine/pipeline_driver.h"
-#include "engine/telemetry.h"
+#include "engine/step_boundary.h"
 #include "engine/training_state.h"
 #include "zero/engine.h"
 #include "partition/partition.h"
+#include "telemetry/telemetry.h"
 #include "zero/tensor_parallel.h"
 
 namespace zero {
@@ -35,7 +37,7 @@ struct Engine::Impl {
   int64_t gas = 1;
   at::Device model_device = at::Device(at::kCPU);
   std::unique_ptr<partition::ShardedParams> sharded;
-  std::unique_ptr<engine::MasterOptimizer> optimizer;
+  std::unique_ptr<optim::MasterOptimizer> optimizer;
   std::unique_ptr<LrSchedule> schedule;
   std::unique_ptr<LossScaler> scaler;  // fp16 only
   int64_t frozen_bytes = 0;
@@ -43,7 +45,8 @@ struct Engine::Impl {
   engine::StepCounters steps;
   double last_norm = 0.0;
   std::string partly_loaded;  // TrainingState::partly_loaded
-  std::unique_ptr<engine::Telemetry> telemetry;
+  std::unique_ptr<telemetry::Telemetry> telemetry;
+  std::unique_ptr<engine::StepBoundary> boundary;  // over `telemetry`
   // Note [Call order]: a backward() whose step() has not come yet; the
   // thread that trains (the first to call backward, step or train_batch).
   bool backward_pending = false;

@@ -4,7 +4,7 @@
 
 #include <optional>
 
-#include "engine/engine_setup.h"
+#include "engine/rank_agreement.h"
 #include "offload/swapper.h"
 #include "partition/construction.h"
 #include "zero/error.h"
@@ -22,18 +22,17 @@ Init::Init(const Config& config, PartitionedInitOptions options) {
                       "; build the model without zero::Init");
   }
   const auto& offload_param = config.zero_optimization.offload_param;
-  std::string device = options.remote_device.empty() ? offload_param.device : options.remote_device;
-  if (device == "none") device = "cpu";
-  if (device != "cpu" && device != "nvme") {
-    throw ConfigError("zero::Init: remote_device \"" + device + "\" is not one of \"cpu\", \"nvme\"");
-  }
+  const std::string& named = options.remote_device.empty() ? offload_param.device : options.remote_device;
+  std::optional<OffloadDevice> device = offload_device_named(named);
+  if (device == OffloadDevice::none) device = OffloadDevice::cpu;
+  if (!device) throw ConfigError("zero::Init: remote_device \"" + named + "\" is not one of \"cpu\", \"nvme\"");
   std::shared_ptr<comm::ProcessGroup> group = options.group;
   for (const auto& live : ConstructionParts::live()) {  // an earlier zero::Init's parts still wait: its group
     if (!group) group = live->group();
   }
   if (!group) group = engine::join(config);
   std::optional<offload::SwapOptions> nvme;
-  if (device == "nvme") {
+  if (device == OffloadDevice::nvme) {
     if (offload_param.nvme_path.empty()) {
       throw ConfigError("zero::Init: remote_device \"nvme\" keeps the parts under "
                         "zero_optimization.offload_param.nvme_path, which is not set");

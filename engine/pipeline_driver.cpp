@@ -11,6 +11,9 @@
 
 namespace zero::engine {
 
+using telemetry::Clock;
+using telemetry::seconds_since;
+
 std::unique_ptr<PipelineDriver> PipelineDriver::of(torch::nn::Module& module, const Mesh& mesh) {
   auto* pipeline = dynamic_cast<pipe::PipelineModule*>(&module);
   const MeshShape& shape = mesh.shape();
@@ -117,7 +120,7 @@ PipelineDriver::Batch PipelineDriver::run(const std::function<Engine::Batch()>& 
   at::Tensor loss_total = torch::zeros({}, torch::kDouble);
   const auto start = Clock::now();
   Batch out;
-  PipelineTimes& times = out.times;
+  telemetry::PipelineTimes& times = out.times;
 
   // Activation memory (MemoryReport::activations_peak): what the forwards
   // in flight keep allocated, at most `stages - stage` micro-batches' worth.

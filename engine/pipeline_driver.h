@@ -13,10 +13,10 @@
 #include <utility>
 #include <vector>
 
-#include "engine/telemetry.h"
 #include "parallel/pipe_links.h"
 #include "zero/engine.h"
 #include "partition/partition.h"
+#include "telemetry/step_timer.h"
 #include "zero/mesh.h"
 #include "zero/pipeline.h"
 
@@ -44,7 +44,7 @@ class PipelineDriver {
   // returns the loss every rank agrees on. `loss_scale`: fp16's.
   struct Batch {
     double loss = 0;
-    PipelineTimes times;
+    telemetry::PipelineTimes times;
   };
   Batch run(const std::function<Engine::Batch()>& next_batch, bool train, int64_t gas, double loss_scale,
             partition::ShardedParams& params, const Mesh& mesh, comm::ProcessGroup& world, at::Device device);

@@ -7,9 +7,9 @@
 #include <set>
 #include <string>
 
-#include "engine/loss_scaler.h"
-#include "engine/lr_schedule.h"
-#include "engine/optimizer.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizer.h"
 #include "zero/comm.h"
 #include "zero/config.h"
 #include "zero/engine.h"
@@ -40,7 +40,7 @@ struct TrainingState {
   // shapes and write their slices in full coordinates.
   const std::map<std::string, tp::Split>& splits;
   partition::ShardedParams& params;
-  MasterOptimizer& optimizer;  // with offload_optimizer "nvme", params.masters().nvme_store() holds its states too
+  optim::MasterOptimizer& optimizer;  // with offload_optimizer "nvme", params.masters().nvme_store() holds its states too
   const LrSchedule& schedule;
   LossScaler* scaler;  // fp16 only
   StepCounters& counters;

@@ -1,5 +1,7 @@
 // A DeepSpeed checkpoint folder read as data. See Note [DeepSpeed layout]
 // in deepspeed_checkpoint.h.
+// One concept over 400 lines: one DeepSpeed folder read, whose files must
+// agree with each other and with Note [DeepSpeed layout].
 #include "interop/deepspeed_checkpoint.h"
 
 #include <algorithm>

@@ -8,6 +8,8 @@
 // the model states give "module" (strictly: every parameter and buffer;
 // stage 3's partitioned parameters as empty tensors), the counters and the
 // scheduler's "last_batch_iteration".
+// One concept over 400 lines: one DeepSpeed folder written, whose files
+// must agree on one layout.
 #include "interop/export_deepspeed.h"
 
 #include <algorithm>

@@ -14,8 +14,6 @@ void require(bool ok, const std::string& message) {
   if (!ok) throw PartitionError("memory estimate: " + message);
 }
 
-bool known_device(const std::string& d) { return d == "none" || d == "cpu" || d == "nvme"; }
-
 }  // namespace
 
 MemoryBytes MemoryEstimate::all() const {
@@ -29,17 +27,40 @@ MemoryBytes MemoryEstimate::all() const {
   return a;
 }
 
-bool offload_optimizer_allowed(const std::string& device, int stage) {
-  return device == "none" || (device == "cpu" && stage >= 1) || (device == "nvme" && stage == 3);
+bool offload_optimizer_allowed(OffloadDevice device, int stage) {
+  switch (device) {
+  case OffloadDevice::none: return true;
+  case OffloadDevice::cpu: return stage >= 1;
+  case OffloadDevice::nvme: return stage == 3;
+  }
+  return false;
 }
 
-bool offload_param_allowed(const std::string& device, int stage) { return device == "none" || stage == 3; }
+bool offload_param_allowed(OffloadDevice device, int stage) { return device == OffloadDevice::none || stage == 3; }
+
+bool offload_optimizer_allowed(const std::string& device, int stage) {
+  const auto d = offload_device_named(device);
+  return d && offload_optimizer_allowed(*d, stage);
+}
+
+bool offload_param_allowed(const std::string& device, int stage) {
+  const auto d = offload_device_named(device);
+  return d && offload_param_allowed(*d, stage);
+}
+
+int optimizer_state_bytes(OptimizerKind kind, bool amsgrad, double momentum) {
+  switch (kind) {
+  case OptimizerKind::adam:
+  case OptimizerKind::adamw: return amsgrad ? 12 : 8;   // exp_avg, exp_avg_sq (+ max_exp_avg_sq)
+  case OptimizerKind::sgd: return momentum > 0.0 ? 4 : 0;  // momentum_buffer
+  case OptimizerKind::adagrad: return 4;                   // sum
+  case OptimizerKind::lamb: return 8;                      // exp_avg, exp_avg_sq
+  }
+  return 0;
+}
 
 int optimizer_state_bytes(const std::string& type, bool amsgrad, double momentum) {
-  if (type == "Adam" || type == "AdamW") return amsgrad ? 12 : 8;   // exp_avg, exp_avg_sq (+ max_exp_avg_sq)
-  if (type == "SGD") return momentum > 0.0 ? 4 : 0;                   // momentum_buffer
-  if (type == "Adagrad") return 4;                                    // sum
-  if (type == "Lamb") return 8;                                       // exp_avg, exp_avg_sq
+  if (const auto kind = optimizer_kind_named(type)) return optimizer_state_bytes(*kind, amsgrad, momentum);
   throw PartitionError("memory estimate: unknown optimizer type \"" + type +
                        "\"; known: Adam, AdamW, SGD, Adagrad, Lamb");
 }
@@ -73,13 +94,11 @@ void validate(const EstimateInput& in) {
           "offload_param_buffer_size must be in [0, 1e12]");
   require(in.offload_optimizer_ratio >= 0 && in.offload_optimizer_ratio <= 1,
           "offload_optimizer_ratio must be in [0, 1]");
-  require(known_device(in.offload_optimizer), "offload_optimizer must be none, cpu or nvme; got \"" + in.offload_optimizer + "\"");
-  require(known_device(in.offload_param), "offload_param must be none, cpu or nvme; got \"" + in.offload_param + "\"");
   require(offload_optimizer_allowed(in.offload_optimizer, in.stage),
-          "offload_optimizer \"" + in.offload_optimizer + "\" is not available at stage " + std::to_string(in.stage) +
+          std::string("offload_optimizer \"") + name(in.offload_optimizer) + "\" is not available at stage " + std::to_string(in.stage) +
               " (cpu needs stage 1-3, nvme stage 3)");
   require(offload_param_allowed(in.offload_param, in.stage),
-          "offload_param \"" + in.offload_param + "\" needs stage 3; got stage " + std::to_string(in.stage));
+          std::string("offload_param \"") + name(in.offload_param) + "\" needs stage 3; got stage " + std::to_string(in.stage));
 }
 
 // Stage 3: the elements of units gathered at once (partition/units.cpp):
@@ -130,7 +149,7 @@ void optimizer_offloaded(const EstimateInput& in, MemoryEstimate& m) {
   const int64_t owners = in.stage == 0 ? 1 : in.world_size;
   const int64_t p = m.padded_params, s = m.shard_params;
   MemoryBytes& d = m.device;
-  const bool nvme = in.offload_optimizer == "nvme";
+  const bool nvme = in.offload_optimizer == OffloadDevice::nvme;
   MemoryBytes& to = nvme ? m.nvme : m.host;
   // Partial offload: the host share of the shard (the engine splits at bucket boundaries).
   const int64_t off = std::llround(in.offload_optimizer_ratio * static_cast<double>(s));
@@ -161,7 +180,7 @@ void optimizer_offloaded(const EstimateInput& in, MemoryEstimate& m) {
 void params_offloaded(const EstimateInput& in, MemoryEstimate& m) {
   const int64_t b = in.dtype_bytes, s = m.shard_params;
   MemoryBytes& d = m.device;
-  MemoryBytes& to = in.offload_param == "cpu" ? m.host : m.nvme;
+  MemoryBytes& to = in.offload_param == OffloadDevice::cpu ? m.host : m.nvme;
   to.params += s * b;
   d.params = 0;
 }
@@ -174,8 +193,8 @@ MemoryEstimate estimate_memory(const EstimateInput& in) {
   validate(in);
   MemoryEstimate m;
   on_device(in, m);
-  if (in.offload_optimizer != "none") optimizer_offloaded(in, m);
-  if (in.offload_param != "none") params_offloaded(in, m);
+  if (in.offload_optimizer != OffloadDevice::none) optimizer_offloaded(in, m);
+  if (in.offload_param != OffloadDevice::none) params_offloaded(in, m);
   return m;
 }
 

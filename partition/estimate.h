@@ -79,6 +79,8 @@
 #include <cstdint>
 #include <string>
 
+#include "zero/choices.h"
+
 namespace zero {
 
 struct EstimateInput {
@@ -98,9 +100,9 @@ struct EstimateInput {
   int64_t stage3_prefetch_bucket_size = 50000000;   // elements
   int64_t unit_params = 0;  // stage 3: the largest unit's parameters, when known (0: unknown)
   int64_t hpz_partition_size = 1;  // stage 3: zero_hpz_partition_size, the ranks of a node (1: no hpZ)
-  std::string offload_optimizer = "none";  // "none" | "cpu" | "nvme"
+  OffloadDevice offload_optimizer = OffloadDevice::none;
   double offload_optimizer_ratio = 1.0;    // partial offload ("cpu"): the share on the host
-  std::string offload_param = "none";      // "none" | "cpu" | "nvme"
+  OffloadDevice offload_param = OffloadDevice::none;
   // The parameters live on an accelerator (the usual case). With CPU ranks
   // the offload optimizer reads the gradient shard where it was reduced, so
   // the host holds no second copy of it.
@@ -153,10 +155,15 @@ MemoryEstimate device_as_host(MemoryEstimate m);
 // K for an optimizer type as the config spells it ("Adam", "AdamW", "SGD",
 // "Adagrad", "Lamb"): Adam/AdamW 8 (12 with amsgrad), SGD 4 with momentum
 // else 0, Adagrad 4, Lamb 8. Throws zero::PartitionError for another type.
+int optimizer_state_bytes(OptimizerKind kind, bool amsgrad, double momentum);
+// The same for the type as a config spells it; an unknown one is a PartitionError.
 int optimizer_state_bytes(const std::string& type, bool amsgrad, double momentum);
 
 // Whether `device` ("none", "cpu", "nvme") may be used for the optimizer or
 // the parameters at `stage`, as the config checks allow ("none" always).
+bool offload_optimizer_allowed(OffloadDevice device, int stage);
+bool offload_param_allowed(OffloadDevice device, int stage);
+// The same for a device as a config spells it (false for a name outside the set).
 bool offload_optimizer_allowed(const std::string& device, int stage);
 bool offload_param_allowed(const std::string& device, int stage);
 

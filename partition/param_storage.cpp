@@ -97,11 +97,11 @@ void ParamStorage::add(const at::Tensor& full, int64_t shard_start, int64_t shar
   }
   const at::Tensor mine = full.slice(0, shard_start, shard_start + shard_numel);
   b.shard = persistent ? mine : mine.clone();
-  if (!persistent && options_.offload_param != "none") {
+  if (!persistent && options_.offload_param != OffloadDevice::none) {
     // Host tensors copied to the accelerator for every gather are
     // page-locked when the config asks (pin_memory).
     b.shard = offload::host_copy(b.shard, b.shard.scalar_type(), options_.pin_memory && !full.is_cpu());
-    if (options_.offload_param == "nvme") {
+    if (options_.offload_param == OffloadDevice::nvme) {
       if (!store_) store_ = std::make_unique<offload::SwappedTensors>(options_.swap);
       b.swap_id = store_->add(b.shard, "params" + std::to_string(buckets_.size()));
       // To its file now: a few shards are in memory while the model is laid
@@ -278,7 +278,7 @@ int64_t ParamStorage::bytes() const {
 int64_t ParamStorage::offloaded_bytes(bool nvme) const {
   int64_t bytes = 0;
   for (const auto& b : buckets_) {
-    if (b.persistent || options_.offload_param == "none") continue;
+    if (b.persistent || options_.offload_param == OffloadDevice::none) continue;
     if ((b.swap_id >= 0) == nvme) bytes += b.shard.nbytes();
   }
   return bytes;

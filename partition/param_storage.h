@@ -27,12 +27,13 @@
 #include <vector>
 
 #include "offload/swapped_tensors.h"
+#include "zero/choices.h"
 #include "zero/comm.h"
 
 namespace zero::partition {
 
 struct StorageOptions {
-  std::string offload_param = "none";  // where released shards live: "none" (with the parameters), "cpu", "nvme"
+  OffloadDevice offload_param = OffloadDevice::none;  // where released shards live: "none" (with the parameters), "cpu", "nvme"
   offload::SwapOptions swap;           // with "nvme"
   bool pin_memory = false;             // host shards page-locked when the parameters are on an accelerator
   // ZeRO++'s qwZ (zero_quantized_weights): a unit's gather carries int8

@@ -23,6 +23,7 @@
 
 #include "core/torch_compat.h"
 #include "offload/swapped_tensors.h"
+#include "zero/choices.h"
 #include "zero/comm.h"
 #include "partition/flat_layout.h"
 #include "partition/grad_norm.h"
@@ -71,7 +72,7 @@ struct Options {
   bool host_grad_copies = false;
   // offload_param (stage 3): "none", "cpu" (the shards of released buckets
   // live in host memory) or "nvme" (in files, read back for each gather).
-  std::string offload_param = "none";
+  OffloadDevice offload_param = OffloadDevice::none;
   offload::SwapOptions param_swap;         // with "nvme"
   // Parameters partitioned as they were built (zero::Init, Note
   // [Partitioned construction]): each is gathered from its parts when its

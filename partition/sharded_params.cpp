@@ -143,7 +143,7 @@ void ShardedParams::build_buckets(const std::vector<at::Tensor>& tensors) {
     storage_.add(full, start, span.shard_numel, persistent, std::move(views));
     // Mixed-precision master weights, and those of a shard that leaves for
     // the host or disk, are apart from the parameters.
-    const bool shard_offloaded = !persistent && options_.offload_param != "none";
+    const bool shard_offloaded = !persistent && options_.offload_param != OffloadDevice::none;
     masters_.add(values.slice(0, start, start + span.shard_numel), mixed || shard_offloaded);
     storage_.release(k);  // stage 3: until its unit runs (a no-op for buckets that stay gathered)
   }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The two rules about layers that ARCHITECTURE.md states, checked on the code.
+# The rules about layers that ARCHITECTURE.md states, checked on the code.
 #
 #  1. Public headers. include/zero/ holds three kinds: the foundation every
 #     layer may use, the public types a layer below the engine implements,
@@ -16,9 +16,19 @@
 #     own headers, is a LibTorch header (torch/, ATen/, c10/). Debian's
 #     LibTorch sits in /usr/include, where a slip compiles anyway; the GPU
 #     machine's does not.
+#  4. engine/ is the top of the library: no other library folder includes a
+#     header of engine/ (what the engine and a lower folder share lives in
+#     the lower one). The library folders are every top-level folder but
+#     those in not_library below and build folders, so a new folder is
+#     under the rule from its first file.
+#  5. Size. A library source over 400 lines says at its top, in a comment
+#     line starting "One concept over 400 lines:", why it is one concept
+#     rather than two files.
 #
-#   bash tools/layer_rules.sh           checks all three; exit 1 naming each line at fault
+#   bash tools/layer_rules.sh           checks all five; exit 1 naming each line at fault
 #   bash tools/layer_rules.sh --tables  prints the tables of rules 1 and 2 as ARCHITECTURE.md shows them
+#   bash tools/layer_rules.sh --folders prints the library folders, one a line
+#                                       (tools/architecture.sh reads them)
 #
 # ctest's docs.layer_rules runs the check. The tables below are the rules;
 # change them here, then run tools/architecture.sh, which copies them into
@@ -39,6 +49,7 @@ tensor_parallel.h type parallel
 pipeline.h type parallel
 activation_checkpointing.h type activations
 unit.h type partition
+choices.h type config
 data.h type data
 config.h facade config
 launch_config.h facade accelerate
@@ -48,6 +59,20 @@ accelerate.h facade accelerate
 zero.h facade -'
 # The library's folders below the engine (engine/ and accelerate/ are above).
 below_engine='core comm offload partition activations parallel ckpt torchsave interop monitor profile data config'
+
+# ---- rule 4: the library folders -------------------------------------------------
+# Top-level folders that are not the library: programs, tests, benchmarks,
+# build support, ready configs, and the public headers (rule 1's).
+not_library='bench cmake configs examples include tests tools'
+library_folders() {
+  local d
+  for d in */; do  # sorted: LC_ALL=C
+    d=${d%/}
+    case " $not_library " in *" $d "*) continue ;; esac
+    case "$d" in build* | install* | runs) continue ;; esac  # .gitignore's build folders
+    [ -f "$d/CMakeCache.txt" ] || echo "$d"
+  done
+}
 
 # ---- rule 2: which errors each library folder throws --------------------------
 # Each class names what is at fault, whichever file notices it:
@@ -71,9 +96,15 @@ monitor EngineError
 profile none
 data EngineError
 config ConfigError
+optim ConfigError OffloadError EngineError
+telemetry none
 engine ConfigError OffloadError CheckpointError EngineError
 accelerate ConfigError CheckpointError EngineError'
 
+if [ "${1:-}" = --folders ]; then
+  library_folders
+  exit 0
+fi
 if [ "${1:-}" = --tables ]; then
   echo "| public header | kind | implemented in |"
   echo "|---|---|---|"
@@ -99,7 +130,7 @@ if [ "${1:-}" = --tables ]; then
   done <<< "$errors_allowed"
   exit 0
 fi
-[ $# -eq 0 ] || { echo "usage: bash tools/layer_rules.sh [--tables]" >&2; exit 2; }
+[ $# -eq 0 ] || { echo "usage: bash tools/layer_rules.sh [--tables | --folders]" >&2; exit 2; }
 
 faults=0
 fault() { echo "$*" >&2; faults=$((faults + 1)); }
@@ -209,6 +240,30 @@ for src in $(torch_free_sources); do
     fault "$chain: $src builds without LibTorch (rule 3) but reaches a LibTorch header;" \
       "move what it needs into a torch-free header (as zero/mesh_shape.h holds Mesh's sizes)"
   fi
+done
+
+# ---- check rule 4 ----------------------------------------------------------------
+# engine/'s headers are spelled "engine/x.h" from every folder (the root is
+# on the include path), so one grep per folder finds them.
+for folder in $(library_folders); do
+  [ "$folder" = engine ] && continue
+  while IFS= read -r hit; do
+    [ -n "$hit" ] || continue
+    fault "${hit%%:[[:space:]#]*}: $folder/ includes a header of engine/, the top of the library (rule 4);" \
+      "move what both need into $folder/ or a folder below it, or pass it in from the engine"
+  done <<< "$(grep -rnHE --include='*.h' --include='*.hpp' --include='*.cpp' --include='*.cc' --include='*.cu' \
+                '^[[:space:]]*#[[:space:]]*include[[:space:]]*["<]engine/' "$folder" | sort || true)"
+done
+
+# ---- check rule 5 ----------------------------------------------------------------
+for folder in $(library_folders); do
+  while IFS= read -r file; do
+    [ -n "$file" ] || continue
+    [ "$(wc -l < "$file")" -gt 400 ] || continue
+    head -n 30 "$file" | grep -q '^// One concept over 400 lines:' ||
+      fault "$file: $(wc -l < "$file") lines, and no '// One concept over 400 lines: <why>' near its top (rule 5);" \
+        "split it by concept, or say why it is one"
+  done <<< "$(grep -rlE --include='*.h' --include='*.hpp' --include='*.cpp' --include='*.cc' --include='*.cu' '' "$folder" | sort || true)"
 done
 
 if [ "$faults" -gt 0 ]; then

@@ -1,6 +1,8 @@
 // The restricted pickle machine (Note [Restricted pickle] in pickle.h).
 // Opcodes follow CPython's Lib/pickletools.py; the globals' meanings follow
 // torch/_utils.py (tensor rebuilds) and torch/serialization.py (storages).
+// One concept over 400 lines: one opcode machine, an opcode's case beside
+// the next, over one stack and memo.
 #include "torchsave/pickle.h"
 
 #include "torchsave/allowed_globals.h"

@@ -42,6 +42,8 @@
 #include <string>
 #include <vector>
 
+#include "zero/choices.h"
+
 namespace zero {
 
 // train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps
@@ -65,6 +67,9 @@ struct OffloadOptimizerConfig {
   bool pipeline_write = false;
   bool fast_init = false;
   double ratio = 1.0;            // share of the partition offloaded (partial offload), whole buckets
+  // `device` as zero/choices.h's enum; a spelling outside the set (set in
+  // code, never checked) is a ConfigError naming this key.
+  OffloadDevice where() const;
 };
 
 // "zero_optimization.offload_param" (stage 3 only). device: "none" | "cpu" | "nvme".
@@ -77,6 +82,7 @@ struct OffloadParamConfig {
   // DeepSpeed's elements kept in CPU memory with NVMe (1e9). Not implemented:
   // accepted, warned about when set to anything but this default.
   int64_t max_in_cpu = 1000000000;
+  OffloadDevice where() const;   // as OffloadOptimizerConfig::where
 };
 
 // "zero_optimization". Sizes count elements, not bytes.
@@ -170,9 +176,13 @@ struct OptimizerParams {
 struct OptimizerConfig {
   std::string type;
   OptimizerParams params;
+  // `type` as zero/choices.h's enum: nothing when none is given; a ConfigError
+  // naming optimizer.type for a spelling outside the set.
+  std::optional<OptimizerKind> kind() const;
   // True when weight decay is decoupled from the gradient (AdamW).
   bool decoupled_weight_decay() const {
-    return type == "AdamW" || (type == "Adam" && params.adam_w_mode);
+    const auto k = optimizer_kind_named(type);
+    return k == OptimizerKind::adamw || (k == OptimizerKind::adam && params.adam_w_mode);
   }
 };
 

@@ -153,7 +153,7 @@ TEST(ConfigEstimate, CpuOptimizerOffloadMovesMasterStatesAndGradientShard) {
   for (int stage = 1; stage <= 3; ++stage) {
     EstimateInput in = mixed_adam(psi, n, stage);
     MemoryEstimate on_device = zero::estimate_memory(in);
-    in.offload_optimizer = "cpu";
+    in.offload_optimizer = zero::OffloadDevice::cpu;
     MemoryEstimate m = zero::estimate_memory(in);
     EXPECT_EQ(m.host.fp32_master, s * 4) << stage;
     EXPECT_EQ(m.host.optimizer_states, s * k) << stage;
@@ -174,7 +174,7 @@ TEST(ConfigEstimate, CpuOptimizerOffloadMovesMasterStatesAndGradientShard) {
   EstimateInput in = mixed_adam(psi, n, 2);
   in.dtype_bytes = 4;
   in.mixed_precision = false;
-  in.offload_optimizer = "cpu";
+  in.offload_optimizer = zero::OffloadDevice::cpu;
   MemoryEstimate m = zero::estimate_memory(in);
   EXPECT_EQ(m.host.fp32_master, s * 4);
   EXPECT_EQ(m.host.params, 2 * (in.reduce_bucket_size / n) * 4);  // fp32 staging buffers
@@ -195,7 +195,7 @@ TEST(ConfigEstimate, PartialOffloadSplitsMasterAndStates) {
   const int64_t psi = 1600000000, n = 8, s = psi / n, k = 8, b = 2;
   for (int stage = 1; stage <= 3; ++stage) {
     EstimateInput in = mixed_adam(psi, n, stage);
-    in.offload_optimizer = "cpu";
+    in.offload_optimizer = zero::OffloadDevice::cpu;
     const MemoryEstimate all = zero::estimate_memory(in);
     in.offload_optimizer_ratio = 0.25;
     const MemoryEstimate m = zero::estimate_memory(in);
@@ -212,13 +212,13 @@ TEST(ConfigEstimate, PartialOffloadSplitsMasterAndStates) {
     in.offload_optimizer_ratio = 0.0;
     const MemoryEstimate none = zero::estimate_memory(in);
     EXPECT_EQ(none.host.total(), 0) << stage;
-    in.offload_optimizer = "none";
+    in.offload_optimizer = zero::OffloadDevice::none;
     in.offload_optimizer_ratio = 1.0;
     EXPECT_EQ(none.device.total(), zero::estimate_memory(in).device.total()) << stage;
   }
   // NVMe: the share on disk, sub-groups of it in flight on the host, the rest on the device.
   EstimateInput in = mixed_adam(psi, n, 3);
-  in.offload_optimizer = "nvme";
+  in.offload_optimizer = zero::OffloadDevice::nvme;
   in.offload_optimizer_ratio = 0.5;
   in.sub_group_size = 40000000;   // 2.5 sub-groups of the 1e8-element share
   const MemoryEstimate nvme = zero::estimate_memory(in);
@@ -226,7 +226,7 @@ TEST(ConfigEstimate, PartialOffloadSplitsMasterAndStates) {
   EXPECT_EQ(nvme.nvme.optimizer_states, s / 2 * k);
   EXPECT_EQ(nvme.host.fp32_master, s / 2 * 4);  // three sub-groups in flight: the whole share (the third holds 2e7)
   EXPECT_EQ(nvme.device.optimizer_states, s / 2 * k);
-  in.offload_optimizer = "cpu";
+  in.offload_optimizer = zero::OffloadDevice::cpu;
   in.offload_optimizer_ratio = 1.5;
   EXPECT_THROW(zero::estimate_memory(in), zero::PartitionError);
 }
@@ -236,15 +236,15 @@ TEST(ConfigEstimate, NvmeAndParamOffloadAtStage3) {
   EstimateInput in = mixed_adam(psi, n, 3);
   const MemoryEstimate on_device = zero::estimate_memory(in);
 
-  in.offload_param = "cpu";
+  in.offload_param = zero::OffloadDevice::cpu;
   MemoryEstimate m = zero::estimate_memory(in);
   EXPECT_EQ(m.device.params, 0);
   EXPECT_EQ(m.host.params, s * b);
   EXPECT_EQ(m.device.total(), on_device.device.total() - s * b);
   EXPECT_EQ(m.gathered_params_max, on_device.gathered_params_max);   // units are still gathered on the device
 
-  in.offload_param = "nvme";
-  in.offload_optimizer = "nvme";
+  in.offload_param = zero::OffloadDevice::nvme;
+  in.offload_optimizer = zero::OffloadDevice::nvme;
   in.sub_group_size = 50000000;  // 4 sub-groups of the 2e8-element shard
   m = zero::estimate_memory(in);
   EXPECT_EQ(m.device.total(), m.reduce_buffers);   // only the reduce buffer stays
@@ -285,8 +285,8 @@ TEST(ConfigEstimate, CpuRanksHoldTheDevicesBytesInHostMemory) {
   in.state_bytes_per_element = 8;
   in.reduce_bucket_size = 50000000;
   in.sub_group_size = 50000000;
-  in.offload_optimizer = "nvme";
-  in.offload_param = "nvme";
+  in.offload_optimizer = zero::OffloadDevice::nvme;
+  in.offload_param = zero::OffloadDevice::nvme;
   in.accelerator = false;
   const MemoryEstimate split = zero::estimate_memory(in);
   const MemoryEstimate m = zero::device_as_host(split);
@@ -377,13 +377,13 @@ TEST(ConfigEstimate, RejectsOffloadItsStageDoesNotAllow) {
     return "";
   };
   EstimateInput in = mixed_adam(1000, 2, 2);
-  in.offload_param = "cpu";
+  in.offload_param = zero::OffloadDevice::cpu;
   EXPECT_NE(message(in).find("offload_param"), std::string::npos);
   in = mixed_adam(1000, 2, 2);
-  in.offload_optimizer = "nvme";
+  in.offload_optimizer = zero::OffloadDevice::nvme;
   EXPECT_NE(message(in).find("offload_optimizer"), std::string::npos);
   in = mixed_adam(1000, 2, 0);
-  in.offload_optimizer = "cpu";
+  in.offload_optimizer = zero::OffloadDevice::cpu;
   EXPECT_NE(message(in).find("stage 0"), std::string::npos);
   in = mixed_adam(1000, 0, 1);
   EXPECT_NE(message(in).find("world_size"), std::string::npos);
@@ -482,7 +482,7 @@ TEST(ConfigEstimateTool, JsonMatchesTheLibrary) {
     in.stage = stage;
     in.dtype_bytes = 4;
     in.state_bytes_per_element = 8;
-    in.offload_optimizer = row["offload_optimizer"];
+    in.offload_optimizer = *zero::offload_device_named(row["offload_optimizer"].get<std::string>());
     in.overlap_comm = true;   // as the config says
     MemoryEstimate m = zero::estimate_memory(in);
     EXPECT_EQ(row["device"]["total"], m.device.total()) << stage;

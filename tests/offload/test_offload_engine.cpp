@@ -181,7 +181,7 @@ void expect_estimate_matches(const Case& c, const std::string& offload, double r
   in.mixed_precision = c.dtype == "bf16";
   in.state_bytes_per_element = 8;
   in.reduce_bucket_size = 300;
-  in.offload_optimizer = offload;
+  in.offload_optimizer = *zero::offload_device_named(offload);
   in.offload_optimizer_ratio = ratio;
   in.sub_group_size = 500;
   in.accelerator = grad_copies();  // CPU ranks make the gradient copies only when asked; never staging buffers

@@ -50,7 +50,7 @@ struct Parts {
   }
   static StorageOptions storage_options(const std::string& offload_param) {
     StorageOptions o;
-    o.offload_param = offload_param;
+    o.offload_param = *zero::offload_device_named(offload_param);
     return o;
   }
   // Every rank writes value(k, i, rank) into its master shard.

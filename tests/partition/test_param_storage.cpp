@@ -41,8 +41,8 @@ class EachPlace : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     StorageOptions options;
-    options.offload_param = GetParam();
-    if (options.offload_param == "nvme") {
+    options.offload_param = *zero::offload_device_named(GetParam());
+    if (options.offload_param == zero::OffloadDevice::nvme) {
       dir_ = std::filesystem::temp_directory_path() /
              ("zero_param_storage_" + std::to_string(::getpid()));
       std::filesystem::create_directories(dir_);

@@ -73,9 +73,10 @@ zero::EstimateInput stage_input(const zero::Config& c, zero::EstimateInput in, i
   const auto& z = c.zero_optimization;
   in.stage = stage;
   if (stage != 3) in.hpz_partition_size = 1;  // hpZ is stage 3's
-  in.offload_optimizer = zero::offload_optimizer_allowed(z.offload_optimizer.device, stage) ? z.offload_optimizer.device : "none";
-  in.offload_optimizer_ratio = in.offload_optimizer != "none" ? z.offload_optimizer.ratio : 1.0;
-  in.offload_param = zero::offload_param_allowed(z.offload_param.device, stage) ? z.offload_param.device : "none";
+  const zero::OffloadDevice optimizer = z.offload_optimizer.where(), param = z.offload_param.where();
+  in.offload_optimizer = zero::offload_optimizer_allowed(optimizer, stage) ? optimizer : zero::OffloadDevice::none;
+  in.offload_optimizer_ratio = in.offload_optimizer != zero::OffloadDevice::none ? z.offload_optimizer.ratio : 1.0;
+  in.offload_param = zero::offload_param_allowed(param, stage) ? param : zero::OffloadDevice::none;
   return in;
 }
 
@@ -226,8 +227,8 @@ int run_estimate(const Options& o) {
       nlohmann::ordered_json r;
       r["stage"] = stage;
       r["selected"] = stage == z.stage;
-      r["offload_optimizer"] = inputs[stage].offload_optimizer;
-      r["offload_param"] = inputs[stage].offload_param;
+      r["offload_optimizer"] = zero::name(inputs[stage].offload_optimizer);
+      r["offload_param"] = zero::name(inputs[stage].offload_param);
       r["padded_params"] = m.padded_params;
       r["shard_params"] = m.shard_params;
       r["device"] = bytes_json(m.device);
@@ -315,23 +316,24 @@ int run_estimate(const Options& o) {
   out << "- Padding: stages 1-3 pad to " << with_commas(rows[1].padded_params) << " parameters, "
       << with_commas(rows[1].shard_params) << " per rank: a lower bound,\n"
          "  as the engine pads every bucket to a multiple of the world size.\n";
-  const std::string& opt = z.offload_optimizer.device;
-  if (opt == "cpu")
+  using zero::OffloadDevice;
+  const OffloadDevice opt = z.offload_optimizer.where();
+  if (opt == OffloadDevice::cpu)
     out << "- offload_optimizer cpu (stages 1-3): fp32 master, optimizer states, a copy of the gradient shard\n"
            "  in the training dtype and two staging buffers of a bucket's shard (the updated parameters on their\n"
            "  way to the device), in host memory. At stages 2-3 the device keeps no gradients of the offloaded\n"
            "  share (with gradient accumulation they add up on the host, through the device).\n";
-  if (opt != "none" && z.offload_optimizer.ratio < 1.0)
+  if (opt != OffloadDevice::none && z.offload_optimizer.ratio < 1.0)
     out << "- partial offload (ratio " << z.offload_optimizer.ratio << "): that share of the shard on the "
-        << (opt == "cpu" ? "host" : "NVMe") << ", the rest of the master\n"
+        << (opt == OffloadDevice::cpu ? "host" : "NVMe") << ", the rest of the master\n"
            "  weights and states on the device (the engine splits at bucket boundaries).\n";
-  if (opt == "nvme")
+  if (opt == OffloadDevice::nvme)
     out << "- offload_optimizer nvme (stage 3 only): fp32 master and optimizer states on NVMe; the host keeps\n"
            "  the gradient shard, two staging buffers, and up to 3 sub-groups of min(sub_group_size "
         << count(z.sub_group_size) << ", shard)\n  elements of master weights and states in flight.\n";
-  const std::string& par = z.offload_param.device;
-  if (par == "cpu") out << "- offload_param cpu (stage 3 only): the parameter shard in host memory.\n";
-  if (par == "nvme")
+  const OffloadDevice par = z.offload_param.where();
+  if (par == OffloadDevice::cpu) out << "- offload_param cpu (stage 3 only): the parameter shard in host memory.\n";
+  if (par == OffloadDevice::nvme)
     out << "- offload_param nvme (stage 3 only): the parameter shard on NVMe, each bucket's read just before its\n"
            "  unit is gathered (its memory is part of the gathered units; buffer_count and buffer_size are not used).\n";
   out << "Not counted" << (o.shape ? "" : ": activations") << (o.shape ? ": " : ", ")

@@ -1,6 +1,6 @@
 // The fp16 loss scale: DeepSpeed's DynamicLossScaler.update_scale and static
-// LossScaler, step for step. See engine/loss_scaler.h for the rules.
-#include "engine/loss_scaler.h"
+// LossScaler, step for step. See optim/loss_scaler.h for the rules.
+#include "optim/loss_scaler.h"
 
 #include <algorithm>
 #include <cmath>

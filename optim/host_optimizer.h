@@ -15,9 +15,9 @@
 #include <unordered_set>
 #include <vector>
 
-#include "engine/optimizer.h"
+#include "optim/optimizer.h"
 
-namespace zero::engine {
+namespace zero::optim {
 
 // What CpuAdam and CpuAdagrad share: the targets, the walk over the tensors
 // and, with NVMe offload, the pipeline over sub-groups.
@@ -90,4 +90,4 @@ class CpuAdagrad : public HostOptimizer {
   std::unique_ptr<torch::optim::Optimizer> optimizer_for(const at::Tensor& p) const override;
 };
 
-}  // namespace zero::engine
+}  // namespace zero::optim

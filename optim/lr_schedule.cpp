@@ -3,7 +3,7 @@
 // operation (same derived constants, same order), so values agree with
 // DeepSpeed's to the last bit where the C library's log/cos agree with
 // Python's math module. See Note [Which lr the k-th optimizer step uses].
-#include "engine/lr_schedule.h"
+#include "optim/lr_schedule.h"
 
 #include <algorithm>
 #include <cmath>
@@ -81,7 +81,8 @@ LrSchedule::LrSchedule(const SchedulerConfig& config, double base_lr, bool optim
 }
 
 LrSchedule LrSchedule::from_config(const SchedulerConfig& scheduler, const OptimizerConfig& optimizer) {
-  const bool betas = optimizer.type == "Adam" || optimizer.type == "AdamW" || optimizer.type == "Lamb";
+  const auto kind = optimizer_kind_named(optimizer.type);  // none given: the lr alone
+  const bool betas = kind && (is_adam(*kind) || *kind == OptimizerKind::lamb);
   return LrSchedule(scheduler, optimizer.params.lr, betas);
 }
 

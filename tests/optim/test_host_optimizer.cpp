@@ -1,4 +1,4 @@
-// The host optimizers (engine/host_optimizer.h) as the partition's step
+// The host optimizers (optim/host_optimizer.h) as the partition's step
 // drives them: one tensor at a time through update_tensor(i, target),
 // against torch::optim's own optimizer of the same kind stepped on copies
 // with the same gradients times the same factor. The target gets the new
@@ -9,13 +9,13 @@
 
 #include <vector>
 
-#include "engine/host_optimizer.h"
+#include "optim/host_optimizer.h"
 #include "zero/error.h"
 
 namespace {
 
-using zero::engine::CpuAdagrad;
-using zero::engine::CpuAdam;
+using zero::optim::CpuAdagrad;
+using zero::optim::CpuAdam;
 
 std::vector<at::Tensor> make_tensors() {
   torch::manual_seed(3);

@@ -2,8 +2,8 @@
 // The optimizer of a rank's fp32 master partition, behind one interface
 // whichever runs it (Note [One optimizer interface]):
 // - torch::optim's Adam, AdamW, SGD and Adagrad, where the parameters are;
-// - Lamb (engine/lamb.h), whose trust ratios need norms across the ranks;
-// - with offload_optimizer, the host optimizers (engine/host_optimizer.h)
+// - Lamb (optim/lamb.h), whose trust ratios need norms across the ranks;
+// - with offload_optimizer, the host optimizers (optim/host_optimizer.h)
 //   over offload/'s fused kernels.
 // Configured from ds_config's "optimizer" with DeepSpeed's semantics (its
 // "Adam" is AdamW unless adam_w_mode is false); make_optimizer is the one
@@ -25,7 +25,7 @@ namespace zero::partition {
 class MasterStore;
 }
 
-namespace zero::engine {
+namespace zero::optim {
 
 // Note [One optimizer interface]: the engine schedules, checkpoints and
 // measures its optimizer through MasterOptimizer alone, and the partition
@@ -85,7 +85,7 @@ struct ShardLayout {
 };
 
 // The optimizer runs on the host's fused kernels: with offload_optimizer,
-// or on CPU ranks (Note [Fused step on CPU ranks] in engine/engine_setup.h).
+// or on CPU ranks (Note [Fused step on CPU ranks] in engine/master_optimizer.h).
 struct HostStep {
   bool enabled = false;
   // Partial offload: the tensors updated where they live, not by the host kernels.
@@ -99,4 +99,4 @@ struct HostStep {
 std::unique_ptr<MasterOptimizer> make_optimizer(const OptimizerConfig& config, const std::vector<OptimizerGroup>& groups,
                                                 const ShardLayout& layout, const HostStep& host = {});
 
-}  // namespace zero::engine
+}  // namespace zero::optim

@@ -22,7 +22,7 @@
 #include <memory>
 #include <vector>
 
-namespace zero::engine {
+namespace zero::optim {
 
 // A piece of parameter `param` at [start, start + length) of a shard tensor.
 struct LambSegment {
@@ -114,4 +114,4 @@ class Lamb : public torch::optim::Optimizer {
   std::vector<double> coeffs_;
 };
 
-}  // namespace zero::engine
+}  // namespace zero::optim

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/lr_schedule.h"
+#include "optim/lr_schedule.h"
 #include "zero/config.h"
 
 namespace {

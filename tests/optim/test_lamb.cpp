@@ -1,4 +1,4 @@
-// Lamb (engine/lamb.h) on ZeRO shards against a whole-parameter reference
+// Lamb (optim/lamb.h) on ZeRO shards against a whole-parameter reference
 // written here, on one and several simulated ranks.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -9,15 +9,15 @@
 #include <sstream>
 #include <vector>
 
-#include "engine/lamb.h"
+#include "optim/lamb.h"
 #include "zero/error.h"
 
 namespace {
 
-using zero::engine::Lamb;
-using zero::engine::LambOptions;
-using zero::engine::LambParamOptions;
-using zero::engine::LambSegment;
+using zero::optim::Lamb;
+using zero::optim::LambOptions;
+using zero::optim::LambParamOptions;
+using zero::optim::LambSegment;
 
 constexpr float kPadValue = 7.0F;  // padding sentinel: must never change
 

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <string>
 
-#include "engine/lr_schedule.h"
+#include "optim/lr_schedule.h"
 #include "zero/config.h"
 #include "zero/error.h"
 

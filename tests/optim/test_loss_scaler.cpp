@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/loss_scaler.h"
+#include "optim/loss_scaler.h"
 #include "zero/config.h"
 #include "zero/error.h"
 

@@ -1,14 +1,14 @@
-#include "engine/host_optimizer.h"
+#include "optim/host_optimizer.h"
 
 #include <cmath>
 #include <string>
 
-#include "engine/optimizer.h"
+#include "optim/optimizer.h"
 #include "offload/cpu_optimizer.h"
 #include "offload/host_tensors.h"
 #include "zero/error.h"
 
-namespace zero::engine {
+namespace zero::optim {
 namespace {
 
 void check_host_fp32(const at::Tensor& t, const char* what) {
@@ -89,7 +89,7 @@ void HostOptimizer::update_tensor(size_t i, const at::Tensor& target) {
 
 // Partial offload: torch::optim's step over `p` alone, with the group's
 // current options and p's state lent to it for the step (Note [One
-// optimizer interface] in engine/optimizer.h). One bucket's gradient is
+// optimizer interface] in optim/optimizer.h). One bucket's gradient is
 // widened at a time and scaled as the kernels scale theirs (in place when
 // widening made a copy; the gradient itself is left alone).
 void HostOptimizer::update_elsewhere(torch::optim::OptimizerParamGroup& group, at::Tensor& p) {
@@ -219,4 +219,4 @@ void CpuAdagrad::update(torch::optim::OptimizerParamGroup& group, at::Tensor& p,
   finish_fp32_copy(p, target);
 }
 
-}  // namespace zero::engine
+}  // namespace zero::optim

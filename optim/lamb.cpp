@@ -1,4 +1,4 @@
-#include "engine/lamb.h"
+#include "optim/lamb.h"
 
 #include "core/torch_compat.h"
 
@@ -8,7 +8,7 @@
 
 #include "zero/error.h"
 
-namespace zero::engine {
+namespace zero::optim {
 namespace {
 // Lamb's checks raise zero::EngineError, as every error zero raises derives
 // from zero::Error; the message is put together as TORCH_CHECK would.
@@ -208,4 +208,4 @@ int64_t Lamb::state_bytes() const {
   return bytes;
 }
 
-}  // namespace zero::engine
+}  // namespace zero::optim

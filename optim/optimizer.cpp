@@ -1,15 +1,15 @@
 // The optimizers behind MasterOptimizer (Note [One optimizer interface]).
-#include "engine/optimizer.h"
+#include "optim/optimizer.h"
 
 #include <algorithm>
 
-#include "engine/host_optimizer.h"
-#include "engine/lamb.h"
-#include "engine/lr_schedule.h"
+#include "optim/host_optimizer.h"
+#include "optim/lamb.h"
+#include "optim/lr_schedule.h"
 #include "partition/master_store.h"
 #include "zero/error.h"
 
-namespace zero::engine {
+namespace zero::optim {
 
 int64_t MasterOptimizer::state_bytes() {
   int64_t bytes = 0;
@@ -245,7 +245,8 @@ std::unique_ptr<MasterOptimizer> make_host_optimizer(const OptimizerConfig& conf
                                                      const HostStep& step) {
   using namespace torch::optim;
   const auto& p = config.params;
-  if (config.type == "Adam" || config.type == "AdamW") {
+  const OptimizerKind kind = *config.kind();
+  if (is_adam(kind)) {
     if (p.amsgrad) throw ConfigError("offload_optimizer does not support amsgrad; set optimizer.params.amsgrad to false");
     if (config.decoupled_weight_decay()) {
       AdamWOptions o(p.lr);
@@ -256,7 +257,7 @@ std::unique_ptr<MasterOptimizer> make_host_optimizer(const OptimizerConfig& conf
     o.betas({p.betas[0], p.betas[1]}).eps(p.eps);
     return host_optimizer<AdamOptions, AdamParamState, CpuAdam>(step, {"exp_avg", "exp_avg_sq"}, param_groups(groups, o), false);
   }
-  if (config.type == "Adagrad") {
+  if (kind == OptimizerKind::adagrad) {
     AdagradOptions o(p.lr);
     o.lr_decay(p.lr_decay).eps(p.eps).initial_accumulator_value(p.initial_accumulator_value);
     return host_optimizer<AdagradOptions, AdagradParamState, CpuAdagrad>(step, {"sum"}, param_groups(groups, o));
@@ -297,12 +298,15 @@ std::unique_ptr<MasterOptimizer> make_lamb(const OptimizerConfig& config, const 
 std::unique_ptr<MasterOptimizer> make_optimizer(const OptimizerConfig& config, const std::vector<OptimizerGroup>& groups,
                                                 const ShardLayout& layout, const HostStep& host) {
   using namespace torch::optim;
-  if (config.type.empty()) {
+  const std::optional<OptimizerKind> kind = config.kind();
+  if (!kind) {
     throw ConfigError("the config has no \"optimizer\" section; add e.g. {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}");
   }
   if (host.enabled) return make_host_optimizer(config, groups, host);
   const auto& p = config.params;
-  if (config.type == "Adam" || config.type == "AdamW") {
+  switch (*kind) {
+  case OptimizerKind::adam:
+  case OptimizerKind::adamw: {
     std::vector<std::string> names = {"exp_avg", "exp_avg_sq"};
     if (p.amsgrad) names.push_back("max_exp_avg_sq");
     if (config.decoupled_weight_decay()) {
@@ -314,20 +318,22 @@ std::unique_ptr<MasterOptimizer> make_optimizer(const OptimizerConfig& config, c
     o.betas({p.betas[0], p.betas[1]}).eps(p.eps).amsgrad(p.amsgrad);
     return torch_optimizer<Adam, AdamOptions, AdamParamState>(groups, o, names);
   }
-  if (config.type == "SGD") {
+  case OptimizerKind::sgd: {
     SGDOptions o(p.lr);
     o.momentum(p.momentum).dampening(p.dampening).nesterov(p.nesterov);
     std::vector<std::string> names;
     if (p.momentum != 0) names.push_back("momentum_buffer");
     return torch_optimizer<SGD, SGDOptions, SGDParamState>(groups, o, names);
   }
-  if (config.type == "Adagrad") {
+  case OptimizerKind::adagrad: {
     AdagradOptions o(p.lr);
     o.lr_decay(p.lr_decay).eps(p.eps).initial_accumulator_value(p.initial_accumulator_value);
     return torch_optimizer<Adagrad, AdagradOptions, AdagradParamState>(groups, o, {"sum"});
   }
-  if (config.type == "Lamb") return make_lamb(config, groups, layout);
-  throw ConfigError("optimizer.type \"" + config.type + "\" is not supported by the engine yet; use Adam, AdamW, SGD, Adagrad or Lamb");
+  case OptimizerKind::lamb:
+    return make_lamb(config, groups, layout);
+  }
+  throw EngineError(std::string("make_optimizer: optimizer kind ") + name(*kind) + " has no case");  // every kind has one above
 }
 
-}  // namespace zero::engine
+}  // namespace zero::optim
