@@ -3,24 +3,19 @@
 // gradient accumulation, the fp16 loss scale and clipping; the step itself
 // is the partition's (Note [The step] in partition/step.cpp). Construction is in
 // engine_build.cpp, what is measured in telemetry/ (what the ranks agree on
-// for it in step_boundary.cpp).
-// One concept over 400 lines: the Engine's public calls, each short, that
-// share Engine::Impl's state and its call-order checks.
+// for it in step_boundary.cpp), its checkpoint calls in engine_checkpoints.cpp.
 #include "zero/engine.h"
 
 #include <torch/torch.h>
 
 #include <chrono>
-#include <filesystem>
 
 #include <tbb/task_arena.h>
 #include <xxhash.h>
 
-#include "ckpt/checkpoint.h"
 #include "core/blas_kernels.h"
 #include "core/heap.h"
 #include "engine/engine_impl.h"
-#include "engine/checkpoint_io.h"
 #include "engine/model_params.h"
 #include "engine/rank_agreement.h"
 #include "zero/error.h"
@@ -341,92 +336,6 @@ const Mesh& Engine::mesh() const { return *impl_->mesh; }
 const Config& Engine::config() const { return impl_->config; }
 MemoryReport Engine::memory_report() const { return impl_->memory(); }
 StepTimes Engine::take_step_times() { return impl_->telemetry->take_step_times(impl_->sharded->gather_wait_seconds()); }
-
-void Engine::save_checkpoint(const std::string& dir, const std::string& tag, const std::string& client_state,
-                             const SaveOptions& options) {
-  impl_->check_thread("engine.save_checkpoint", /*binds=*/false);
-  impl_->check_loaded("engine.save_checkpoint");
-  impl_->boundary->flush();  // the curves reach at least the checkpoint
-  engine::TrainingState state = impl_->training_state();
-  engine::save_checkpoint(state, dir, tag, client_state, options);
-}
-
-std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag, const LoadOptions& options) {
-  impl_->check_thread("engine.load_checkpoint", /*binds=*/false);
-  engine::TrainingState state = impl_->training_state();
-  std::string client_state = engine::load_checkpoint(state, dir, tag, options);
-  impl_->backward_pending = false;  // the micro-step restarts from the checkpoint's
-  return client_state;
-}
-
-std::optional<std::string> Engine::load_checkpoint_if_present(const std::string& dir, const std::string& tag,
-                                                               const LoadOptions& options) {
-  // DeepSpeed's load_checkpoint returns (None, None) when there is no `latest`.
-  const bool present = tag.empty() ? std::filesystem::exists(std::filesystem::path(dir) / "latest")
-                                   : std::filesystem::exists(std::filesystem::path(dir) / tag);
-  at::Tensor seen = torch::tensor({present ? 1 : 0}, torch::kInt);
-  impl_->pg->all_reduce(seen, comm::ReduceOp::Sum);
-  const int ranks = seen.item<int>();
-  if (ranks == 0) return std::nullopt;
-  if (ranks != impl_->pg->size()) {
-    throw CheckpointError("load_checkpoint_if_present: " + std::to_string(ranks) + " of " +
-                          std::to_string(impl_->pg->size()) + " ranks see a checkpoint at " + dir +
-                          (tag.empty() ? "/latest" : "/" + tag) + " (this rank " + (present ? "does" : "does not") +
-                          "); every rank must see the same folder (a shared filesystem)");
-  }
-  return load_checkpoint(dir, tag, options);
-}
-
-std::vector<std::pair<std::string, at::Tensor>> Engine::gathered_state_dict() {
-  auto scope = gather_parameters(*impl_->module);
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& p : impl_->module->named_parameters()) out.emplace_back(p.key(), p.value().detach().clone());
-  for (const auto& b : impl_->module->named_buffers()) out.emplace_back(b.key(), b.value().detach().clone());
-  return out;
-}
-
-bool Engine::save_16bit_model(const std::string& dir, const std::string& filename) {
-  const auto shape = impl_->mesh->shape();
-  if (shape.tp > 1 || shape.pp > 1) {
-    throw EngineError("save_16bit_model: with tp " + std::to_string(shape.tp) + " x pp " + std::to_string(shape.pp) +
-                      " no rank holds the whole model; save_checkpoint, then write one file with zero-ckpt export --to hf");
-  }
-  const auto& z = impl_->config.zero_optimization;
-  if (z.stage == 3 && !z.stage3_gather_16bit_weights_on_model_save) {
-    // DeepSpeed's rule: at stage 3 the whole model is gathered onto rank 0
-    // for this only when the config allows it; otherwise nothing is saved.
-    log::warn_once("save_16bit_model stage 3", "engine",
-                   "save_16bit_model did not save " + dir + ": at stage 3 it gathers the whole model only when "
-                   "zero_optimization.stage3_gather_16bit_weights_on_model_save is true (DeepSpeed's rule); set it, or "
-                   "save_checkpoint and write the weights with zero-ckpt export --to hf");
-    return false;
-  }
-  const auto state = gathered_state_dict();  // a collective
-  std::string error;
-  if (impl_->pg->rank() == 0) {
-    try {
-      std::filesystem::create_directories(dir);
-      std::vector<ckpt::TensorData> tensors;
-      std::vector<at::Tensor> kept;
-      for (const auto& [name, t] : state) {
-        kept.push_back(t.contiguous().cpu());
-        ckpt::TensorData d;
-        d.name = name;
-        d.dtype = engine::to_ckpt(kept.back().scalar_type());
-        d.shape = kept.back().sizes().vec();
-        d.data = kept.back().data_ptr();
-        d.bytes = kept.back().nbytes();
-        tensors.push_back(d);
-      }
-      ckpt::write_safetensors((std::filesystem::path(dir) / filename).string(), tensors, {{"format", "pt"}});
-    } catch (const std::exception& e) {
-      error = std::string("save_16bit_model: ") + e.what();
-    }
-  }
-  error = comm::agreed_error(*impl_->pg, error, "save_16bit_model");
-  if (!error.empty()) throw CheckpointError(error);
-  return true;
-}
 
 Engine initialize(const Config& config, std::shared_ptr<torch::nn::Module> model, InitOptions options) {
   return Engine(config, std::move(model), std::move(options));
