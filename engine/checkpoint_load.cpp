@@ -14,7 +14,7 @@
 #include "core/fault.h"
 #include "core/progress.h"
 #include "engine/checkpoint_io.h"
-#include "engine/training_state.h"
+#include "engine/training_parts.h"
 #include "zero/error.h"
 #include "zero/log.h"
 
@@ -63,14 +63,14 @@ struct Plan {
   bool mid_accumulation = false;  // the checkpoint holds partial gradients to resume
 };
 
-Plan plan_for(TrainingState& s, const ckpt::Manifest& m, const EngineRecord& e, const LoadOptions& options,
+Plan plan_for(TrainingParts& s, const ckpt::Manifest& m, const EngineRecord& e, const LoadOptions& options,
               const std::string& where) {
   Plan plan;
   plan.training = !options.load_module_only;
   plan.states = plan.training && options.load_optimizer_states;
   plan.mid_accumulation = plan.training && e.mid_accumulation;
   if (plan.states && !m.states.empty()) {
-    for (const auto& kind : s.optimizer.state_names()) {
+    for (const auto& kind : s.optimizer->state_names()) {
       if (std::find(m.states.begin(), m.states.end(), kind) == m.states.end()) {
         throw CheckpointError("load_checkpoint: " + where + " holds the state of optimizer " + m.optimizer +
                               " without \"" + kind + "\", which " + s.config.optimizer.type +
@@ -78,9 +78,9 @@ Plan plan_for(TrainingState& s, const ckpt::Manifest& m, const EngineRecord& e, 
       }
     }
   }
-  if (plan.mid_accumulation && (m.world_size != s.pg.size() || m.stage != s.config.zero_optimization.stage ||
-                                e.gradient_accumulation_steps != s.gas || m.tensor_parallel != s.mesh.shape().tp ||
-                                m.pipeline_parallel != s.mesh.shape().pp)) {
+  if (plan.mid_accumulation && (m.world_size != s.pg->size() || m.stage != s.config.zero_optimization.stage ||
+                                e.gradient_accumulation_steps != s.gas || m.tensor_parallel != s.mesh->shape().tp ||
+                                m.pipeline_parallel != s.mesh->shape().pp)) {
     throw CheckpointError("load_checkpoint: " + where + " was saved in the middle of a gradient accumulation (micro step " +
                           std::to_string(e.micro_steps) + "), whose partial gradients resume only at "
                           "world size " + std::to_string(m.world_size) + " (tp " + std::to_string(m.tensor_parallel) +
@@ -160,18 +160,18 @@ class Source {
 // Bucket k's master weights and the states `kinds` from their fragments.
 // Host tensors are read into directly; others through a host copy (which
 // keeps the padding as it is), returned in `staged` while it is hashed.
-void read_bucket(TrainingState& s, Source& source, size_t k, const std::vector<std::string>& kinds,
+void read_bucket(TrainingParts& s, Source& source, size_t k, const std::vector<std::string>& kinds,
                  const std::vector<partition::FlatLayout::Fragment>& fragments, std::vector<at::Tensor>& staged) {
-  const at::Tensor& master = s.params.masters().tensors()[k];
+  const at::Tensor& master = s.sharded->masters().tensors()[k];
   for (const auto& kind : kinds) {
-    at::Tensor target = kind == "fp32" ? master : s.optimizer.state(master, kind, true);
+    at::Tensor target = kind == "fp32" ? master : s.optimizer->state(master, kind, true);
     if (!target.defined()) continue;
     const bool direct = target.is_cpu() && target.is_contiguous();
     at::Tensor cpu = direct ? target : target.to(at::kCPU).contiguous();
     if (!direct) staged.push_back(cpu);
     for (const auto& f : fragments) {
       if (f.bucket != static_cast<int64_t>(k)) continue;
-      const std::string& name = s.params.param_name(f.param);
+      const std::string& name = s.sharded->param_name(f.param);
       for (const auto& piece : full_pieces(s.splits, name, f.param_offset, f.length)) {
         float* dst = cpu.data_ptr<float>() + f.start + (piece.offset - f.param_offset);
         if (kind == "fp32") {
@@ -197,11 +197,11 @@ void read_bucket(TrainingState& s, Source& source, size_t k, const std::vector<s
 // to NaN losses without a word: a checkpoint holding them is damaged (or
 // saved after training diverged, with SaveOptions::allow_non_finite), and
 // is refused naming the tensor unless LoadOptions::allow_non_finite.
-void check_finite(TrainingState& s, size_t k, const std::vector<std::string>& kinds,
+void check_finite(TrainingParts& s, size_t k, const std::vector<std::string>& kinds,
                   const std::vector<partition::FlatLayout::Fragment>& fragments) {
-  const at::Tensor& master = s.params.masters().tensors()[k];
+  const at::Tensor& master = s.sharded->masters().tensors()[k];
   for (const auto& kind : kinds) {
-    const at::Tensor t = kind == "fp32" ? master : s.optimizer.state(master, kind, false);
+    const at::Tensor t = kind == "fp32" ? master : s.optimizer->state(master, kind, false);
     if (!t.defined()) continue;
     const at::Tensor finite = torch::isfinite(t);
     if (finite.all().item<bool>()) continue;
@@ -210,7 +210,7 @@ void check_finite(TrainingState& s, size_t k, const std::vector<std::string>& ki
     int64_t offset = 0;
     for (const auto& f : fragments) {
       if (f.bucket == static_cast<int64_t>(k) && first >= f.start && first < f.start + f.length) {
-        name = s.params.param_name(f.param);
+        name = s.sharded->param_name(f.param);
         offset = f.param_offset + (first - f.start);
       }
     }
@@ -223,14 +223,14 @@ void check_finite(TrainingState& s, size_t k, const std::vector<std::string>& ki
   }
 }
 
-void read_partition(TrainingState& s, Source* source, const std::vector<std::string>& kinds, NvmeWindow& window,
+void read_partition(TrainingParts& s, Source* source, const std::vector<std::string>& kinds, NvmeWindow& window,
                     Attempts& attempts, bool allow_non_finite) {
-  const auto fragments = s.params.fragments();  // computed once: a walk over the whole layout
+  const auto fragments = s.sharded->fragments();  // computed once: a walk over the whole layout
   int64_t total = 0;
-  for (const at::Tensor& m : s.params.masters().tensors()) total += static_cast<int64_t>(m.nbytes() * kinds.size());
-  Progress progress("loading the checkpoint's weights and optimizer states", total, s.pg.rank() == 0);
-  for (size_t k = 0; k < s.params.masters().tensors().size(); ++k) {
-    progress.advance(static_cast<int64_t>(s.params.masters().tensors()[k].nbytes() * kinds.size()));
+  for (const at::Tensor& m : s.sharded->masters().tensors()) total += static_cast<int64_t>(m.nbytes() * kinds.size());
+  Progress progress("loading the checkpoint's weights and optimizer states", total, s.pg->rank() == 0);
+  for (size_t k = 0; k < s.sharded->masters().tensors().size(); ++k) {
+    progress.advance(static_cast<int64_t>(s.sharded->masters().tensors()[k].nbytes() * kinds.size()));
     std::vector<at::Tensor> staged;  // host copies being hashed (see verify_only)
     try {
       window.enter(k);  // NVMe offload: the bucket comes back (and goes back to disk after)
@@ -239,13 +239,13 @@ void read_partition(TrainingState& s, Source* source, const std::vector<std::str
     }
     attempts.run([&] { read_bucket(s, *source, k, kinds, fragments, staged); });
     if (!allow_non_finite) attempts.run([&] { check_finite(s, k, kinds, fragments); });
-    s.params.masters().publish_bucket(k);  // the loaded master weights become the parameters
-    if (source && (!staged.empty() || s.params.masters().nvme_store())) source->reader->wait_for_hashes();  // they read the memory about to go
+    s.sharded->masters().publish_bucket(k);  // the loaded master weights become the parameters
+    if (source && (!staged.empty() || s.sharded->masters().nvme_store())) source->reader->wait_for_hashes();  // they read the memory about to go
   }
   // Checked while the last buckets are gathered, before anything else is
   // taken from the files.
   attempts.run([&] { source->reader->finish_verification(); });
-  s.params.masters().publish();  // waits for the buckets published above
+  s.sharded->masters().publish();  // waits for the buckets published above
 }
 
 // Frozen parameters and buffers, in the dtype the model holds them.
@@ -265,14 +265,14 @@ void read_module(Source& source, const ModelTensors& model) {
 
 // The accumulated gradients and each generator this rank saved (a
 // checkpoint from CPU ranks leaves a GPU's as it is).
-void read_rank_state(TrainingState& s, Source& source, const ckpt::Manifest& m, bool mid_accumulation) {
-  const int rank = s.pg.rank();
+void read_rank_state(TrainingParts& s, Source& source, const ckpt::Manifest& m, bool mid_accumulation) {
+  const int rank = s.pg->rank();
   if (mid_accumulation) {
-    s.params.restore_accumulated_grads(source.read_whole(rank, "accum/grads"));
+    s.sharded->restore_accumulated_grads(source.read_whole(rank, "accum/grads"));
   } else {
-    s.params.zero_grads();
+    s.sharded->zero_grads();
   }
-  for (auto& [name, gen] : generators(s.module)) {
+  for (auto& [name, gen] : generators(*s.module)) {
     if (rank >= m.world_size || !source.reader->has(rank, name)) continue;
     at::Tensor state = source.read_whole(rank, name).to(at::kByte).clone();
     std::lock_guard<std::mutex> lock(gen.mutex());
@@ -280,26 +280,26 @@ void read_rank_state(TrainingState& s, Source& source, const ckpt::Manifest& m, 
   }
 }
 
-void restore_counters(TrainingState& s, const EngineRecord& e, const LoadOptions& options, bool mid_accumulation) {
-  StepCounters& c = s.counters;
+void restore_counters(TrainingParts& s, const EngineRecord& e, const LoadOptions& options, bool mid_accumulation) {
+  StepCounters& c = s.steps;
   c.global_steps = e.global_steps;
   c.skipped_steps = e.skipped_steps;
   c.micro_steps = e.micro_steps;
   if (!mid_accumulation) c.micro_steps -= c.micro_steps % s.gas;
   const int64_t taken = c.global_steps - c.skipped_steps;
   c.schedule_start = options.load_lr_scheduler_states ? taken - e.scheduler_steps.value_or(taken) : taken;
-  c.lr = options.load_lr_scheduler_states ? e.lr.value_or(c.lr) : s.schedule.lr_at(0);
+  c.lr = options.load_lr_scheduler_states ? e.lr.value_or(c.lr) : s.schedule->lr_at(0);
   if (s.scaler && e.loss_scaler) s.scaler->set_state(*e.loss_scaler);
 }
 
 }  // namespace
 
-std::string load_checkpoint(TrainingState& s, const std::string& dir, const std::string& tag_in, const LoadOptions& options) {
+std::string load_checkpoint(TrainingParts& s, const std::string& dir, const std::string& tag_in, const LoadOptions& options) {
   const std::string tag = tag_in.empty() ? ckpt::read_latest(dir) : tag_in;
   if (tag_in.empty()) {
     // Each rank read `latest` itself: another job saving into the folder
     // meanwhile could give them different steps.
-    const std::string differs = comm::disagreement(s.pg, {{"the tag " + dir + "/latest names", tag}});
+    const std::string differs = comm::disagreement(*s.pg, {{"the tag " + dir + "/latest names", tag}});
     if (!differs.empty()) {
       throw CheckpointError("load_checkpoint: " + differs +
                             "; is another job saving into the same folder? Load with an explicit tag");
@@ -312,36 +312,36 @@ std::string load_checkpoint(TrainingState& s, const std::string& dir, const std:
                           "\"; the folder it is in is the checkpoint, so its files are read from " + where);
   }
   const EngineRecord record = EngineRecord::from_json(m.engine, where + "/manifest.json");
-  const ModelTensors model = describe(s.module, s.splits);
+  const ModelTensors model = describe(*s.module, s.splits);
   {
     // Pipeline stages check different layers: they agree before any collective.
     std::string mismatch;
     try {
-      check_matches_model(m, model, where, /*whole=*/s.mesh.shape().pp == 1);
+      check_matches_model(m, model, where, /*whole=*/s.mesh->shape().pp == 1);
     } catch (const CheckpointError& e) {
       mismatch = e.what();
     }
-    if (s.mesh.shape().pp > 1) mismatch = comm::agreed_error(s.pg, mismatch, "load_checkpoint: " + where);
+    if (s.mesh->shape().pp > 1) mismatch = comm::agreed_error(*s.pg, mismatch, "load_checkpoint: " + where);
     if (!mismatch.empty()) throw CheckpointError(mismatch);
   }
   const Plan plan = plan_for(s, m, record, options, where);
 
   Attempts attempts;
   std::unique_ptr<Source> source;
-  attempts.run([&] { source = std::make_unique<Source>(dir, m, s.pg); });
+  attempts.run([&] { source = std::make_unique<Source>(dir, m, *s.pg); });
   std::vector<std::string> kinds{"fp32"};
   if (plan.states) kinds.insert(kinds.end(), m.states.begin(), m.states.end());
-  NvmeWindow window(s.params.masters(), /*write_back=*/true);
+  NvmeWindow window(s.sharded->masters(), /*write_back=*/true);
   read_partition(s, source.get(), kinds, window, attempts, options.allow_non_finite);
   attempts.run([&] {
-    if (plan.states && !m.states.empty()) s.optimizer.set_step_count(record.optimizer_steps);
+    if (plan.states && !m.states.empty()) s.optimizer->set_step_count(record.optimizer_steps);
     read_module(*source, model);
     if (plan.training) read_rank_state(s, *source, m, plan.mid_accumulation);
   });
   if (source) source->reader->wait_for_hashes();  // they read the targets
   attempts.run([&] { window.finish(); });
-  fault::reached("load.read", s.pg.rank());
-  const std::string error = comm::agreed_error(s.pg, attempts.error, "load_checkpoint: " + where);
+  fault::reached("load.read", s.pg->rank());
+  const std::string error = comm::agreed_error(*s.pg, attempts.error, "load_checkpoint: " + where);
   if (!error.empty()) {
     s.partly_loaded = "load_checkpoint(" + where + ") failed: " + error;
     throw CheckpointError(error);

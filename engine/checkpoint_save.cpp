@@ -24,7 +24,7 @@
 #include "core/fault.h"
 #include "core/json_depth.h"
 #include "engine/checkpoint_io.h"
-#include "engine/training_state.h"
+#include "engine/training_parts.h"
 #include "zero/error.h"
 #include "zero/log.h"
 
@@ -160,8 +160,8 @@ int64_t first_non_finite(const float* p, int64_t n) {
 // nothing of the new checkpoint replaces the old one.
 class RankFile {
  public:
-  RankFile(TrainingState& s, bool allow_non_finite)
-      : window_(s.params.masters(), /*write_back=*/false),
+  RankFile(TrainingParts& s, bool allow_non_finite)
+      : window_(s.sharded->masters(), /*write_back=*/false),
         allow_non_finite_(allow_non_finite) {}
 
   void add_whole(const std::string& name, const at::Tensor& t) {
@@ -174,18 +174,18 @@ class RankFile {
   // fragments. The order, bucket by bucket and within a bucket kind by kind,
   // is the order a load at the same world size reads in (Note [Hashing
   // while reading] in ckpt/fragments.cpp).
-  void add_fragments(TrainingState& s, const std::vector<std::string>& kinds) {
-    const auto& masters = s.params.masters().tensors();
-    const auto fragments = s.params.fragments();
+  void add_fragments(TrainingParts& s, const std::vector<std::string>& kinds) {
+    const auto& masters = s.sharded->masters().tensors();
+    const auto fragments = s.sharded->fragments();
     std::vector<std::string> all_kinds{"fp32"};
     all_kinds.insert(all_kinds.end(), kinds.begin(), kinds.end());
     for (size_t k = 0; k < masters.size(); ++k) {
       for (const auto& kind : all_kinds) {
-        const at::Tensor source = kind == "fp32" ? masters[k] : s.optimizer.state(masters[k], kind, false);
+        const at::Tensor source = kind == "fp32" ? masters[k] : s.optimizer->state(masters[k], kind, false);
         if (source.scalar_type() != at::kFloat) throw CheckpointError("internal: fp32 master weights and optimizer states expected");
         for (const auto& f : fragments) {
           if (f.bucket != static_cast<int64_t>(k)) continue;
-          const std::string& name = s.params.param_name(f.param);
+          const std::string& name = s.sharded->param_name(f.param);
           if (s.written_elsewhere.count(name)) continue;
           // In the full parameter's coordinates (a tensor-parallel slice
           // may be several pieces of it).
@@ -254,26 +254,26 @@ class RankFile {
 };
 
 // The states saved: those the optimizer has made (none before its first step).
-std::vector<std::string> saved_kinds(TrainingState& s) {
+std::vector<std::string> saved_kinds(TrainingParts& s) {
   std::vector<std::string> kinds;
-  const auto& masters = s.params.masters().tensors();
-  for (const auto& kind : s.optimizer.state_names()) {
-    if (!masters.empty() && s.optimizer.state(masters.front(), kind, false).defined()) kinds.push_back(kind);
+  const auto& masters = s.sharded->masters().tensors();
+  for (const auto& kind : s.optimizer->state_names()) {
+    if (!masters.empty() && s.optimizer->state(masters.front(), kind, false).defined()) kinds.push_back(kind);
   }
   return kinds;
 }
 
 // Writes this rank's file; returns its size and checksum, or the error.
-std::pair<ckpt::FileInfo, std::string> write_rank_file(TrainingState& s, const fs::path& staging,
+std::pair<ckpt::FileInfo, std::string> write_rank_file(TrainingParts& s, const fs::path& staging,
                                                        const std::vector<std::string>& kinds, const ModelTensors& model,
                                                        const std::string& params_record, bool allow_non_finite) {
-  const int rank = s.pg.rank();
+  const int rank = s.pg->rank();
   RankFile file(s, allow_non_finite);
   // At stage 0 every data-parallel rank holds everything: the first writes it.
-  if (s.params.owners() > 1 || s.mesh.coordinates().dp == 0) file.add_fragments(s, kinds);
+  if (s.sharded->owners() > 1 || s.mesh->coordinates().dp == 0) file.add_fragments(s, kinds);
   // Frozen parameters and buffers: the first rank of each pipeline stage
   // writes its stage's (rank 0 alone without a pipeline).
-  if (s.mesh.coordinates().tp == 0 && s.mesh.coordinates().dp == 0) {
+  if (s.mesh->coordinates().tp == 0 && s.mesh->coordinates().dp == 0) {
     for (const auto& [name, t] : model.frozen) {
       if (!s.written_elsewhere.count(name)) file.add_whole("module/" + name, t);
     }
@@ -281,8 +281,8 @@ std::pair<ckpt::FileInfo, std::string> write_rank_file(TrainingState& s, const f
       if (!s.written_elsewhere.count(name)) file.add_whole("module/" + name, t);
     }
   }
-  if (s.counters.micro_steps % s.gas != 0) file.add_whole("accum/grads", s.params.accumulated_grads());
-  for (auto& [name, gen] : generators(s.module)) {
+  if (s.steps.micro_steps % s.gas != 0) file.add_whole("accum/grads", s.sharded->accumulated_grads());
+  for (auto& [name, gen] : generators(*s.module)) {
     std::lock_guard<std::mutex> lock(gen.mutex());
     file.add_whole(name, gen.get_state());
   }
@@ -310,17 +310,17 @@ std::vector<ckpt::FileInfo> share_file_entries(comm::ProcessGroup& pg, const ckp
 }
 
 // The engine's record in the manifest: counters, lr and the loss scaler.
-json engine_record(TrainingState& s) {
-  const StepCounters& c = s.counters;
+json engine_record(TrainingParts& s) {
+  const StepCounters& c = s.steps;
   EngineRecord e;
   e.global_steps = c.global_steps;
   e.skipped_steps = c.skipped_steps;
   e.micro_steps = c.micro_steps;
   e.gradient_accumulation_steps = s.gas;
-  e.optimizer_steps = s.optimizer.step_count();
+  e.optimizer_steps = s.optimizer->step_count();
   e.scheduler_steps = c.scheduler_steps();
   e.lr = c.lr;
-  e.next_lr = s.schedule.lr_at(c.scheduler_steps());
+  e.next_lr = s.schedule->lr_at(c.scheduler_steps());
   e.mid_accumulation = c.micro_steps % s.gas != 0;
   if (s.scaler) e.loss_scaler = s.scaler->state();
   return e.to_json();
@@ -329,26 +329,26 @@ json engine_record(TrainingState& s) {
 // Pipeline stages each hold their own layers: the manifest lists the whole
 // model, the stages' parameters and buffers in stage order (each name once:
 // tensor-parallel ranks list the same full shapes, tied modules recur).
-void list_whole_model(TrainingState& s, std::vector<ckpt::ParamInfo>& params, std::vector<std::string>& buffers) {
-  if (s.mesh.shape().pp == 1) return;
+void list_whole_model(TrainingParts& s, std::vector<ckpt::ParamInfo>& params, std::vector<std::string>& buffers) {
+  if (s.mesh->shape().pp == 1) return;
   json mine = json::object();
   mine["params"] = json::array();
   for (const auto& p : params) mine["params"].push_back({p.name, p.shape, p.trainable});
   mine["buffers"] = buffers;
   const std::string text = mine.dump();
   at::Tensor length = torch::tensor({static_cast<int64_t>(text.size())}, at::kLong);
-  at::Tensor lengths = torch::empty({s.pg.size()}, at::kLong);
-  s.pg.all_gather(lengths, length);
+  at::Tensor lengths = torch::empty({s.pg->size()}, at::kLong);
+  s.pg->all_gather(lengths, length);
   const int64_t longest = lengths.max().item<int64_t>();
   at::Tensor bytes = torch::zeros({longest}, at::kByte);
   std::memcpy(bytes.data_ptr(), text.data(), text.size());
-  at::Tensor all = torch::empty({s.pg.size() * longest}, at::kByte);
-  s.pg.all_gather(all, bytes);
+  at::Tensor all = torch::empty({s.pg->size() * longest}, at::kByte);
+  s.pg->all_gather(all, bytes);
   params.clear();
   buffers.clear();
   std::set<std::string> seen;
-  for (int stage = 0; stage < s.mesh.shape().pp; ++stage) {
-    const int r = s.mesh.rank_at({0, 0, stage});
+  for (int stage = 0; stage < s.mesh->shape().pp; ++stage) {
+    const int r = s.mesh->rank_at({0, 0, stage});
     const char* begin = reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + r * longest;
     const json theirs = json::parse(std::string(begin, lengths[r].item<int64_t>()));
     for (const auto& p : theirs["params"]) {
@@ -367,13 +367,13 @@ struct Listing {
   std::vector<std::string> buffers;
 };
 
-ckpt::Manifest manifest(TrainingState& s, const std::string& tag, const std::vector<std::string>& kinds,
+ckpt::Manifest manifest(TrainingParts& s, const std::string& tag, const std::vector<std::string>& kinds,
                         const Listing& listed, std::vector<ckpt::FileInfo> files, json client) {
   ckpt::Manifest m;
   m.tag = tag;
-  m.world_size = s.pg.size();
-  m.tensor_parallel = s.mesh.shape().tp;
-  m.pipeline_parallel = s.mesh.shape().pp;
+  m.world_size = s.pg->size();
+  m.tensor_parallel = s.mesh->shape().tp;
+  m.pipeline_parallel = s.mesh->shape().pp;
   m.stage = s.config.zero_optimization.stage;
   m.dtype = ckpt::dtype_name(to_ckpt(s.dtype));
   m.optimizer = s.config.optimizer.type;
@@ -402,12 +402,12 @@ json parse_client_state(const std::string& text) {
 // Files are written under <dir>/.saving/<tag>/ and the folder is renamed to
 // <dir>/<tag> once complete: an interrupted save never leaves a
 // half-written tag behind, and `latest` moves only after that.
-void save_checkpoint(TrainingState& s, const std::string& dir, const std::string& tag_in, const std::string& client_state,
+void save_checkpoint(TrainingParts& s, const std::string& dir, const std::string& tag_in, const std::string& client_state,
                      const SaveOptions& options) {
-  const std::string tag = tag_in.empty() ? "global_step" + std::to_string(s.counters.global_steps) : tag_in;
+  const std::string tag = tag_in.empty() ? "global_step" + std::to_string(s.steps.global_steps) : tag_in;
   ckpt::check_tag(tag, "save_checkpoint(" + dir + ")");
   json client = parse_client_state(client_state);
-  comm::ProcessGroup& pg = s.pg;
+  comm::ProcessGroup& pg = *s.pg;
   const int rank = pg.rank();
   const auto start = Clock::now();
   const fs::path root(dir), saving_root = root / ".saving";
@@ -435,7 +435,7 @@ void save_checkpoint(TrainingState& s, const std::string& dir, const std::string
   agree(pg, error, "save_checkpoint: preparing " + staging.string());
 
   const std::vector<std::string> kinds = saved_kinds(s);
-  const ModelTensors model = describe(s.module, s.splits);
+  const ModelTensors model = describe(*s.module, s.splits);
   Listing listed{model.params, {}};
   for (const auto& [name, t] : model.buffers) listed.buffers.push_back(name);
   list_whole_model(s, listed.params, listed.buffers);  // a collective with pipeline stages

@@ -77,6 +77,7 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
   }
   s.splits = tp::tensor_parallel_splits(*s.module);
   s.pipeline = engine::PipelineDriver::of(*s.module, *s.mesh);
+  if (s.pipeline) s.written_elsewhere = s.pipeline->written_elsewhere(*s.module);
 
   const auto& z = s.config.zero_optimization;
   s.dtype = training_dtype(s.config);

@@ -193,12 +193,4 @@ MemoryReport Engine::Impl::memory() const {
   return r;
 }
 
-engine::TrainingState Engine::Impl::training_state() {
-  engine::TrainingState state{config,   dtype,      gas,   *module,
-                              *pg,      *mesh,      splits, *sharded,
-                              *optimizer, *schedule, scaler.get(), steps, partly_loaded};
-  if (pipeline) state.written_elsewhere = pipeline->written_elsewhere(*module);
-  return state;
-}
-
 }  // namespace zero

@@ -1,5 +1,5 @@
 // The Engine's checkpoint calls: save_checkpoint and load_checkpoint over
-// engine::TrainingState (checkpoint_save.cpp, checkpoint_load.cpp), and the
+// engine::TrainingParts (checkpoint_save.cpp, checkpoint_load.cpp), and the
 // whole model gathered into one state dict or one 16-bit safetensors file
 // (DeepSpeed's save_16bit_model).
 #include <torch/torch.h>
@@ -20,14 +20,12 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag, con
   impl_->check_thread("engine.save_checkpoint", /*binds=*/false);
   impl_->check_loaded("engine.save_checkpoint");
   impl_->boundary->flush();  // the curves reach at least the checkpoint
-  engine::TrainingState state = impl_->training_state();
-  engine::save_checkpoint(state, dir, tag, client_state, options);
+  engine::save_checkpoint(*impl_, dir, tag, client_state, options);
 }
 
 std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag, const LoadOptions& options) {
   impl_->check_thread("engine.load_checkpoint", /*binds=*/false);
-  engine::TrainingState state = impl_->training_state();
-  std::string client_state = engine::load_checkpoint(state, dir, tag, options);
+  std::string client_state = engine::load_checkpoint(*impl_, dir, tag, options);
   impl_->backward_pending = false;  // the micro-step restarts from the checkpoint's
   return client_state;
 }

@@ -1,9 +1,10 @@
 #pragma once
 // Engine::Impl, the training core: the parts it trains with and the
-// counters of training (engine.cpp, engine_build.cpp). What it measures is
-// the Telemetry's (telemetry/telemetry.h), what the ranks agree on for it
-// the StepBoundary's (step_boundary.h), a pipeline's schedule the
-// PipelineDriver's (pipeline_driver.h).
+// counters of training (engine::TrainingParts, which checkpointing
+// borrows), and its per-step bookkeeping (engine.cpp, engine_build.cpp).
+// What it measures is the Telemetry's (telemetry/telemetry.h), what the
+// ranks agree on for it the StepBoundary's (step_boundary.h), a
+// pipeline's schedule the PipelineDriver's (pipeline_driver.h).
 #include <torch/torch.h>
 
 #include <map>
@@ -18,7 +19,7 @@
 #include "optim/optimizer.h"
 #include "engine/pipeline_driver.h"
 #include "engine/step_boundary.h"
-#include "engine/training_state.h"
+#include "engine/training_parts.h"
 #include "zero/engine.h"
 #include "partition/partition.h"
 #include "telemetry/telemetry.h"
@@ -26,25 +27,12 @@
 
 namespace zero {
 
-struct Engine::Impl {
-  Config config;
-  std::shared_ptr<torch::nn::Module> module;
-  std::shared_ptr<comm::ProcessGroup> pg;  // the world
-  std::shared_ptr<Mesh> mesh;              // its tp x dp x pp layout; ZeRO works over mesh->dp_group()
-  std::map<std::string, tp::Split> splits; // the model's tensor-parallel parameters (after AutoTP)
+struct Engine::Impl : engine::TrainingParts {
   std::unique_ptr<engine::PipelineDriver> pipeline;  // null unless the model is a pipe::PipelineModule
-  at::ScalarType dtype = at::kFloat;
-  int64_t gas = 1;
   at::Device model_device = at::Device(at::kCPU);
-  std::unique_ptr<partition::ShardedParams> sharded;
-  std::unique_ptr<optim::MasterOptimizer> optimizer;
-  std::unique_ptr<LrSchedule> schedule;
-  std::unique_ptr<LossScaler> scaler;  // fp16 only
   int64_t frozen_bytes = 0;
   std::vector<UnitBase*> units;  // stage 3
-  engine::StepCounters steps;
   double last_norm = 0.0;
-  std::string partly_loaded;  // TrainingState::partly_loaded
   std::unique_ptr<telemetry::Telemetry> telemetry;
   std::unique_ptr<engine::StepBoundary> boundary;  // over `telemetry`
   // Note [Call order]: a backward() whose step() has not come yet; the
@@ -59,7 +47,6 @@ struct Engine::Impl {
   void build_params(InitOptions& options, const std::shared_ptr<partition::ConstructionParts>& parts);
   void setup_activation_checkpointing();
   MemoryReport memory() const;
-  engine::TrainingState training_state();
   // The optimizer step and its bookkeeping, shared by step() and
   // train_batch(): `agreed_loss` is a pipeline's loss.
   void optimizer_step(std::optional<double> agreed_loss);

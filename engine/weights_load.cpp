@@ -11,7 +11,7 @@
 #include "core/progress.h"
 #include "engine/checkpoint_io.h"
 #include "engine/engine_impl.h"
-#include "engine/training_state.h"
+#include "engine/training_parts.h"
 #include "zero/error.h"
 #include "zero/log.h"
 
@@ -58,18 +58,18 @@ void check_matches(const ckpt::WeightFiles& files, const ModelTensors& model,
 
 // Bucket k's master weights from the files (a host copy for a master
 // elsewhere: one bucket at a time).
-void read_bucket(TrainingState& s, const ckpt::WeightFiles& files, size_t k,
+void read_bucket(TrainingParts& s, const ckpt::WeightFiles& files, size_t k,
                  const std::vector<partition::FlatLayout::Fragment>& fragments_of_k,
                  const std::function<std::string(const std::string&)>& in_files) {
   // A read failing half-way through the model (ZERO_FAULT, core/fault.h).
-  if (fault::fires("weights.read", s.pg.rank())) {
+  if (fault::fires("weights.read", s.pg->rank())) {
     throw CheckpointError("load_weights: reading bucket " + std::to_string(k) + " failed (injected by ZERO_FAULT)");
   }
-  const at::Tensor& master = s.params.masters().tensors()[k];
+  const at::Tensor& master = s.sharded->masters().tensors()[k];
   const bool direct = master.is_cpu() && master.is_contiguous();
   at::Tensor cpu = direct ? master : master.to(at::kCPU).contiguous();
   for (const auto& f : fragments_of_k) {
-    const std::string& name = s.params.param_name(f.param);
+    const std::string& name = s.sharded->param_name(f.param);
     for (const auto& piece : full_pieces(s.splits, name, f.param_offset, f.length)) {
       float* dst = cpu.data_ptr<float>() + f.start + (piece.offset - f.param_offset);
       files.read_f32(in_files(name), piece.full_offset, piece.length, dst);
@@ -107,13 +107,13 @@ void read_module(const ckpt::WeightFiles& files, const ModelTensors& model,
 
 }  // namespace
 
-void load_weights(TrainingState& s, const std::string& path, const WeightsLoadOptions& options) {
+void load_weights(TrainingParts& s, const std::string& path, const WeightsLoadOptions& options) {
   const auto in_files = options.name_in_files ? options.name_in_files
                                               : std::function<std::string(const std::string&)>(
                                                     [](const std::string& name) { return name; });
   const ckpt::WeightFiles files(path);  // headers only; every rank reads the same ones
-  const ModelTensors model = describe(s.module, s.splits);
-  check_matches(files, model, in_files, /*whole=*/s.mesh.shape().pp == 1);
+  const ModelTensors model = describe(*s.module, s.splits);
+  check_matches(files, model, in_files, /*whole=*/s.mesh->shape().pp == 1);
 
   // From here every rank runs the same collectives (each bucket's publish)
   // whatever fails on it; the first failure is kept and the ranks agree.
@@ -126,23 +126,23 @@ void load_weights(TrainingState& s, const std::string& path, const WeightsLoadOp
       error = e.what();
     }
   };
-  const auto& masters = s.params.masters().tensors();
+  const auto& masters = s.sharded->masters().tensors();
   std::vector<std::vector<partition::FlatLayout::Fragment>> by_bucket(masters.size());
-  for (const auto& f : s.params.fragments()) by_bucket[f.bucket].push_back(f);
+  for (const auto& f : s.sharded->fragments()) by_bucket[f.bucket].push_back(f);
   int64_t total = 0;
   for (const at::Tensor& m : masters) total += static_cast<int64_t>(m.nbytes());
-  Progress progress("loading weights from " + path, total, s.pg.rank() == 0);
-  NvmeWindow window(s.params.masters(), /*write_back=*/true);
+  Progress progress("loading weights from " + path, total, s.pg->rank() == 0);
+  NvmeWindow window(s.sharded->masters(), /*write_back=*/true);
   for (size_t k = 0; k < masters.size(); ++k) {
     progress.advance(static_cast<int64_t>(masters[k].nbytes()));
     attempt([&] { window.enter(k); });  // NVMe offload: the bucket comes back, and goes back after
     attempt([&] { read_bucket(s, files, k, by_bucket[k], in_files); });
-    s.params.masters().publish_bucket(k);  // the master weights become the parameters
+    s.sharded->masters().publish_bucket(k);  // the master weights become the parameters
   }
-  s.params.masters().publish();
+  s.sharded->masters().publish();
   attempt([&] { read_module(files, model, in_files); });
   attempt([&] { window.finish(); });
-  error = comm::agreed_error(s.pg, error, "load_weights: " + path);
+  error = comm::agreed_error(*s.pg, error, "load_weights: " + path);
   if (!error.empty()) {
     s.partly_loaded = "load_weights(" + path + ") failed: " + error;
     throw CheckpointError(error + "; the weights are partly loaded: load them again (or a checkpoint) before training");
@@ -154,8 +154,7 @@ void load_weights(TrainingState& s, const std::string& path, const WeightsLoadOp
 }  // namespace engine
 
 void Engine::load_weights(const std::string& path, const WeightsLoadOptions& options) {
-  engine::TrainingState state = impl_->training_state();
-  engine::load_weights(state, path, options);
+  engine::load_weights(*impl_, path, options);
 }
 
 }  // namespace zero

@@ -1,0 +1,69 @@
+#pragma once
+// What a run trains with, which checkpointing saves and restores.
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizer.h"
+#include "zero/comm.h"
+#include "zero/config.h"
+#include "zero/engine.h"
+#include "partition/partition.h"
+#include "zero/mesh.h"
+#include "zero/tensor_parallel.h"
+
+namespace zero::engine {
+
+// The engine's counters, by DeepSpeed's names.
+struct StepCounters {
+  int64_t micro_steps = 0, global_steps = 0, skipped_steps = 0;
+  // The scheduler's step is global_steps - skipped_steps - schedule_start
+  // (a checkpoint loaded without its scheduler state restarts the schedule).
+  int64_t schedule_start = 0;
+  double lr = 0.0;
+  int64_t scheduler_steps() const { return global_steps - skipped_steps - schedule_start; }
+};
+
+// The parts a run trains with and the counters it keeps: Engine::Impl is
+// these plus its per-step bookkeeping (engine_impl.h), and checkpointing
+// (checkpoint_save.cpp, checkpoint_load.cpp, weights_load.cpp) borrows
+// them as they are, so there is one list of what a checkpoint saves and
+// restores of a run.
+struct TrainingParts {
+  Config config;
+  std::shared_ptr<torch::nn::Module> module;
+  std::shared_ptr<comm::ProcessGroup> pg;  // the world
+  std::shared_ptr<Mesh> mesh;              // its tp x dp x pp layout; ZeRO works over mesh->dp_group()
+  // Tensor-parallel parameters, by name (after AutoTP): checkpoints store
+  // their full shapes and write their slices in full coordinates.
+  std::map<std::string, tp::Split> splits;
+  at::ScalarType dtype = at::kFloat;  // of the parameters
+  int64_t gas = 1;                    // gradient_accumulation_steps
+  std::unique_ptr<partition::ShardedParams> sharded;  // over mesh->dp_group()
+  // With offload_optimizer "nvme", sharded->masters().nvme_store() holds its states too.
+  std::unique_ptr<optim::MasterOptimizer> optimizer;
+  std::unique_ptr<LrSchedule> schedule;
+  std::unique_ptr<LossScaler> scaler;  // fp16 only
+  StepCounters steps;
+  // Set by a load that failed after it began writing (what failed), cleared
+  // by one that succeeds: the engine refuses to train or save meanwhile.
+  std::string partly_loaded;
+  // A pipeline's tied modules: the parameters and buffers another stage
+  // writes (the first stage holding each), so each is saved once.
+  std::set<std::string> written_elsewhere;
+};
+
+// Engine::save_checkpoint and Engine::load_checkpoint (include/zero/engine.h).
+void save_checkpoint(TrainingParts& parts, const std::string& dir, const std::string& tag,
+                     const std::string& client_state, const SaveOptions& options = {});
+std::string load_checkpoint(TrainingParts& parts, const std::string& dir, const std::string& tag,
+                            const LoadOptions& options);
+// Engine::load_weights (engine/weights_load.cpp).
+void load_weights(TrainingParts& parts, const std::string& path, const WeightsLoadOptions& options);
+
+}  // namespace zero::engine
