@@ -90,8 +90,28 @@ void Config::resolve(int world_size) {
                       " (sizes from tensor_parallel.autotp_size or tensor_parallel.tp.tp_size, and pipeline.stages)");
   }
   config_detail::resolve_batch(batch, mesh.dp);
+  const int64_t hpz = zero_optimization.zero_hpz_partition_size;
+  if (hpz > 1 && mesh.dp % hpz != 0) {
+    throw ConfigError("zero_optimization.zero_hpz_partition_size " + std::to_string(hpz) +
+                      " does not divide the data-parallel size " + std::to_string(mesh.dp) +
+                      "; set it to the ranks per node");
+  }
   world_size_ = world_size;
   data_parallel_size_ = mesh.dp;
+}
+
+// Note [One validator]: what zero::initialize refuses for a reason in the
+// config alone (given the world size) is refused here, in parsing,
+// resolve() or check_trainable(), and nowhere later, so that `zero-config
+// FILE --world-size N` refuses the same configs with the same words.
+// What the engine still refuses later depends on more than the config: the
+// model (pipeline stages, tensor-parallel shapes), the launch (ranks per
+// node for hpZ) or the disk. tests/engine/test_one_validator.cpp holds the
+// table of cases.
+void Config::check_trainable() const {
+  if (!optimizer.kind()) {
+    throw ConfigError("the config has no \"optimizer\" section; add e.g. {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}");
+  }
 }
 
 std::string Config::to_json(int indent) const {

@@ -1,8 +1,10 @@
 // The ds_config, object by object: key names, defaults (in zero/config.h),
 // ranges and what "auto" means. Optimizer and scheduler: config_optim.cpp.
 #include <cmath>
+#include <optional>
 
 #include "config/config_detail.h"
+#include "zero/choices.h"
 #include "zero/error.h"
 
 namespace zero::config_detail {
@@ -327,7 +329,8 @@ void visit_config(Fields& f, Config& c) {
 
 namespace {
 
-void check_offload(const ZeroOptimizationConfig& z) {
+void check_offload(const Config& c) {
+  const ZeroOptimizationConfig& z = c.zero_optimization;
   const std::string stage = "zero_optimization.stage is " + std::to_string(z.stage);
   const auto& opt = z.offload_optimizer;
   const auto& par = z.offload_param;
@@ -343,6 +346,14 @@ void check_offload(const ZeroOptimizationConfig& z) {
     throw ConfigError("zero_optimization.offload_optimizer.nvme_path is required when device is \"nvme\"");
   if (par.device == "nvme" && par.nvme_path.empty())
     throw ConfigError("zero_optimization.offload_param.nvme_path is required when device is \"nvme\"");
+  // The host optimizer has kernels for these (offload/cpu_optimizer.h).
+  const std::optional<OptimizerKind> kind = c.optimizer.kind();
+  if (opt.device == "none" || !kind) return;
+  if (!is_adam(*kind) && *kind != OptimizerKind::adagrad)
+    throw ConfigError("zero_optimization.offload_optimizer runs Adam, AdamW or Adagrad on the CPU; optimizer.type \"" +
+                      c.optimizer.type + "\" is not supported with it (use one of those, or set offload_optimizer.device to \"none\")");
+  if (c.optimizer.params.amsgrad)
+    throw ConfigError("zero_optimization.offload_optimizer does not support amsgrad; set optimizer.params.amsgrad to false");
 }
 
 // ZeRO++ quantizes stage 3's collectives; below it there is nothing to act on.
@@ -384,7 +395,7 @@ void check_precision(const Config& c) {
 }  // namespace
 
 void check_config(const Config& c) {
-  check_offload(c.zero_optimization);
+  check_offload(c);
   check_zeropp(c.zero_optimization);
   check_pipeline(c);
   check_precision(c);

@@ -58,6 +58,7 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
          : parts         ? parts->group()
                          : engine::join(config);
   if (!s.config.resolved() || s.config.world_size() != s.pg->size()) s.config.resolve(s.pg->size());
+  s.config.check_trainable();  // Note [One validator]: zero-config refuses what this refuses
   for (const auto& w : s.config.warnings()) log::warn_once("config:" + w, "config", w);
   const auto& sizes = s.config.parallelism;
   s.mesh = options.mesh ? options.mesh

@@ -29,12 +29,8 @@ void set_node_groups(const Config& config, const Mesh& mesh, partition::Options&
   const auto& node = mesh.dp_intra_node_group();
   const auto& across = mesh.dp_inter_node_group();
   if (z.zero_hpz_partition_size > 1) {
+    // Config::resolve refused a size that does not divide the data-parallel one.
     const int64_t hpz = z.zero_hpz_partition_size;
-    if (dp->size() % hpz != 0) {
-      throw ConfigError("zero_optimization.zero_hpz_partition_size " + std::to_string(hpz) +
-                        " does not divide the data-parallel size " + std::to_string(dp->size()) +
-                        "; set it to the ranks per node");
-    }
     if (!node || node->size() != hpz) {
       throw ConfigError("zero_optimization.zero_hpz_partition_size is " + std::to_string(hpz) + " but " +
                         (node ? std::to_string(node->size()) + " data-parallel ranks share this rank's node"

@@ -247,7 +247,6 @@ std::unique_ptr<MasterOptimizer> make_host_optimizer(const OptimizerConfig& conf
   const auto& p = config.params;
   const OptimizerKind kind = *config.kind();
   if (is_adam(kind)) {
-    if (p.amsgrad) throw ConfigError("offload_optimizer does not support amsgrad; set optimizer.params.amsgrad to false");
     if (config.decoupled_weight_decay()) {
       AdamWOptions o(p.lr);
       o.betas({p.betas[0], p.betas[1]}).eps(p.eps);
@@ -262,8 +261,8 @@ std::unique_ptr<MasterOptimizer> make_host_optimizer(const OptimizerConfig& conf
     o.lr_decay(p.lr_decay).eps(p.eps).initial_accumulator_value(p.initial_accumulator_value);
     return host_optimizer<AdagradOptions, AdagradParamState, CpuAdagrad>(step, {"sum"}, param_groups(groups, o));
   }
-  throw ConfigError("zero_optimization.offload_optimizer runs Adam, AdamW or Adagrad on the CPU; optimizer.type \"" +
-                    config.type + "\" is not supported with it (use one of those, or set offload_optimizer.device to \"none\")");
+  // The config refuses other kinds with offload_optimizer (config_schema.cpp, check_offload).
+  throw EngineError("internal: no host optimizer for optimizer.type \"" + config.type + "\"");
 }
 
 std::unique_ptr<MasterOptimizer> make_lamb(const OptimizerConfig& config, const std::vector<OptimizerGroup>& groups,
@@ -300,7 +299,7 @@ std::unique_ptr<MasterOptimizer> make_optimizer(const OptimizerConfig& config, c
   using namespace torch::optim;
   const std::optional<OptimizerKind> kind = config.kind();
   if (!kind) {
-    throw ConfigError("the config has no \"optimizer\" section; add e.g. {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}");
+    throw EngineError("internal: make_optimizer without an optimizer kind (Config::check_trainable comes first)");
   }
   if (host.enabled) return make_host_optimizer(config, groups, host);
   const auto& p = config.params;

@@ -355,6 +355,11 @@ class Config {
   // ones, world / (tensor parallel x pipeline stages), and a world they do
   // not divide is a ConfigError naming the layouts that fit.
   void resolve(int world_size);
+  // What zero::initialize needs beyond a valid config: an "optimizer"
+  // section (a program may set `optimizer` in code first, as
+  // Accelerator::prepare does). Throws ConfigError. zero-config checks a
+  // file with resolve() and this, as initialize does (Note [One validator]).
+  void check_trainable() const;
   bool resolved() const { return world_size_ > 0; }
   int world_size() const { return world_size_; }
   int data_parallel_size() const { return data_parallel_size_; }

@@ -2,7 +2,6 @@
 // (partition/estimate.h) and, given a model shape, its activations
 // (activations/estimate.h), as a table or JSON.
 #include <algorithm>
-#include <cstdio>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -87,12 +86,6 @@ std::string with_commas(int64_t v) {
     out += digits[i];
   }
   return out;
-}
-
-std::string format(const char* fmt, double v) {
-  char text[64];
-  std::snprintf(text, sizeof(text), fmt, v);
-  return text;
 }
 
 // A count as a config would write it: 7e9, 1.5e9, 5e8, 1000; else 7,000,000,001.

@@ -187,6 +187,7 @@ int run(const Options& o) {
   if (!o.json)
     for (const auto& w : config.warnings()) std::cerr << "zero-config: warning: " << w << "\n";
   config.resolve(o.world_size);
+  config.check_trainable();  // Note [One validator]
   if (o.json) {
     nlohmann::ordered_json doc;
     doc["file"] = o.file;
