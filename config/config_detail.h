@@ -109,6 +109,8 @@ Json write_config(const Config& c);
 // ---- config_schema.cpp -------------------------------------------------
 // The whole ds_config, key by key.
 void visit_config(Fields& f, Config& c);
+
+// ---- config_checks.cpp -------------------------------------------------
 // Checks across sections (stage vs offload, fp16 vs bf16, ...).
 void check_config(const Config& c);
 
