@@ -93,6 +93,9 @@ int main(int argc, char** argv) {
     }
   }
   try {
+    // Before training, what the first and last lines would refuse (Note [Refuse at the start]).
+    if (!save.empty()) zero::check_save_dir(save, "--save");
+    if (!resume.empty()) zero::checkpoint_to_load(resume);
     zero::AcceleratorOptions accelerate;
     accelerate.split_batches = true;
     zero::Accelerator acc(accelerate);

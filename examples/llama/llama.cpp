@@ -1,5 +1,6 @@
 #include "llama/llama.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -169,6 +170,51 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64
 }
 
 // ---- RMSNorm --------------------------------------------------------------
+
+int64_t elements(const std::vector<int64_t>& shape) {
+  constexpr int64_t kCap = int64_t{1} << 62;
+  int64_t n = 1;
+  for (int64_t d : shape) n = d > 0 && n > kCap / d ? kCap : n * d;
+  return n;
+}
+
+std::vector<ParameterShape> parameter_shapes(const LlamaConfig& c, int64_t layers) {
+  const int64_t H = c.hidden_size, V = c.vocab_size, I = c.intermediate_size;
+  const int64_t q = elements({c.num_attention_heads, c.head_dim}), kv = elements({c.num_key_value_heads, c.head_dim});
+  const std::string q_keys = "num_attention_heads, head_dim, hidden_size", kv_keys = "num_key_value_heads, head_dim, hidden_size";
+  const std::string mlp_keys = "intermediate_size, hidden_size";
+  std::vector<ParameterShape> shapes{{"model.embed_tokens.weight", {V, H}, "vocab_size, hidden_size"}};
+  for (int64_t i = 0; i < std::min(layers, c.num_hidden_layers); ++i) {
+    const std::string layer = "model.layers." + std::to_string(i) + ".";
+    const auto add = [&](const std::string& name, std::vector<int64_t> shape, const std::string& keys, bool bias) {
+      shapes.push_back({layer + name + ".weight", shape, keys});
+      if (bias) shapes.push_back({layer + name + ".bias", {shape[0]}, keys});
+    };
+    add("self_attn.q_proj", {q, H}, q_keys, c.attention_bias);
+    add("self_attn.k_proj", {kv, H}, kv_keys, c.attention_bias);
+    add("self_attn.v_proj", {kv, H}, kv_keys, c.attention_bias);
+    add("self_attn.o_proj", {H, q}, q_keys, c.attention_bias);
+    add("mlp.gate_proj", {I, H}, mlp_keys, c.mlp_bias);
+    add("mlp.up_proj", {I, H}, mlp_keys, c.mlp_bias);
+    add("mlp.down_proj", {H, I}, mlp_keys, c.mlp_bias);
+    shapes.push_back({layer + "input_layernorm.weight", {H}, "hidden_size"});
+    shapes.push_back({layer + "post_attention_layernorm.weight", {H}, "hidden_size"});
+  }
+  shapes.push_back({"model.norm.weight", {H}, "hidden_size"});
+  if (!c.tie_word_embeddings) shapes.push_back({"lm_head.weight", {V, H}, "vocab_size, hidden_size"});
+  return shapes;
+}
+
+int64_t parameter_count(const LlamaConfig& c) {
+  constexpr int64_t kCap = int64_t{1} << 62;
+  const auto add = [&](int64_t a, int64_t b) { return a > kCap - b ? kCap : a + b; };
+  int64_t whole = 0, layer = 0;
+  for (const auto& p : parameter_shapes(c, 1)) {
+    if (p.name.rfind("model.layers.", 0) == 0) layer = add(layer, elements(p.shape));
+    else whole = add(whole, elements(p.shape));
+  }
+  return add(whole, elements({layer, c.num_hidden_layers}));
+}
 
 RMSNormImpl::RMSNormImpl(int64_t size, double eps) : eps_(eps) { weight = register_parameter("weight", torch::ones({size})); }
 

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "zero/pipeline.h"
 #include "zero/tensor_parallel.h"
@@ -45,6 +46,23 @@ struct LlamaConfig {
   static LlamaConfig from_json_text(const std::string& text, const std::string& where);
   static LlamaConfig from_file(const std::string& path);
 };
+
+// The parameters a config builds, by Hugging Face's names, with the
+// config.json keys that set each shape, computed without building anything:
+// a program compares them with the weight files and the machine's memory
+// before it allocates (examples/llama/main.cpp). The first `layers`
+// decoder layers are listed (they all have the same shapes). Counts
+// beyond 2^62 saturate.
+struct ParameterShape {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string keys;  // e.g. "vocab_size, hidden_size"
+};
+std::vector<ParameterShape> parameter_shapes(const LlamaConfig& c, int64_t layers);
+// All the config's parameters (what LlamaForCausalLM(c) holds).
+int64_t parameter_count(const LlamaConfig& c);
+// Elements of `shape`, saturating at 2^62 rather than overflowing.
+int64_t elements(const std::vector<int64_t>& shape);
 
 // Rotary embeddings: the inverse frequencies [head_dim / 2] in float32, and
 // cos, sin [B,T,head_dim] for positions 0..T-1 in `dtype`, as transformers

@@ -25,8 +25,11 @@
 // time in seconds to its line ("time S"), for bench/run_llama.sh.
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -185,6 +188,61 @@ struct Trained {
   }
 };
 
+int64_t ways(const zero::Config& ds) { return ds.parallelism.tensor_parallel() * ds.parallelism.pipeline_parallel(); }
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+std::string gigabytes(double bytes) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.3g GB", bytes / 1e9);
+  return text;
+}
+
+// The model config.json describes, against the weights and this machine,
+// before LlamaForCausalLM allocates it: an absurd size (vocab_size 1e12,
+// hidden_size 2^40) is named here in one line instead of ending in
+// LibTorch's allocator. `weights`: the folder load_weights will read, or
+// empty (a checkpoint is loaded instead). `split`: tp x pp, the ways each
+// rank's share of the model is cut.
+void check_model_size(const LlamaConfig& config, const std::string& hf_dir, bool weights, int64_t split) {
+  using zero_examples::llama::elements;
+  using zero_examples::llama::parameter_count;
+  const std::string where = hf_dir + "/config.json";
+  if (weights) {
+    const auto files = zero::weight_shapes(hf_dir);
+    for (const auto& p : zero_examples::llama::parameter_shapes(config, 2)) {
+      const auto it = files.find(p.name);
+      if (it == files.end() || it->second == p.shape) continue;  // a missing tensor: load_weights names it
+      throw std::invalid_argument(where + ": " + p.keys + " make " + p.name + " " + shape_text(p.shape) +
+                                  ", but the weights in " + hf_dir + " hold " + shape_text(it->second) +
+                                  "; this config.json does not describe these weights");
+    }
+  }
+  // Each rank builds its share whole in fp32 before initialize partitions it.
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  const int64_t ranks = local && std::atoll(local) > 0 ? std::atoll(local) : 1;
+  const double bytes = static_cast<double>(parameter_count(config)) * 4 / static_cast<double>(split);
+  const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (bytes * static_cast<double>(ranks) <= memory) return;
+  // The key to look at: the largest tensor's, or the layer count's when the layers weigh more.
+  std::string keys;
+  int64_t largest = 0, layer = 0;
+  for (const auto& p : zero_examples::llama::parameter_shapes(config, 1)) {
+    if (p.name.rfind("model.layers.", 0) == 0) layer += elements(p.shape);
+    if (elements(p.shape) > largest) largest = elements(p.shape), keys = p.keys + " (" + p.name + " " + shape_text(p.shape) + ")";
+  }
+  if (elements({layer, config.num_hidden_layers}) > largest)
+    keys = "num_hidden_layers " + std::to_string(config.num_hidden_layers) + " and the layer sizes";
+  throw std::invalid_argument(where + ": " + keys + " make a model of " + std::to_string(parameter_count(config)) +
+                              " parameters, " + gigabytes(bytes) + " in fp32 for each of " + std::to_string(ranks) +
+                              " rank(s) to build, above this machine's " + gigabytes(memory) +
+                              " of memory; check the config's sizes");
+}
+
 int eval(const Args& a) {
   const LlamaConfig config = LlamaConfig::from_file(a.hf_dir + "/config.json");
   const int64_t ctx = a.ctx > 0 ? a.ctx : config.max_position_embeddings;
@@ -198,10 +256,12 @@ int eval(const Args& a) {
                                 " tokens, fewer than one sequence of --ctx " + std::to_string(ctx));
   tokens.check_ids(config.vocab_size);
 
-  Trained t(config,
-            a.config.empty() ? zero::Config::from_json(
-                                   R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "SGD", "params": {"lr": 0}}})")
-                             : zero::Config::from_file(a.config));
+  const zero::Config ds_config =
+      a.config.empty()
+          ? zero::Config::from_json(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "SGD", "params": {"lr": 0}}})")
+          : zero::Config::from_file(a.config);
+  check_model_size(config, a.hf_dir, /*weights=*/true, ways(ds_config));
+  Trained t(config, ds_config);
   t.load_weights(config, a.hf_dir);
   t.engine->train(false);
   // Data-parallel ranks share the sequences; tensor-parallel (and pipeline) ranks compute each together.
@@ -246,14 +306,32 @@ int eval(const Args& a) {
 // The model's weights in Hugging Face's layout: model.safetensors and the
 // config.json the model was built from.
 void save_hf(zero::Engine& engine, const std::string& hf_dir, const std::string& out) {
-  if (!engine.save_16bit_model(out))  // a collective; rank 0 writes
-    throw std::invalid_argument("--save-hf at ZeRO stage 3 needs \"stage3_gather_16bit_weights_on_model_save\": true in "
-                                "zero_optimization (DeepSpeed's rule), or --save and zero-ckpt export --to hf");
+  if (!engine.save_16bit_model(out))  // a collective; rank 0 writes (check_at_start refused the config that declines)
+    throw std::logic_error("save_16bit_model declined after the start checks passed");
   if (engine.group().rank() == 0)
     std::filesystem::copy_file(hf_dir + "/config.json", out + "/config.json", std::filesystem::copy_options::overwrite_existing);
 }
 
+// What would fail only after the last step, refused before the first
+// (Note [Refuse at the start], include/zero/engine.h).
+void check_at_start(const Args& a, const zero::Config& ds_config) {
+  if (!a.save_hf.empty()) {
+    if (ds_config.parallelism.pipeline_parallel() > 1)
+      throw std::invalid_argument("--save-hf with pipeline stages: save with --save and write Hugging Face's files with "
+                                  "zero-ckpt export --to hf (each stage holds its own layers)");
+    const auto& z = ds_config.zero_optimization;
+    if (z.stage == 3 && !z.stage3_gather_16bit_weights_on_model_save)
+      throw std::invalid_argument("--save-hf at ZeRO stage 3 needs \"stage3_gather_16bit_weights_on_model_save\": true in "
+                                  "zero_optimization (DeepSpeed's rule), or --save and zero-ckpt export --to hf");
+    zero::check_save_dir(a.save_hf, "--save-hf");
+  }
+  if (!a.save.empty()) zero::check_save_dir(a.save, "--save");
+  if (!a.load.empty()) zero::checkpoint_to_load(a.load);
+}
+
 int train(const Args& a) {
+  const zero::Config ds_config = zero::Config::from_file(a.config);
+  check_at_start(a, ds_config);
   const LlamaConfig config = LlamaConfig::from_file(a.hf_dir + "/config.json");
   if (a.ctx > config.max_position_embeddings)
     throw std::invalid_argument("--ctx " + std::to_string(a.ctx) + " is beyond the model's max_position_embeddings " +
@@ -262,11 +340,8 @@ int train(const Args& a) {
   if (tokens->size() == 0)
     throw std::invalid_argument("the token file " + a.tokens + " holds fewer than one sequence of --ctx " + std::to_string(a.ctx));
   tokens->check_ids(config.vocab_size);
+  check_model_size(config, a.hf_dir, /*weights=*/a.load.empty(), ways(ds_config));
 
-  const zero::Config ds_config = zero::Config::from_file(a.config);
-  if (ds_config.parallelism.pipeline_parallel() > 1 && !a.save_hf.empty())
-    throw std::invalid_argument("--save-hf with pipeline stages: save with --save and write Hugging Face's files with "
-                                "zero-ckpt export --to hf (each stage holds its own layers)");
   Trained t(config, ds_config);
   if (a.load.empty()) {
     t.load_weights(config, a.hf_dir);

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <utility>
 #include <memory>
 #include <optional>
@@ -321,6 +322,24 @@ Engine initialize(const Config& config, std::shared_ptr<torch::nn::Module> model
 // and Engine::load_weights, which stream.
 std::vector<std::pair<std::string, at::Tensor>> fp32_state_dict_from_checkpoint(const std::string& dir,
                                                                                 const std::string& tag = "");
+
+// Checks for a program's start, before the model is built, so that an
+// option that would fail at the end of training fails first (Note [Refuse
+// at the start], engine/start_checks.cpp):
+// a folder a save will write into exists as a folder or can be made (its
+// nearest existing parent is a folder this process can write); otherwise a
+// CheckpointError naming `option` (e.g. "--save") and the path.
+void check_save_dir(const std::string& dir, const std::string& option);
+// The tag load_checkpoint(dir, tag) would read (tag "": the one
+// <dir>/latest names), its manifest read and checked; otherwise the
+// CheckpointError load_checkpoint would raise. Reads no tensor.
+std::string checkpoint_to_load(const std::string& dir, const std::string& tag = "");
+// The shapes of the tensors in the weights load_weights(path) would read
+// (one safetensors file, an index and its shards, or a folder holding
+// either), from their headers alone: a program compares them with the model
+// its config implies before building it. The CheckpointError load_weights
+// raises for a missing or damaged file.
+std::map<std::string, std::vector<int64_t>> weight_shapes(const std::string& path);
 
 template <typename M>
 Engine initialize(const Config& config, torch::nn::ModuleHolder<M>& model, InitOptions options = {}) {

@@ -2,10 +2,16 @@
 # zero-llama's bad input: each case ends with one error naming what is
 # wrong, before any step: a token id >= vocab_size (its byte offset),
 # --ctx beyond max_position_embeddings, a config.json of another model
-# type, a token file of an odd size, a weights folder missing a tensor.
+# type, a token file of an odd size, a weights folder missing a tensor;
+# and train's options whose outcome is known at the start (Note [Refuse at
+# the start]): --save-hf at stage 3 without the gather key, a save folder
+# that cannot be made, a --load with no checkpoint; and absurd model sizes
+# in config.json, named before anything is allocated (against the weights'
+# headers, else against this machine's memory). None may train a step.
 # Usage: bad_input.sh ZERO_LLAMA FIXTURE TOKENS WORK
 set -uo pipefail
 llama="$1" fixture="$2" tokens="$3" work="$4"
+configs="$(cd "$(dirname "$0")" && pwd)/configs"
 rm -rf "$work" && mkdir -p "$work"
 failures=0
 expect() {  # expect NEEDLE ARGS...: the run fails and its error holds NEEDLE
@@ -17,6 +23,9 @@ expect() {  # expect NEEDLE ARGS...: the run fails and its error holds NEEDLE
   if [[ "$out" != *"$needle"* ]]; then
     echo "FAIL: $*: the error does not say \"$needle\":"; echo "$out" | tail -3; failures=$((failures + 1)); return
   fi
+  if [[ "$out" == *"step 1 loss"* ]]; then
+    echo "FAIL: $*: trained before refusing"; failures=$((failures + 1)); return
+  fi
   echo "ok: ${out##*$'\n'}"
 }
 cp "$tokens" "$work/bad_id.bin"
@@ -27,4 +36,27 @@ head -c 201 "$tokens" > "$work/odd.bin"
 expect "has 201 bytes, not a multiple of 2" eval --hf-dir "$fixture" --tokens "$work/odd.bin" --ctx 16
 mkdir -p "$work/mistral" && sed 's/"llama"/"mistral"/' "$fixture/config.json" > "$work/mistral/config.json"
 expect "\"model_type\" is \"mistral\"" eval --hf-dir "$work/mistral" --tokens "$tokens" --ctx 16
+absurd() {  # absurd NAME KEY VALUE: the fixture with config.json's KEY set to VALUE
+  mkdir -p "$work/$1" && ln -sf "$fixture/model.safetensors" "$work/$1/model.safetensors"
+  sed "s/\"$2\": [0-9]*/\"$2\": $3/" "$fixture/config.json" > "$work/$1/config.json"
+}
+absurd huge_vocab vocab_size 1000000000000
+expect "config.json: vocab_size, hidden_size make model.embed_tokens.weight [1000000000000, 32], but the weights in $work/huge_vocab hold [96, 32]" \
+  eval --hf-dir "$work/huge_vocab" --tokens "$tokens" --ctx 16
+absurd huge_hidden hidden_size 1099511627776
+expect "vocab_size, hidden_size make model.embed_tokens.weight [96, 1099511627776], but the weights" \
+  eval --hf-dir "$work/huge_hidden" --tokens "$tokens" --ctx 16
+absurd huge_depth num_hidden_layers 1000000000000
+expect "config.json: num_hidden_layers 1000000000000 and the layer sizes make a model of" \
+  eval --hf-dir "$work/huge_depth" --tokens "$tokens" --ctx 16
+train=(train --hf-dir "$fixture" --tokens "$tokens" --ctx 16 --steps 2)
+expect '--save-hf at ZeRO stage 3 needs "stage3_gather_16bit_weights_on_model_save": true' \
+  "${train[@]}" --config "$configs/stage3.json" --save-hf "$work/hf"
+touch "$work/a_file"
+expect "--save $work/a_file/ckpt: $work/a_file is not a folder" "${train[@]}" --config "$configs/stage2.json" --save "$work/a_file/ckpt"
+expect "--save-hf $work/a_file: it is not a folder" "${train[@]}" --config "$configs/stage2.json" --save-hf "$work/a_file"
+mkdir -p "$work/no_checkpoint"
+expect "no $work/no_checkpoint/latest" "${train[@]}" --config "$configs/stage2.json" --load "$work/no_checkpoint"
+expect "checkpoint directory $work/missing does not exist" "${train[@]}" --config "$configs/stage2.json" --load "$work/missing"
+[ ! -e "$work/a_file/ckpt" ] && [ ! -e "$work/hf" ] || { echo "FAIL: a refused run wrote its output"; failures=$((failures + 1)); }
 exit $failures
