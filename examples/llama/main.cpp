@@ -313,7 +313,7 @@ void save_hf(zero::Engine& engine, const std::string& hf_dir, const std::string&
 }
 
 // What would fail only after the last step, refused before the first
-// (Note [Refuse at the start], include/zero/engine.h).
+// (Note [Refuse at the start], engine/start_checks.cpp).
 void check_at_start(const Args& a, const zero::Config& ds_config) {
   if (!a.save_hf.empty()) {
     if (ds_config.parallelism.pipeline_parallel() > 1)
