@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -69,9 +70,19 @@ double memcpy_gbps(size_t bytes, int iters) {
 
 int main(int argc, char** argv) {
   int max_mib = 256, iters = 5;
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::string(argv[i]) == "--max-mib") max_mib = std::stoi(argv[i + 1]);
-    if (std::string(argv[i]) == "--iters") iters = std::stoi(argv[i + 1]);
+  const char* usage = "usage: bench_collectives [--max-mib N] [--iters N] (under zero-run --nproc N)\n";
+  for (int i = 1; i < argc; i += 2) {
+    const std::string key = argv[i];
+    if (key == "-h" || key == "--help") {
+      std::printf("%s", usage);
+      return 0;
+    }
+    const int value = i + 1 < argc ? std::atoi(argv[i + 1]) : 0;
+    if ((key != "--max-mib" && key != "--iters") || value <= 0) {
+      std::fprintf(stderr, "bench_collectives: %s needs a whole number >= 1 and is --max-mib or --iters\n%s", key.c_str(), usage);
+      return 2;
+    }
+    (key == "--max-mib" ? max_mib : iters) = value;
   }
   at::set_num_threads(1);
   auto world = zero::comm::init_process_group();

@@ -103,6 +103,10 @@ Flags parse(int argc, char** argv) {
   Flags f;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      std::printf("usage: %s [--params N] [--iters N] [--threads N] [--triad N] [--huge-pages 0|1]\n", argv[0]);
+      std::exit(0);
+    }
     auto value = [&]() -> int64_t {
       if (i + 1 >= argc) {
         std::fprintf(stderr, "%s needs a value\n", a.c_str());

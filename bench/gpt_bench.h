@@ -63,6 +63,9 @@ struct TrainSetup {
   int64_t reduce_bucket_size = 500000;  // elements
   bool overlap_comm = true;
   std::string offload_optimizer = "none";  // none | cpu
+  // Stage 3: how far forward's gathered units stay gathered for backward
+  // (elements); negative leaves the key out, DeepSpeed's default 1e9.
+  int64_t stage3_max_reuse_distance = -1;
 };
 
 // The ds_config both benchmarks train with: AdamW, clipping 1.0, no
@@ -78,7 +81,9 @@ inline std::string ds_config(const TrainSetup& s) {
     << " \"steps_per_print\": 1000000000,"
     << " \"zero_optimization\": {\"stage\": " << s.stage << ", \"overlap_comm\": " << (s.overlap_comm ? "true" : "false")
     << ", \"contiguous_gradients\": true, \"reduce_bucket_size\": " << s.reduce_bucket_size
-    << ", \"offload_optimizer\": {\"device\": \"" << s.offload_optimizer << "\"}}}";
+    << ", \"offload_optimizer\": {\"device\": \"" << s.offload_optimizer << "\"}";
+  if (s.stage3_max_reuse_distance >= 0) j << ", \"stage3_max_reuse_distance\": " << s.stage3_max_reuse_distance;
+  j << "}}";
   return j.str();
 }
 

@@ -6,10 +6,13 @@
 //
 //   zero-run --nproc 2 bench_memory_peaks --stage 2 --dtype bf16 --out peaks.jsonl
 //            [--depth 8] [--width 256] [--heads 4] [--context 64] [--micro 4]
-//            [--steps 3] [--bucket 500000] [--device auto|cpu|cuda]
+//            [--steps 3] [--bucket 500000] [--reuse ELEMENTS] [--device auto|cpu|cuda]
 //
 // Each stage runs in processes of its own (peak RSS is a per-process high
-// water mark): bench/run_memory_peaks.sh runs stages 0-3 in fp32 and bf16.
+// water mark): bench/run_memory_peaks.sh runs stages 0-3 in fp32 and bf16,
+// and stage 3 twice: at DeepSpeed's default stage3_max_reuse_distance (1e9:
+// every unit gathered in forward stays gathered for backward, Note [Reuse
+// distance]) and with --reuse 0 (each unit released after use).
 //
 // Figures per rank:
 //   rss_baseline  peak RSS before the model is built (LibTorch, gloo, the
@@ -84,12 +87,14 @@ int main(int argc, char** argv) {
                              {"micro", "4"},
                              {"steps", "3"},
                              {"bucket", "500000"},
+                             {"reuse", "-1"},  // negative: the config leaves the key out
                              {"device", "auto"}});
     zero_bench::TrainSetup setup;
     setup.stage = static_cast<int>(flags.num("stage"));
     setup.dtype = flags.str("dtype");
     setup.micro_batch = flags.num("micro");
     setup.reduce_bucket_size = flags.num("bucket");
+    setup.stage3_max_reuse_distance = flags.num("reuse");
     const int64_t steps = flags.num("steps");
 
     auto world = zero::comm::init_process_group();
@@ -144,6 +149,18 @@ int main(int argc, char** argv) {
     in.overlap_comm = engine.config().zero_optimization.overlap_comm;
     in.stage3_max_live_parameters = engine.config().zero_optimization.stage3_max_live_parameters;
     in.stage3_max_reuse_distance = engine.config().zero_optimization.stage3_max_reuse_distance;
+    in.stage3_prefetch_bucket_size = engine.config().zero_optimization.stage3_prefetch_bucket_size;
+    // The largest unit: a block, or the parameters outside the blocks
+    // (embeddings, head). Counted gathered: at stage 3 a released
+    // parameter has 0 elements between its unit's uses.
+    int64_t outside_blocks = psi;
+    for (int64_t i = 0; i < options.depth; ++i) {
+      int64_t block = 0;
+      for (const auto& p : model->block(static_cast<size_t>(i))->parameters()) block += zero::gathered_numel(p);
+      in.unit_params = std::max(in.unit_params, block);
+      outside_blocks -= block;
+    }
+    in.unit_params = std::max(in.unit_params, outside_blocks);
     const zero::MemoryEstimate est = zero::estimate_memory(in);
 
     if (rank == 0) {
@@ -153,7 +170,9 @@ int main(int argc, char** argv) {
            << "\", \"world\": " << N << ", \"params\": " << psi << ", \"depth\": " << options.depth
            << ", \"width\": " << options.width << ", \"context\": " << options.context
            << ", \"micro\": " << setup.micro_batch << ", \"steps\": " << steps
-           << ", \"reduce_bucket_size\": " << setup.reduce_bucket_size << ", \"device\": \"" << (device.is_cuda() ? "cuda" : "cpu")
+           << ", \"reduce_bucket_size\": " << setup.reduce_bucket_size
+           << ", \"stage3_max_reuse_distance\": " << in.stage3_max_reuse_distance
+           << ", \"stage3_max_live_parameters\": " << in.stage3_max_live_parameters << ", \"device\": \"" << (device.is_cuda() ? "cuda" : "cpu")
            << "\", \"estimate\": "
            << kinds_json(est.device.params, est.device.gradients, est.device.fp32_master,
                          est.device.optimizer_states, -1)

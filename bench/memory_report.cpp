@@ -3,8 +3,9 @@
 //
 //   bench_memory_report --in peaks.jsonl --md memory_peaks.md --svg memory_peaks.svg
 //
-// Prints the markdown table on stdout too. When a (stage, dtype) pair
-// appears on several lines, the last one counts. Every figure is the maximum
+// Prints the markdown table on stdout too. When a (stage, dtype, reuse
+// distance) appears on several lines, the last one counts: stage 3 may show
+// twice, at DeepSpeed's default stage3_max_reuse_distance and at another. Every figure is the maximum
 // over the ranks (the rank that needs the most memory sizes the job).
 //
 // Columns: held params / grads / fp32 master / optimizer (engine.memory_report
@@ -26,6 +27,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -43,7 +45,15 @@ struct Row {
   int64_t peak_rss = 0, rss_increase = 0, init_increase = -1;
   int64_t cuda_peak = -1;
   int64_t gathered_peak = -1, gathered_estimate = -1;  // stage 3's units gathered at once, measured and bound
+  int64_t reuse = -1;  // stage3_max_reuse_distance (-1: a line from before it was recorded)
   json line;
+  // "3" or "3, reuse 0": the stage, and for stage 3 the reuse distance
+  // when it is not DeepSpeed's default.
+  std::string label() const {
+    std::string text = std::to_string(stage);
+    if (stage == 3 && reuse >= 0 && reuse != 1000000000) text += ", reuse " + std::to_string(reuse);
+    return text;
+  }
 };
 
 const double kMiB = 1024.0 * 1024.0;
@@ -79,6 +89,7 @@ Row parse(const json& j) {
   r.device = j.value("device", "cpu");
   r.formula = j.at("estimate").at("model_states").get<int64_t>();
   r.gathered_estimate = j.value("estimate_gathered_params_max", int64_t(-1));
+  r.reuse = j.value("stage3_max_reuse_distance", int64_t(-1));
   for (const auto& rank : j.at("ranks")) {
     const json& h = rank.at("held");
     r.params = std::max(r.params, h.at("params").get<int64_t>());
@@ -121,7 +132,7 @@ std::string markdown(const std::vector<Row>& rows) {
     char ratio[32];
     std::snprintf(ratio, sizeof(ratio), "%.3f", r.formula > 0 ? double(r.states) / r.formula : 0.0);
     auto base = stage0_rss.find(r.dtype);
-    md << "| " << r.stage << " | " << r.dtype << " | " << mib(r.params) << " | " << mib(r.grads) << " | "
+    md << "| " << r.label() << " | " << r.dtype << " | " << mib(r.params) << " | " << mib(r.grads) << " | "
        << mib(r.master) << " | " << mib(r.optim) << " | " << mib(r.states) << " | " << mib(r.formula) << " | "
        << ratio << " | " << mib(r.peak_rss) << " | " << mib(r.rss_increase) << " | "
        << (r.init_increase >= 0 ? mib(r.init_increase) : std::string("n/a")) << " | "
@@ -138,7 +149,8 @@ std::string markdown(const std::vector<Row>& rows) {
         "when zero::initialize returned (the model built in fp32, its flat copies); RSS vs stage 0 = peak RSS minus stage "
         "0's peak RSS in the same dtype; gathered peak = the most bytes of stage 3's units gathered at once "
         "(memory_report().gathered_params_peak), gathered bound = the estimate's gathered_params_max "
-        "(min(params, stage3_max_live_parameters) in the training dtype)."
+        "(the unit running and the one prefetched, plus what stage3_max_reuse_distance keeps gathered from "
+        "forward for backward; reuse 0 releases each unit after use)."
      << (cuda ? "" : " CUDA peak: n/a (run on CPU).") << "\n";
   return md.str();
 }
@@ -245,7 +257,7 @@ std::string svg(const std::vector<Row>& rows) {
     }
     const double cx = left + g * group_w + group_w / 2.0;
     o << "<text x=\"" << cx << "\" y=\"" << plot_top + plot_h + 18 << "\" text-anchor=\"middle\" font-size=\"12\">"
-      << "stage " << r.stage << "</text>\n";
+      << "stage " << r.label() << "</text>\n";
     o << "<text x=\"" << cx << "\" y=\"" << plot_top + plot_h + 33 << "\" text-anchor=\"middle\" font-size=\"12\">"
       << escape(r.dtype) << "</text>\n";
   }
@@ -264,8 +276,19 @@ std::string svg(const std::vector<Row>& rows) {
 
 int main(int argc, char** argv) {
   std::string in = "memory_peaks.jsonl", md_path, svg_path;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  const char* usage = "usage: bench_memory_report --in FILE.jsonl [--md FILE.md] [--svg FILE.svg]\n";
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "-h" || std::string(argv[i]) == "--help") {
+      std::printf("%s", usage);
+      return 0;
+    }
+  }
+  for (int i = 1; i < argc; i += 2) {
     const std::string key = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "bench_memory_report: %s needs a value\n%s", key.c_str(), usage);
+      return 2;
+    }
     if (key == "--in") in = argv[i + 1];
     else if (key == "--md") md_path = argv[i + 1];
     else if (key == "--svg") svg_path = argv[i + 1];
@@ -277,20 +300,21 @@ int main(int argc, char** argv) {
   try {
     std::ifstream file(in);
     if (!file) throw std::runtime_error("cannot read " + in);
-    std::map<std::pair<std::string, int>, Row> latest;  // (dtype, stage)
+    std::map<std::tuple<std::string, int, int64_t>, Row> latest;  // (dtype, stage, reuse), default reuse first
     std::vector<std::string> dtype_order;
     std::string text;
     while (std::getline(file, text)) {
       if (text.empty()) continue;
       Row r = parse(json::parse(text));
       if (std::find(dtype_order.begin(), dtype_order.end(), r.dtype) == dtype_order.end()) dtype_order.push_back(r.dtype);
-      latest[{r.dtype, r.stage}] = std::move(r);
+      const int64_t order = r.reuse == 1000000000 ? -2 : r.reuse;  // the default row before the others
+      latest[{r.dtype, r.stage, order}] = std::move(r);
     }
     if (latest.empty()) throw std::runtime_error(in + " holds no results");
     std::vector<Row> rows;
     for (const auto& d : dtype_order) {
       for (const auto& kv : latest) {
-        if (kv.first.first == d) rows.push_back(kv.second);
+        if (std::get<0>(kv.first) == d) rows.push_back(kv.second);
       }
     }
     const std::string md = markdown(rows);

@@ -51,7 +51,7 @@ struct Args {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "bench_nvme_swapper: %s\nusage: bench_nvme_swapper [--dir D] [--total-mib N] [--key-mib N] "
-               "[--block-size BYTES] [--queue-depth N] [--repeat N]\n",
+               "[--block-size BYTES] [--queue-depth N] [--repeat N] [--pages huge|small]\n",
                why);
   std::exit(2);
 }
@@ -62,6 +62,11 @@ Args parse(int argc, char** argv) {
   a.dir = (tmp && *tmp) ? tmp : "/tmp";
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
+    if (k == "-h" || k == "--help") {
+      std::printf("usage: bench_nvme_swapper [--dir D] [--total-mib N] [--key-mib N] [--block-size BYTES] "
+                  "[--queue-depth N] [--repeat N] [--pages huge|small]\n");
+      std::exit(0);
+    }
     if (i + 1 >= argc) usage(("missing value after " + k).c_str());
     const char* v = argv[++i];
     if (k == "--dir") a.dir = v;

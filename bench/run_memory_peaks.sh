@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Memory per rank at ZeRO stages 0-3, fp32 and bf16, each stage in processes
-# of its own (peak RSS is per process), then a markdown table and an SVG chart;
+# of its own (peak RSS is per process), stage 3 both at DeepSpeed's default
+# stage3_max_reuse_distance and at 0, then a markdown table and an SVG chart;
 # then PyTorch DDP and FSDP2 (bench/ddp_peer.py; FSDP2 when the peers' torch
 # has it, >= 2.6) on the same model, batch and steps in fp32, for their peak RSS.
 # Usage: bench/run_memory_peaks.sh [build dir] [bench_memory_peaks options...]
@@ -25,6 +26,10 @@ for dtype in fp32 bf16; do
     "$build/tools/launcher/zero-run" --nproc "$ranks" "$build/bench/bench_memory_peaks" \
       --stage "$stage" --dtype "$dtype" --out "$lines" "$@"
   done
+  # Stage 3 again with stage3_max_reuse_distance 0: each unit let go after
+  # use instead of kept from forward for backward (the default row above).
+  "$build/tools/launcher/zero-run" --nproc "$ranks" "$build/bench/bench_memory_peaks" \
+    --stage 3 --reuse 0 --dtype "$dtype" --out "$lines" "$@"
 done
 echo
 "$build/bench/bench_memory_report" --in "$lines" --md "$results/memory_peaks.md" --svg "$results/memory_peaks.svg"

@@ -293,6 +293,9 @@ void fail(const std::string& message) { throw CheckpointError(message); }
 std::string tag_problem(const std::string& tag) {
   if (tag.empty()) return "it is empty";
   if (tag == "latest") return "\"latest\" is the file naming the newest tag";
+  // A file being written is staged as <name>.tmp (latest.tmp for latest):
+  // a tag of that name would be taken for one, and stop every later save.
+  if (tag.size() >= 4 && tag.compare(tag.size() - 4, 4, ".tmp") == 0) return "it ends in .tmp, the staging names of files being written";
   if (tag[0] == '.') return "it starts with '.'";
   if (tag.find('/') != std::string::npos) return "it holds '/'";
   if (tag.find('\n') != std::string::npos) return "it holds a newline";

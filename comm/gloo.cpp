@@ -358,7 +358,9 @@ class GlooBackend : public HostBackend {
   bool agree_on_checking(c10d::Store& store) {
     const std::string key = "check_collectives";
     if (group_.rank == 0) {
-      const std::string value = env::check_collectives() ? "1" : "0";
+      // A setting that is no yes or no travels as its error, so every rank names it.
+      const env::Flag check = env::check_collectives();
+      const std::string value = !check.error.empty() ? "E" + check.error : check.value ? "1" : "0";
       store.set(key, std::vector<uint8_t>(value.begin(), value.end()));
     }
     try {
@@ -367,6 +369,7 @@ class GlooBackend : public HostBackend {
       fail("connecting", e);
     }
     const std::vector<uint8_t> value = store.get(key);
+    if (!value.empty() && value[0] == 'E') throw CommError("rank 0's " + std::string(value.begin() + 1, value.end()));
     return value.size() == 1 && value[0] == '1';
   }
 

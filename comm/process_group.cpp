@@ -292,7 +292,15 @@ std::shared_ptr<ProcessGroup> init_process_group(const GroupOptions& options) {
     log::debug("comm", "init_process_group: the world joined earlier is still alive; it is returned (its options stay)");
     return world;
   }
-  auto world = init_process_group(LaunchInfo::from_env(), options);
+  const LaunchInfo launch = LaunchInfo::from_env();
+  if (launch.source == "single") {  // started without a launcher: say so once, and how to start more
+    static std::once_flag said;
+    std::call_once(said, [] {
+      log::info("comm", "no launcher's environment (RANK and WORLD_SIZE, mpirun's or srun's): running as 1 rank; "
+                        "start N ranks with zero-run --nproc N PROGRAM");
+    });
+  }
+  auto world = init_process_group(launch, options);
   g_env_world = world;
   return world;
 }

@@ -21,7 +21,8 @@ using config_detail::Json;
 // Far more than any ds_config section has; reading stops there (see core/json_duplicates.h).
 constexpr size_t kMaxKeysPerObject = 10000;
 
-Json parse(const std::string& text) {
+Json parse(const std::string& written) {
+  const std::string text = config_detail::blank_comments_and_trailing_commas(written);  // Note [DeepSpeed's config syntax]
   if (core::json_nests_deeper_than(text))
     throw ConfigError("invalid JSON: nested deeper than " + std::to_string(core::kMaxJsonDepth) +
                       " levels (a ds_config nests a few)");
@@ -37,7 +38,8 @@ Json parse(const std::string& text) {
   } catch (const Json::parse_error& e) {
     std::string what = e.what();   // "[json.exception.parse_error.101] parse error at line 3, column 5: ..."
     size_t start = what.find("] ");
-    throw ConfigError("invalid JSON: " + (start == std::string::npos ? what : what.substr(start + 2)));
+    throw ConfigError("invalid JSON: " + (start == std::string::npos ? what : what.substr(start + 2)) +
+                      config_detail::python_spelling_hint(text));
   }
   if (duplicate) throw ConfigError(*duplicate + ": duplicate key (a key may appear once per object)");
   if (!root.is_object()) throw ConfigError("a ds_config must be a JSON object; found " + config_detail::show(root));
@@ -52,6 +54,7 @@ Config Config::from_json(const std::string& json_text) {
     Config c;
     config_detail::map_deprecated(root, ConfigAccess::warnings(c));
     config_detail::read_config(root, c);
+    config_detail::warn_stage3_keys_elsewhere(root, ConfigAccess::warnings(c));
     return c;
   } catch (const nlohmann::json::exception& e) {   // a slip in the reader: still a ConfigError
     throw ConfigError(std::string("cannot read the config: ") + e.what());

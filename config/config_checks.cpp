@@ -5,6 +5,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "config/config_detail.h"
 #include "zero/choices.h"
@@ -83,6 +84,28 @@ void check_config(const Config& c) {
   check_zeropp(c.zero_optimization);
   check_pipeline(c);
   check_precision(c);
+}
+
+// Keys a user wrote that only stage 3 reads, in a config of another stage:
+// from the file itself, since the typed config cannot tell a key given
+// from its default.
+void warn_stage3_keys_elsewhere(const Json& root, std::vector<std::string>& warnings) {
+  const auto z = root.find("zero_optimization");
+  if (z == root.end() || !z->is_object()) return;
+  const auto stage = z->find("stage");
+  if (stage != z->end() && !stage->is_number()) return;  // "auto", or a type error the reader names
+  const double at = stage == z->end() ? 0.0 : stage->get<double>();
+  if (at == 3.0) return;
+  // ZeRO++'s stage 3 keys are refused elsewhere (check_zeropp), not warned.
+  std::vector<std::string> given;
+  for (const auto& [key, value] : z->items()) {
+    const bool of_stage3 = key.rfind("stage3_", 0) == 0 || key == "sub_group_size";
+    if (of_stage3 && !value.is_null()) given.push_back("zero_optimization." + key);
+  }
+  if (given.empty()) return;
+  warnings.push_back(join(given, ", ") + (given.size() == 1 ? " is a stage 3 key" : " are stage 3 keys") +
+                     ": at zero_optimization.stage " + show_number(at) + " " +
+                     (given.size() == 1 ? "it has" : "they have") + " no effect");
 }
 
 }  // namespace zero::config_detail

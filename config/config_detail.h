@@ -113,6 +113,8 @@ void visit_config(Fields& f, Config& c);
 // ---- config_checks.cpp -------------------------------------------------
 // Checks across sections (stage vs offload, fp16 vs bf16, ...).
 void check_config(const Config& c);
+// One warning naming the stage 3 keys a config of another stage gives.
+void warn_stage3_keys_elsewhere(const Json& root, std::vector<std::string>& warnings);
 
 // ---- config_optim.cpp --------------------------------------------------
 // Supported types in their canonical spelling.
@@ -129,6 +131,14 @@ void map_deprecated(Json& root, std::vector<std::string>& warnings);
 
 // ---- config_batch.cpp --------------------------------------------------
 void resolve_batch(BatchConfig& b, int world_size);
+
+// ---- config_syntax.cpp -------------------------------------------------
+// Note [DeepSpeed's config syntax]: "#", "//" and "/* */" comments and
+// commas before a closing bracket become spaces, lines and columns kept.
+std::string blank_comments_and_trailing_commas(const std::string& text);
+// For a parse error: "; True is Python's spelling: JSON writes true" when
+// `text` holds True, False or None outside its strings, else "".
+std::string python_spelling_hint(const std::string& text);
 
 // ---- config_text.cpp ---------------------------------------------------
 std::string lower(const std::string& s);

@@ -49,4 +49,22 @@ inline std::optional<std::string> nearest(const std::string& key, const std::vec
   return best;
 }
 
+// A command-line option's name as the tools spell it: "--world_size" is
+// "--world-size" (DeepSpeed's launcher and torchrun write underscores), and
+// "--name=value" gives "--name". Anything else is returned as it is.
+inline std::string option_name(const std::string& arg) {
+  if (arg.rfind("--", 0) != 0) return arg;
+  std::string name = arg.substr(0, arg.find('='));
+  std::replace(name.begin() + 2, name.end(), '_', '-');
+  return name;
+}
+
+// "unknown option '--wrold-size'; did you mean --world-size?" (the hint
+// only when one of `known` is near).
+inline std::string unknown_option(const std::string& arg, const std::vector<std::string>& known) {
+  std::string message = "unknown option '" + arg + "'";
+  if (auto near = nearest(option_name(arg), known)) message += "; did you mean " + *near + "?";
+  return message;
+}
+
 }  // namespace zero::text

@@ -1,5 +1,6 @@
 #include "core/env.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 
@@ -43,6 +44,24 @@ Number number(const char* name, std::optional<long long> fallback, long long min
             ", a whole number from " + std::to_string(min) + " to " + std::to_string(max) +
             (fallback ? " (unset: " + std::to_string(*fallback) + ")" : "");
   return n;
+}
+
+Flag flag(const char* name, bool fallback, const std::string& meaning) {
+  Flag f;
+  std::string text = get(name);
+  for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (text.empty()) {
+    f.value = fallback;
+  } else if (text == "1" || text == "true" || text == "yes" || text == "on") {
+    f.value = true;
+  } else if (text == "0" || text == "false" || text == "no" || text == "off") {
+    f.value = false;
+  } else {
+    const std::string shown = get(name);
+    f.error = std::string(name) + "=" + (shown.size() > 40 ? shown.substr(0, 40) + "..." : shown) + ": " + meaning +
+              ", 1, true, yes or on, or 0, false, no or off (unset: " + (fallback ? "on" : "off") + ")";
+  }
+  return f;
 }
 
 }  // namespace zero::env

@@ -29,6 +29,17 @@ struct Number {
 Number number(const char* name, std::optional<long long> fallback, long long min, long long max,
               const std::string& meaning);
 
+// A yes/no setting read from the environment, or why it could not be.
+struct Flag {
+  bool value = false;
+  std::string error;  // "" when value holds the setting
+};
+// NAME as yes or no: 1, true, yes, on or 0, false, no, off (any case, as
+// DeepSpeed's and torch's variables are written); `fallback` when NAME is
+// unset or empty. Anything else is `error`, naming the variable, its value
+// and `meaning`: a typo never quietly means "off".
+Flag flag(const char* name, bool fallback, const std::string& meaning);
+
 // Logging (core/log.cpp).
 inline std::string log_level() { return get("ZERO_LOG_LEVEL", "info"); }
 inline std::string log_ranks() { return get("ZERO_LOG_RANKS", "0"); }
@@ -48,18 +59,22 @@ inline Number shm_slot_kib() {
 }
 // Network interface or host name gloo binds to (default: the host name of MASTER_ADDR's route).
 inline std::string gloo_hostname() { return get("ZERO_GLOO_HOSTNAME", ""); }
-// Progress reports of long operations (core/progress.h): "0" silences them.
-inline bool progress_shown() { return get("ZERO_PROGRESS") != "0"; }
+// Progress reports of long operations (core/progress.h): "0" (or off, ...) silences them.
+inline Flag progress_shown() { return flag("ZERO_PROGRESS", true, "whether long operations show their progress"); }
 // CPU optimizers' SIMD path: "portable", "avx2" or "avx512" (default: the best the CPU has).
 inline std::string cpu_optimizer_simd() { return get("ZERO_CPU_OPTIMIZER_SIMD", ""); }
 // Debug runs: "1" makes every gloo collective check first that the ranks
 // passed the same kind, size, dtype and root (Note [Checked collectives] in
 // comm/gloo.cpp).
-inline bool check_collectives() { return get("ZERO_CHECK_COLLECTIVES") == "1"; }
+inline Flag check_collectives() {
+  return flag("ZERO_CHECK_COLLECTIVES", false, "whether every gloo collective is checked across the ranks first");
+}
 
 // Test hook: "1" makes CPU ranks copy offloaded gradients to host buffers
 // as an accelerator does (Note [Offload copies] in partition/master_store.h).
-inline bool offload_host_grad_copies() { return get("ZERO_OFFLOAD_HOST_GRAD_COPIES") == "1"; }
+inline Flag offload_host_grad_copies() {
+  return flag("ZERO_OFFLOAD_HOST_GRAD_COPIES", false, "whether CPU ranks copy offloaded gradients to host buffers");
+}
 
 // Test hook: "<point>:<rank>[:<n>]" kills that rank at a point of a save,
 // a load or a step (core/fault.h).

@@ -30,7 +30,9 @@ std::string clock_text(double s) {
 
 Progress::Progress(std::string what, int64_t total, bool show, ProgressOptions options)
     : what_(std::move(what)), total_(std::max<int64_t>(total, 0)), options_(options) {
-  show_ = show && env::progress_shown();
+  const env::Flag shown = env::progress_shown();
+  if (!shown.error.empty()) std::fprintf(stderr, "zero: %s; showing progress\n", shown.error.c_str());
+  show_ = show && (shown.value || !shown.error.empty());
   terminal_ = options_.terminal >= 0 ? options_.terminal == 1 : ::isatty(::fileno(options_.out)) == 1;
   start_ = last_ = std::chrono::steady_clock::now();
 }

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "zero/data.h"
@@ -38,5 +39,19 @@ struct DataLoader::State {
   int64_t order_epoch_ = -1;
   std::vector<int64_t> order_;
 };
+
+// Note [Data that resumes]: a loader's position as a checkpoint keeps it
+// (Engine::save_checkpoint, in the manifest's "engine" record), with what
+// the position means: the dataset's size and the shuffle's seed and
+// switch. Shuffled, those must be the same to resume; in order, a larger
+// dataset resumes too (sample i is index i). Positions count samples of the epoch's order handed out by all
+// ranks together, so they carry over to another world size.
+struct SavedLoaderPosition {
+  int64_t epoch = 0, samples = 0;
+  int64_t dataset_size = 0, global_batch = 0;
+  uint64_t seed = 0;
+  bool shuffle = true;
+};
+// (The engine saves and restores them: engine/training_parts.h.)
 
 }  // namespace zero

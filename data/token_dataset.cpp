@@ -6,9 +6,12 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 
+#include "core/regular_file.h"
 #include "zero/data.h"
 #include "zero/error.h"
 
@@ -24,13 +27,11 @@ struct TokenDataset::Mapping {
   const unsigned char* data = nullptr;
 
   Mapping(const std::string& p, int w) : path(p), width(w) {
-    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-    struct stat st {};
-    if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      if (fd >= 0) ::close(fd);
-      throw EngineError("cannot read the token file " + p + " (a regular file of token ids)");
-    }
-    bytes = static_cast<size_t>(st.st_size);
+    // A FIFO or a device would block or never end: refused before reading.
+    const core::OpenedFile file = core::open_regular_file(p, std::numeric_limits<uint64_t>::max());
+    if (file.fd < 0) throw EngineError("cannot read the token file " + p + " (a regular file of token ids): " + file.error);
+    const int fd = file.fd;
+    bytes = static_cast<size_t>(file.bytes);
     if (bytes % static_cast<size_t>(width) != 0) {
       ::close(fd);
       throw EngineError("the token file " + p + " has " + std::to_string(bytes) + " bytes, not a multiple of " +
@@ -47,6 +48,26 @@ struct TokenDataset::Mapping {
       data = static_cast<const unsigned char*>(m);
     }
     ::close(fd);  // the mapping keeps the file
+    if (width == 2 && looks_like_uint32()) {
+      throw EngineError("the token file " + p + " looks like uint32 ids read as uint16: every other uint16 of its "
+                        "first " + std::to_string(sampled()) + " is 0, as the high halves of uint32 ids below 65536 are; "
+                        "read it with 4 bytes per token (zero-llama: --tokens-dtype uint32)");
+    }
+  }
+  // The start of the file that the width check reads.
+  int64_t sampled() const { return std::min<int64_t>(count(), 8192) / 2 * 2; }
+  // Read as uint16, a file of uint32 ids below 65536 (every vocabulary this
+  // side of 65536 tokens) has a 0 at every odd position and ids at the even
+  // ones. Real uint16 text has no such pattern over thousands of tokens.
+  bool looks_like_uint32() const {
+    const int64_t n = sampled();
+    if (n < 64) return false;  // too short to tell
+    bool any_even = false;
+    for (int64_t i = 0; i < n; i += 2) {
+      if (at(i + 1) != 0) return false;
+      any_even = any_even || at(i) != 0;
+    }
+    return any_even;
   }
   ~Mapping() {
     if (data) ::munmap(const_cast<unsigned char*>(data), bytes);
@@ -99,9 +120,14 @@ void TokenDataset::check_ids(int64_t vocab_size) const {
   for (int64_t i = 0; i < used; ++i) {
     const int64_t id = map_->at(i);
     if (id >= vocab_size) {
+      // Two uint16 ids read as one uint32 make an id of 65536 and above.
+      const bool two_halves = map_->width == 4 && id >= 65536 && vocab_size <= 65536;
       throw EngineError("the token file " + map_->path + " holds id " + std::to_string(id) + " at byte offset " +
                         std::to_string(i * map_->width) + ", not below the model's vocab_size " +
-                        std::to_string(vocab_size));
+                        std::to_string(vocab_size) +
+                        (two_halves ? "; if it holds uint16 ids, read it with 2 bytes per token (zero-llama: "
+                                      "--tokens-dtype uint16)"
+                                    : ""));
     }
   }
 }

@@ -201,6 +201,18 @@ json EngineRecord::to_json() const {
                         {"last_overflow_iter", loss_scaler->last_overflow_iter},
                         {"cur_iter", loss_scaler->cur_iter}};
   }
+  if (!data_loaders.empty()) {
+    json loaders = json::array();
+    for (const SavedLoaderPosition& p : data_loaders) {
+      loaders.push_back({{"epoch", p.epoch},
+                         {"samples", p.samples},
+                         {"dataset_size", p.dataset_size},
+                         {"global_batch", p.global_batch},
+                         {"seed", p.seed},
+                         {"shuffle", p.shuffle}});
+    }
+    e["data_loaders"] = loaders;
+  }
   return e;
 }
 
@@ -234,6 +246,25 @@ EngineRecord EngineRecord::from_json(const json& e, const std::string& where) {
     st.last_overflow_iter = count_field(l, "last_overflow_iter", -1, -1, where, p);
     st.cur_iter = count_field(l, "cur_iter", 0, 0, where, p);
     r.loss_scaler = st;
+  }
+  if (e.contains("data_loaders")) {
+    const json& loaders = e["data_loaders"];
+    if (!loaders.is_array() || loaders.size() > 10000) bad_field(where, "data_loaders", loaders, "an array of loader positions");
+    for (size_t i = 0; i < loaders.size(); ++i) {
+      const json& l = loaders[i];
+      const std::string p = "data_loaders[" + std::to_string(i) + "].";
+      if (!l.is_object()) bad_field(where, p.substr(0, p.size() - 1), l, "an object");
+      SavedLoaderPosition saved;
+      saved.epoch = count_field(l, "epoch", 0, 0, where, p);
+      saved.samples = count_field(l, "samples", 0, 0, where, p);
+      saved.dataset_size = count_field(l, "dataset_size", 1, 1, where, p);
+      saved.global_batch = count_field(l, "global_batch", 1, 1, where, p);
+      if (!l.contains("seed") || !l["seed"].is_number_unsigned()) bad_field(where, p + "seed", l.value("seed", json()), "an integer, 0 or above");
+      saved.seed = l["seed"].get<uint64_t>();
+      if (!l.contains("shuffle") || !l["shuffle"].is_boolean()) bad_field(where, p + "shuffle", l.value("shuffle", json()), "true or false");
+      saved.shuffle = l["shuffle"].get<bool>();
+      r.data_loaders.push_back(saved);
+    }
   }
   return r;
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "data/data_loader.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "offload/swapped_tensors.h"
@@ -38,6 +39,9 @@ struct EngineRecord {
   std::optional<double> next_lr;
   bool mid_accumulation = false;
   std::optional<LossScalerState> loss_scaler;  // fp16
+  // engine.data_loader's loaders, in the order they were made (Note [Data
+  // that resumes] in data/data_loader.h); absent in older checkpoints.
+  std::vector<SavedLoaderPosition> data_loaders;
 
   nlohmann::json to_json() const;
   // `where` names the manifest in errors.

@@ -325,6 +325,13 @@ std::string load_checkpoint(TrainingParts& s, const std::string& dir, const std:
     if (!mismatch.empty()) throw CheckpointError(mismatch);
   }
   const Plan plan = plan_for(s, m, record, options, where);
+  // The loaders made already must be the saved ones: checked before anything is read.
+  for (size_t i = 0; plan.training && i < s.data_loaders.size() && i < record.data_loaders.size(); ++i) {
+    if (auto loader = s.data_loaders[i].lock()) {
+      DataLoader::State check = *loader;
+      restore_position(check, record.data_loaders[i], i, where);
+    }
+  }
 
   Attempts attempts;
   std::unique_ptr<Source> source;
@@ -348,7 +355,12 @@ std::string load_checkpoint(TrainingParts& s, const std::string& dir, const std:
   }
   s.partly_loaded.clear();
 
-  if (plan.training) restore_counters(s, record, options, plan.mid_accumulation);
+  if (plan.training) {
+    restore_counters(s, record, options, plan.mid_accumulation);
+    s.loaded_positions = record.data_loaders;
+    s.loaded_from = where;
+    for (size_t i = 0; i < s.data_loaders.size(); ++i) restore_loader(s, i);
+  }
   log::info("ckpt", "loaded " + where + " (saved by " + std::to_string(m.world_size) + " rank(s) at stage " +
                         std::to_string(m.stage) + ", step " + std::to_string(record.global_steps) + ")");
   return m.client_state.dump();

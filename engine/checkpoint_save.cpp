@@ -229,6 +229,9 @@ json engine_record(TrainingParts& s) {
   e.next_lr = s.schedule->lr_at(c.scheduler_steps());
   e.mid_accumulation = c.micro_steps % s.gas != 0;
   if (s.scaler) e.loss_scaler = s.scaler->state();
+  for (const auto& weak : s.data_loaders) {
+    if (auto loader = weak.lock()) e.data_loaders.push_back(saved_position(*loader));
+  }
   return e.to_json();
 }
 

@@ -24,7 +24,48 @@ DataLoader Engine::data_loader(std::shared_ptr<Dataset> dataset, const DataLoade
   state->dp_rank = impl_->mesh->dp_group()->rank();
   state->dp_size = impl_->mesh->dp_group()->size();
   state->device = impl_->model_device;
+  impl_->data_loaders.push_back(state);
+  engine::restore_loader(*impl_, impl_->data_loaders.size() - 1);  // made after a load: its saved position
   return DataLoader(state);
 }
+
+namespace engine {
+
+SavedLoaderPosition saved_position(const DataLoader::State& loader) {
+  SavedLoaderPosition p;
+  p.epoch = loader.position.epoch;
+  p.samples = loader.position.samples;
+  p.dataset_size = loader.num_samples();
+  p.global_batch = loader.global_batch();
+  p.seed = loader.seed;
+  p.shuffle = loader.options.shuffle;
+  return p;
+}
+
+void restore_position(DataLoader::State& loader, const SavedLoaderPosition& saved, size_t index, const std::string& where) {
+  // In order, sample i is index i at any dataset size: a longer dataset
+  // (more steps planned) keeps the position. Shuffled, the size and the
+  // seed make the order.
+  const bool same_order = saved.shuffle == loader.options.shuffle &&
+                          (saved.shuffle ? saved.dataset_size == loader.num_samples() && saved.seed == loader.seed
+                                         : saved.samples <= loader.num_samples());
+  if (!same_order) {
+    auto describe = [](int64_t size, uint64_t seed, bool shuffle) {
+      return std::to_string(size) + " samples (" + (shuffle ? "shuffled, seed " + std::to_string(seed) : "in order") + ")";
+    };
+    throw CheckpointError("data loader " + std::to_string(index) + " (in the order engine.data_loader made them) was saved in " +
+                          where + " over " + describe(saved.dataset_size, saved.seed, saved.shuffle) +
+                          " and this one reads " + describe(loader.num_samples(), loader.seed, loader.options.shuffle) +
+                          ": its position would name other samples; make the same loaders, in the same order");
+  }
+  loader.position = DataLoader::Position{saved.epoch, saved.samples};
+}
+
+void restore_loader(TrainingParts& s, size_t index) {
+  if (index >= s.loaded_positions.size()) return;
+  if (auto loader = s.data_loaders[index].lock()) restore_position(*loader, s.loaded_positions[index], index, s.loaded_from);
+}
+
+}  // namespace engine
 
 }  // namespace zero

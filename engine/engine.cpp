@@ -319,6 +319,7 @@ void Engine::rethrow_forward_error(const c10::Error& e) const {
                     ". LibTorch said: " + text.substr(0, text.find('\n')));
 }
 double Engine::lr() const { return impl_->steps.lr; }
+double Engine::get_lr() const { return impl_->schedule->lr_at(impl_->steps.scheduler_steps()); }
 double Engine::loss_scale() const { return impl_->loss_scale(); }
 int64_t Engine::global_steps() const { return impl_->steps.global_steps; }
 int64_t Engine::skipped_steps() const { return impl_->steps.skipped_steps; }

@@ -77,7 +77,9 @@ partition::Options partition_options(const Config& config, at::ScalarType dtype,
   const OffloadDevice optimizer_device = offload.where(), param_device = z.offload_param.where();
   o.offload_optimizer = optimizer_device != OffloadDevice::none;
   o.offload_ratio = offload.ratio;
-  o.host_grad_copies = env::offload_host_grad_copies();  // for tests (Note [Offload copies])
+  const env::Flag copies = env::offload_host_grad_copies();  // for tests (Note [Offload copies])
+  if (!copies.error.empty()) throw EngineError(copies.error);
+  o.host_grad_copies = copies.value;
   o.pin_memory = offload.pin_memory || z.offload_param.pin_memory;
   if (optimizer_device == OffloadDevice::nvme) {
     o.master_swap = nvme_swap(config, offload.nvme_path, offload.buffer_count, world->rank());

@@ -7,6 +7,7 @@
 #include <set>
 #include <string>
 
+#include "data/data_loader.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
@@ -56,7 +57,25 @@ struct TrainingParts {
   // A pipeline's tied modules: the parameters and buffers another stage
   // writes (the first stage holding each), so each is saved once.
   std::set<std::string> written_elsewhere;
+  // The loaders Engine::data_loader made, in order (Note [Data that
+  // resumes]): a checkpoint keeps their positions, and a load restores
+  // them, to loaders made before it at once and to those made after it as
+  // they are made (loaded_positions, and where they came from).
+  std::vector<std::weak_ptr<DataLoader::State>> data_loaders;
+  std::vector<SavedLoaderPosition> loaded_positions;
+  std::string loaded_from;
 };
+
+// Note [Data that resumes] (engine/data_loader.cpp):
+SavedLoaderPosition saved_position(const DataLoader::State& loader);
+// Moves `loader` to `saved`, or throws a CheckpointError naming loader
+// `index` of the checkpoint at `where` when the position would name other
+// samples: shuffle on in one and off in the other, or shuffled over another
+// dataset size or seed, or in order past the end of the dataset.
+void restore_position(DataLoader::State& loader, const SavedLoaderPosition& saved, size_t index, const std::string& where);
+// Loader `index` of s.data_loaders to its saved position, when the last
+// load held one for it.
+void restore_loader(TrainingParts& s, size_t index);
 
 // Engine::save_checkpoint and Engine::load_checkpoint (include/zero/engine.h).
 void save_checkpoint(TrainingParts& parts, const std::string& dir, const std::string& tag,

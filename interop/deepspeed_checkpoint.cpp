@@ -261,7 +261,13 @@ void DeepSpeedCheckpoint::read_model_states() {
   if (ds_config_.contains("optimizer") && ds_config_["optimizer"].is_object() && ds_config_["optimizer"].contains("type") &&
       ds_config_["optimizer"]["type"].is_string())
     optimizer_ = ds_config_["optimizer"]["type"].get<std::string>();
-  counters_.gradient_accumulation_steps = ds_config_.value("gradient_accumulation_steps", 1);
+  if (ds_config_.contains("gradient_accumulation_steps")) {
+    const auto& gas = ds_config_["gradient_accumulation_steps"];
+    if (!gas.is_number_integer() || gas.get<int64_t>() < 1 || gas.get<int64_t>() > (int64_t{1} << 31))
+      fail(where + ": ds_config's gradient_accumulation_steps is " + gas.dump() +
+           ", not a whole number from 1 to 2^31; the checkpoint's ds_config is damaged");
+    counters_.gradient_accumulation_steps = gas.get<int64_t>();
+  }
 
   if (const Value* mp = root.find("mp_world_size"); mp && mp->as_int(where + ": mp_world_size") != 1)
     fail(where + ": mp_world_size is " + std::to_string(mp->integer) + "; zero-ckpt import reads checkpoints without "
@@ -297,9 +303,16 @@ void DeepSpeedCheckpoint::read_model_states() {
   if (counters_.global_steps < 0 || counters_.skipped_steps < 0 || counters_.skipped_steps > counters_.global_steps)
     fail(where + ": global_steps " + std::to_string(counters_.global_steps) + " and skipped_steps " +
          std::to_string(counters_.skipped_steps) + " are not counts of steps");
+  // Checked before any arithmetic: micro steps are global_steps x accumulation,
+  // and a checkpoint's counters stay below 2^53 (what a double holds exactly).
+  constexpr int64_t kMaxCount = int64_t{1} << 53;
+  if (counters_.global_steps > kMaxCount / counters_.gradient_accumulation_steps)
+    fail(where + ": global_steps " + std::to_string(counters_.global_steps) + " x gradient_accumulation_steps " +
+         std::to_string(counters_.gradient_accumulation_steps) + " is beyond 2^53 micro steps; the file is damaged");
   if (const Value* sched = root.find("lr_scheduler"); sched && sched->is_dict())
     if (const Value* it = sched->find("last_batch_iteration"); it && !it->is_none())
-      counters_.scheduler_steps = std::max<int64_t>(0, it->as_int(where + ": lr_scheduler.last_batch_iteration") + 1);
+      counters_.scheduler_steps =
+          std::max<int64_t>(0, std::min(it->as_int(where + ": lr_scheduler.last_batch_iteration"), kMaxCount) + 1);
 }
 
 void DeepSpeedCheckpoint::read_optimizer_layout() {

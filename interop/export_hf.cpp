@@ -66,6 +66,10 @@ uint64_t parse_size(const std::string& text) {
   if (digits.empty() || digits.size() > 12 || digits.find_first_not_of("0123456789") != std::string::npos ||
       u == units.end() || std::stoull(digits) == 0)
     fail("\"" + text + "\" is not a shard size (e.g. 5GB, 500MB, 2GiB)");
+  // Checked before multiplying: 17179869184GiB would wrap to 0.
+  constexpr uint64_t kMaxShard = uint64_t{1} << 50;
+  if (std::stoull(digits) > kMaxShard / u->second)
+    fail("\"" + text + "\" is not a shard size: more than 1 PiB a file (e.g. 5GB, 500MB, 2GiB)");
   return std::stoull(digits) * u->second;
 }
 

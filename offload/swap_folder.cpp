@@ -78,10 +78,18 @@ void SwapFolder::create(int rank) {
   const std::string& p = nvme_path_;
   if (p.empty()) fail("nvme_path is empty; set nvme_path to a directory on a fast local disk");
   struct stat st {};
+  if (::stat(p.c_str(), &st) != 0 && errno == ENOENT) {
+    // DeepSpeed makes a missing nvme_path; so does zero, saying so. Ranks
+    // that race here find the folder made by another, which is fine.
+    std::error_code error;
+    std::filesystem::create_directories(p, error);
+    if (error && !std::filesystem::is_directory(p))
+      fail("nvme_path " + p + " does not exist and cannot be created (" + error.message() +
+           "); create it or point nvme_path to an existing directory");
+    log::info("offload", "nvme_path " + p + " did not exist: created it");
+  }
   if (::stat(p.c_str(), &st) != 0) {
-    const int e = errno;
-    if (e == ENOENT) fail("nvme_path " + p + " does not exist; create it or point nvme_path to an existing directory");
-    fail("nvme_path " + p + " cannot be examined (" + errno_text(e) +
+    fail("nvme_path " + p + " cannot be examined (" + errno_text(errno) +
          "); fix its permissions or point nvme_path elsewhere");
   }
   if (!S_ISDIR(st.st_mode)) {

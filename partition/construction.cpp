@@ -2,7 +2,10 @@
 // are built (Note [Partitioned construction] in construction.h).
 #include "partition/construction.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <mutex>
 #include <system_error>
@@ -85,10 +88,25 @@ void ConstructionParts::take(UnitBase& unit) {
   }
   if (params.empty()) return;
   const int world = group_->size(), rank = group_->rank();
+  int64_t needed = 0;
+  for (const auto& p : params) needed += (p.numel() + world - 1) / world * p.element_size();
+  if (!store_) {
+    // Parts in host memory: a model whose parts outgrow the machine is
+    // named here, before they are allocated, instead of by the kernel's
+    // out-of-memory killer. The ranks of a node share its memory.
+    const char* local = std::getenv("LOCAL_WORLD_SIZE");
+    const int64_t local_ranks = std::max<int64_t>(1, local ? std::atoll(local) : 1);
+    const int64_t memory = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+    if (memory > 0 && (bytes_ + needed) * local_ranks > memory) {
+      throw OffloadError("zero::Init: remote_device \"cpu\": the parts would hold " + human(bytes_ + needed) +
+                         " per rank with this unit, times " + std::to_string(local_ranks) +
+                         " rank(s) on this node, above this machine's " + human(memory) +
+                         " of memory; check the model's sizes, or keep the parts on NVMe "
+                         "(offload_param.device \"nvme\")");
+    }
+  }
   if (store_) {
     // A full disk is found here, before this unit's parts are written.
-    int64_t needed = 0;
-    for (const auto& p : params) needed += (p.numel() + world - 1) / world * p.element_size();
     std::error_code error;
     const auto space = std::filesystem::space(nvme_->nvme_path, error);
     if (!error && static_cast<int64_t>(space.available) < needed + (int64_t{64} << 20)) {

@@ -1,6 +1,7 @@
 // TorchSaveFile: torch.save's zip container through libzip, its pickle
 // through the restricted machine (pickle.cpp). Layout facts from
 // torch/serialization.py (_save, _load) and caffe2/serialize/inline_container.
+#include <unistd.h>
 #include <zip.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "core/regular_file.h"
 #include "torchsave/torch_save.h"
 #include "zero/error.h"
 
@@ -19,6 +21,8 @@ namespace {
 // pickles to kilobytes, DeepSpeed's largest (parameter shapes of every
 // layer) to a few megabytes.
 constexpr uint64_t kMaxPickleBytes = 256ull << 20;
+// A whole .pt file: DeepSpeed's largest hold a rank's optimizer states.
+constexpr uint64_t kMaxFileBytes = 1ull << 40;
 
 zip_t* as_zip(void* z) { return static_cast<zip_t*>(z); }
 
@@ -44,24 +48,32 @@ struct ZipFile {  // one open entry, closed on every path
 }  // namespace
 
 TorchSaveFile::TorchSaveFile(const std::string& path) : path_(path) {
+  // A regular file only: a FIFO (or a link to one) would block the read.
+  const core::OpenedFile file = core::open_regular_file(path, kMaxFileBytes);
+  if (file.fd < 0) throw CheckpointError(path + ": cannot open it (" + file.error + ")");
   {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw CheckpointError(path + ": cannot open it (" + std::strerror(errno) + ")");
     uint8_t head[sizeof kLegacyMagic] = {};
-    in.read(reinterpret_cast<char*>(head), sizeof head);
-    const size_t got = static_cast<size_t>(in.gcount());
+    const ssize_t read = ::pread(file.fd, head, sizeof head, 0);  // the offset stays at 0 for libzip
+    const size_t got = read > 0 ? static_cast<size_t>(read) : 0;
+    std::string refusal;
     if (got == sizeof head && std::memcmp(head, kLegacyMagic, sizeof head) == 0)
-      throw CheckpointError(path + ": a torch.save file in the legacy format (torch before 1.6, or "
-                                   "_use_new_zipfile_serialization=False), which zero does not read; rewrite it "
-                                   "in the zip format with torch.save(torch.load(PATH, weights_only=True), NEW_PATH)");
-    if (got < 4 || std::memcmp(head, "PK\x03\x04", 4) != 0)
-      throw CheckpointError(path + ": not a torch.save file (no zip signature at its start)");
+      refusal = path + ": a torch.save file in the legacy format (torch before 1.6, or "
+                       "_use_new_zipfile_serialization=False), which zero does not read; rewrite it "
+                       "in the zip format with torch.save(torch.load(PATH, weights_only=True), NEW_PATH)";
+    else if (got < 4 || std::memcmp(head, "PK\x03\x04", 4) != 0)
+      refusal = path + ": not a torch.save file (no zip signature at its start)";
+    if (!refusal.empty()) {
+      ::close(file.fd);
+      throw CheckpointError(refusal);
+    }
   }
   int error = 0;
-  zip_ = zip_open(path.c_str(), ZIP_RDONLY | ZIP_CHECKCONS, &error);
-  if (zip_ == nullptr)
+  zip_ = zip_fdopen(file.fd, ZIP_CHECKCONS, &error);  // takes the descriptor when it succeeds
+  if (zip_ == nullptr) {
+    ::close(file.fd);
     throw CheckpointError(path + ": not a readable zip archive (" + zip_error_text(error) +
                           "); the file is truncated or damaged");
+  }
   try {
     // The record folder: the one top-level folder holding data.pkl.
     const zip_int64_t entries = zip_get_num_entries(as_zip(zip_), 0);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -135,8 +136,17 @@ LlamaConfig LlamaConfig::from_json_text(const std::string& text, const std::stri
 }
 
 LlamaConfig LlamaConfig::from_file(const std::string& path) {
+  // A FIFO would block the read and a device never end: a regular file of
+  // a config's size only (not a zero::Error: the example model's own input).
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  if (error) throw std::invalid_argument("cannot read " + path + " (" + error.message() + ")");
+  if (!std::filesystem::is_regular_file(status))
+    throw std::invalid_argument("cannot read " + path + ": it is not a regular file (a config.json is one)");
+  if (std::filesystem::file_size(path, error) > (uint64_t{64} << 20))
+    throw std::invalid_argument("cannot read " + path + ": over 64 MiB, no config.json is that large");
   std::ifstream in(path);
-  if (!in) throw std::invalid_argument("cannot read " + path);  // not a zero::Error: the example model's own input
+  if (!in) throw std::invalid_argument("cannot read " + path);
   std::stringstream text;
   text << in.rdbuf();
   return from_json_text(text.str(), path);

@@ -25,17 +25,21 @@
 // time in seconds to its line ("time S"), for bench/run_llama.sh.
 #include <torch/torch.h>
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -305,11 +309,28 @@ int eval(const Args& a) {
 
 // The model's weights in Hugging Face's layout: model.safetensors and the
 // config.json the model was built from.
+// config.json is written to a fresh file and renamed over the old name, so
+// a link planted at OUT/config.json is replaced, never written through.
 void save_hf(zero::Engine& engine, const std::string& hf_dir, const std::string& out) {
   if (!engine.save_16bit_model(out))  // a collective; rank 0 writes (check_at_start refused the config that declines)
     throw std::logic_error("save_16bit_model declined after the start checks passed");
-  if (engine.group().rank() == 0)
-    std::filesystem::copy_file(hf_dir + "/config.json", out + "/config.json", std::filesystem::copy_options::overwrite_existing);
+  if (engine.group().rank() != 0) return;
+  std::ifstream in(hf_dir + "/config.json", std::ios::binary);  // read once already, as the model's config
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) throw std::runtime_error("cannot read " + hf_dir + "/config.json again to save it beside the weights");
+  const std::string staged = out + "/.config.json." + std::to_string(::getpid()) + ".tmp";
+  const int fd = ::open(staged.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot create " + staged + ": " + std::strerror(errno));
+  const std::string bytes = text.str();
+  const bool written = ::write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()) && ::fsync(fd) == 0;
+  const int saved_errno = errno;
+  ::close(fd);
+  if (!written || std::rename(staged.c_str(), (out + "/config.json").c_str()) != 0) {
+    const std::string why = std::strerror(written ? errno : saved_errno);
+    ::unlink(staged.c_str());
+    throw std::runtime_error("cannot write " + out + "/config.json: " + why);
+  }
 }
 
 // What would fail only after the last step, refused before the first

@@ -21,8 +21,10 @@
 //  - Types are strict: an integer field takes a JSON integer or an integral
 //    number (5e8 is fine, 1.5 is not); a boolean field takes true/false only
 //    ("true" in quotes is an error). Numbers in quotes are not accepted.
-//    null means "not given" (the default applies). Comments (// and /* */)
-//    are allowed, as DeepSpeed reads configs with hjson; duplicate keys are an
+//    null means "not given" (the default applies). Comments (#, // and /* */)
+//    and a comma before a closing bracket are allowed, as DeepSpeed reads
+//    configs with hjson (Note [DeepSpeed's config syntax]); True, False and
+//    None are refused naming JSON's spelling; duplicate keys are an
 //    error, as in DeepSpeed.
 //  - "auto" (the Hugging Face convention) is accepted where Hugging Face
 //    writes it, and nowhere else:

@@ -64,6 +64,11 @@ struct DataLoaderOptions {
 class DataLoader {
  public:
   using Batch = std::vector<at::Tensor>;
+  // Where the loader is: the next batch it hands out is the one at
+  // `samples` of epoch `epoch`'s order. A batch counts as handed out as soon
+  // as the iterator holds it, so inside a range-for's body position() is
+  // already past the batch being trained on: saved there, a resume goes on
+  // with the next batch. Engine::save_checkpoint saves it for you.
   struct Position {
     int64_t epoch = 0;
     int64_t samples = 0;  // samples of the epoch's order already handed out, all ranks together

@@ -216,7 +216,14 @@ class Engine {
   void train(bool on = true);
   void eval() { train(false); }
 
+  // The learning rate the last applied optimizer step used (before the
+  // first step: the one it will use). Not DeepSpeed's get_lr(), which names
+  // the next step's rate: logs that print get_lr() after step() are one
+  // step ahead of lr().
   double lr() const;
+  // DeepSpeed's engine.get_lr() (of the one parameter group's rate): the
+  // rate the next optimizer step will use. A skipped fp16 step leaves it.
+  double get_lr() const;
   double loss_scale() const;      // 1 unless fp16
   int64_t global_steps() const;   // optimizer steps taken, skipped ones included (DeepSpeed)
   int64_t skipped_steps() const;  // steps skipped for an fp16 overflow
@@ -259,8 +266,11 @@ class Engine {
   // Sharded checkpoints (ckpt/checkpoint.h, Note [Checkpoint layout]). A
   // collective: every rank writes its own file into <dir>/<tag>/ in
   // parallel, then <dir>/latest is replaced atomically. tag: empty means
-  // "global_step<N>". client_state: JSON text (a data-loader position, an
-  // epoch) handed back by load_checkpoint. Non-finite master weights or
+  // "global_step<N>". client_state: JSON text handed back by
+  // load_checkpoint. The positions of the loaders data_loader() made are
+  // saved too, and restored by load_checkpoint (Note [Data that resumes]):
+  // no client_state is needed to continue with the same samples, at any
+  // world size. Non-finite master weights or
   // optimizer states are a CheckpointError naming the tensor on every rank,
   // `latest` and the checkpoints already saved untouched (SaveOptions).
   void save_checkpoint(const std::string& dir, const std::string& tag = "", const std::string& client_state = "{}",
@@ -288,6 +298,10 @@ class Engine {
 
   // DeepSpeed's deepspeed_io: a loader over `dataset` that hands this
   // data-parallel rank its rows of each global batch, on the model's device.
+  // save_checkpoint keeps its position and load_checkpoint restores it
+  // (made after the load: here, as the load's k-th loader), or names a
+  // loader whose position would name other samples (a shuffled one over
+  // another dataset size or seed, shuffle switched).
   // Its batch_size: rows per rank, unset: train_micro_batch_size_per_gpu.
   // Shuffled from (seed, epoch) unless options.shuffle is false (unset seed: 0,
   // DistributedSampler's). Tensor-parallel and pipeline ranks of one

@@ -316,7 +316,7 @@ TEST(Save, RefusesATagNoReaderWouldAccept) {
   Net a = make_net(1);
   auto ea = make_engine(s, a);
   train(ea, a, 0, 1, *g_world);
-  for (const std::string tag : {"latest", ".saving", "a/b", "step\n1"}) {
+  for (const std::string tag : {"latest", ".saving", "a/b", "step\n1", "latest.tmp"}) {
     SCOPED_TRACE(tag);
     try {
       ea.save_checkpoint(dir, tag);

@@ -524,7 +524,8 @@ TEST_F(CkptTest, OneTagRuleEverywhere) {
   const std::vector<std::pair<std::string, std::string>> refused = {
       {"", "empty"},           {"latest", "newest tag"},   {".", "starts with '.'"},
       {"..", "starts with '.'"}, {".saving", "starts with '.'"}, {"a/b", "'/'"},
-      {"../x", "starts with '.'"}, {"step\n1", "newline"},  {std::string("st\0ep", 6), "NUL"}};
+      {"../x", "starts with '.'"}, {"step\n1", "newline"},  {std::string("st\0ep", 6), "NUL"},
+      {"latest.tmp", "ends in .tmp"}, {"global_step3.tmp", "ends in .tmp"}};
   for (const auto& [tag, why] : refused) {
     SCOPED_TRACE(tag);
     EXPECT_CONTAINS(tag_problem(tag), why);
@@ -532,7 +533,7 @@ TEST_F(CkptTest, OneTagRuleEverywhere) {
     EXPECT_CONTAINS(e, "here: invalid checkpoint tag");
     EXPECT_CONTAINS(e, "global_step100");
   }
-  for (const std::string tag : {"global_step100", "best", "step.5", "latest2", "my latest", "a..b", "x."}) {
+  for (const std::string tag : {"global_step100", "best", "step.5", "latest2", "my latest", "a..b", "x.", "tmp", "x.tmp2"}) {
     EXPECT_EQ(tag_problem(tag), "") << tag;
   }
   // read_latest applies it to what the file says.
@@ -887,6 +888,12 @@ TEST_F(CkptTest, ToolConsolidateWritesTheReference) {
   ASSERT_EQ(r.status, 0) << r.out << r.err;
   expect_consolidated(out2, model);
 
+  // zero_to_fp32.py's form, the output file after the folder, writes the same.
+  const std::string out3 = dir_ + "/full3.safetensors";
+  r = tool(dir_, "consolidate '" + ck + "' '" + out3 + "' --tag global_step6");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  expect_consolidated(out3, model);
+
   // A corrupt file stops it with the file's name.
   const std::string rank0 = tag_dir(ck, "global_step5") + "/rank00000.safetensors";
   flip_byte(rank0, fs::file_size(rank0) - 30);
@@ -902,7 +909,8 @@ TEST_F(CkptTest, ToolUsageErrorsExitTwo) {
   EXPECT_EQ(r.status, 0);
   EXPECT_CONTAINS(r.out, "usage: zero-ckpt inspect DIR");
   for (const char* args : {"", "frobnicate x", "inspect", "consolidate x", "inspect x --bogus", "inspect x y",
-                           "inspect x --tag", "inspect x --out y"}) {
+                           "inspect x --tag", "inspect x --out y", "export x y --to hf --dtype ''",
+                           "export x y --to hf --dtype=", "export x y --to hf --max-shard-size ''"}) {
     r = tool(dir_, args);
     EXPECT_EQ(r.status, 2) << "args: " << args;
     EXPECT_CONTAINS(r.err, "usage:");
@@ -910,6 +918,13 @@ TEST_F(CkptTest, ToolUsageErrorsExitTwo) {
   r = tool(dir_, "inspect '" + dir_ + "/nowhere'");
   EXPECT_EQ(r.status, 1);
   EXPECT_CONTAINS(r.err, "does not exist");
+  // A near miss names the option meant; underscores are dashes.
+  r = tool(dir_, "inspect x --tga t");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_CONTAINS(r.err, "unknown option '--tga'; did you mean --tag?");
+  r = tool(dir_, "consolidate x --out a.safetensors b.safetensors");
+  EXPECT_EQ(r.status, 2) << "two output files";
+  EXPECT_CONTAINS(r.err, "unexpected argument");
 }
 
 }  // namespace

@@ -611,6 +611,65 @@ TEST(ConfigEstimateTool, HelpMentionsTheEstimate) {
     EXPECT_NE(r.out.find(option), std::string::npos) << option;
 }
 
+// Which of stages 2 and 3 peaks higher where the parameters live: stage 3's
+// model states plus the units it keeps gathered, against stage 2's states,
+// each the library's figures. At the default stage3_max_reuse_distance (1e9)
+// stage 3 keeps forward's units for backward, the whole model; at reuse 0 it
+// keeps the block running and the one prefetched.
+TEST(ConfigEstimateTool, SaysWhetherStage3PeaksAboveStage2) {
+  // The example GPT of bench/run_memory_peaks.sh (width 768, depth 6) with
+  // GPT-2's vocabulary, fp32, 2 CPU ranks, configs/zero3.json's buckets.
+  const std::string shape = " --estimate --micro 2 --context 64 --width 768 --depth 6 --heads 12 --world-size 2 --cpu-ranks";
+  ToolRun r = tool(file_arg("configs/zero3.json") + shape + " --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  const int64_t psi = j["params"].get<int64_t>();
+  const int64_t unit = 12 * 768 * 768 + 13 * 768;
+  auto peak = [&](int stage, int64_t reuse) {
+    EstimateInput in;
+    in.params = psi, in.world_size = 2, in.stage = stage, in.dtype_bytes = 4, in.state_bytes_per_element = 8;
+    in.overlap_comm = true, in.accelerator = false, in.unit_params = unit;
+    in.stage3_max_reuse_distance = reuse;
+    in.stage3_prefetch_bucket_size = 50000000;
+    MemoryEstimate m = zero::device_as_host(zero::estimate_memory(in));
+    return m.host.total() + m.gathered_params_max;
+  };
+  const int64_t stage2 = peak(2, 1000000000), stage3 = peak(3, 1000000000), stage3_releasing = peak(3, 0);
+  EXPECT_EQ(j["stages"][2]["peak_where_params_live"].get<int64_t>(), stage2);
+  EXPECT_EQ(j["stages"][3]["peak_where_params_live"].get<int64_t>(), stage3);
+  EXPECT_EQ(j["stages"][3]["peak_where_params_live_reuse_0"].get<int64_t>(), stage3_releasing);
+  // The whole model gathered (4 bytes a parameter) outweighs what stage 3
+  // shards beyond stage 2 (half the parameters' 4 bytes on 2 ranks) ...
+  EXPECT_GT(stage3, stage2);
+  // ... two blocks gathered do not.
+  EXPECT_LT(stage3_releasing, stage2);
+
+  ToolRun text = tool(file_arg("configs/zero3.json") + shape);
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_NE(text.out.find("Stage 3 against stage 2 in host memory"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("stage 2 holds less. With stage3_max_reuse_distance 0"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("(stage 3 holds less)"), std::string::npos) << text.out;
+}
+
+// A reduce bucket larger than the model: each reduce buffer holds all the
+// gradients, and the estimate's stage 2 holds more than its stage 1. The
+// warning says so, and not for a model larger than the bucket.
+TEST(ConfigEstimateTool, WarnsWhenTheReduceBucketExceedsTheModel) {
+  ToolRun small = tool(file_arg("configs/zero2.json") + " --estimate --params 1e7 --world-size 2 --json");
+  ASSERT_EQ(small.status, 0) << small.err;
+  auto j = nlohmann::json::parse(small.out);
+  EXPECT_GT(j["stages"][2]["device"]["total"].get<int64_t>(), j["stages"][1]["device"]["total"].get<int64_t>());
+  bool warned = false;
+  for (const auto& w : j["warnings"])
+    warned = warned || w.get<std::string>().find("reduce_bucket_size 5e8 is larger than the 1e7 parameters") != std::string::npos;
+  EXPECT_TRUE(warned) << j["warnings"].dump();
+  ToolRun text = tool(file_arg("configs/zero2.json") + " --estimate --params 1e7 --world-size 2");
+  EXPECT_NE(text.err.find("zero-config: warning: zero_optimization.reduce_bucket_size 5e8 is larger"), std::string::npos)
+      << text.err;
+  ToolRun large = tool(file_arg("configs/zero2.json") + " --estimate --params 7e9 --world-size 2");
+  EXPECT_EQ(large.err.find("reduce_bucket_size"), std::string::npos) << large.err;
+}
+
 // ---- activations (activations/estimate.h) ------------------------------------
 
 TEST(ActivationEstimate, BlockIsKorthikantisCountAndCheckpointingKeepsInputs) {

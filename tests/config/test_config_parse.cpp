@@ -1,6 +1,7 @@
 // Reading rules: value types, unknown keys and their suggestions, "auto",
 // JSON syntax, and that nothing but zero::ConfigError ever escapes.
 #include "config_test_util.h"
+#include "config/config_detail.h"
 #include "core/json_depth.h"
 
 #include <sys/stat.h>
@@ -236,7 +237,7 @@ TEST(ConfigAuto, PipelineStagesAutoIsOne) {
 // ---- JSON syntax ------------------------------------------------------------
 
 TEST(ConfigSyntax, ParseErrorsGiveLineAndColumn) {
-  expect_error("{\n  \"fp16\": {\n    \"enabled\": true,\n  }\n}", {"invalid JSON", "line 4, column 3"});
+  expect_error("{\n  \"fp16\": {\n    \"enabled\": true\n    \"loss_scale\": 0\n  }\n}", {"invalid JSON", "line 4"});
   expect_error("{\"a\": }", {"invalid JSON", "line 1"});
   expect_error("", {"invalid JSON"});
   expect_error("{} {}", {"invalid JSON"});
@@ -246,6 +247,42 @@ TEST(ConfigSyntax, ParseErrorsGiveLineAndColumn) {
 TEST(ConfigSyntax, CommentsAreAllowedAsInHjson) {
   Config c = parse("{\n  // ZeRO stage\n  \"zero_optimization\": {\"stage\": 2 /* gradients */}\n}");
   EXPECT_EQ(c.zero_optimization.stage, 2);
+}
+
+// Note [DeepSpeed's config syntax]: what DeepSpeed's hjson reads the same
+// way is read: "#" comments and a comma before a closing bracket, in
+// objects and arrays, with comments between; the same config without them
+// is the reference.
+TEST(ConfigSyntax, HashCommentsAndTrailingCommasAsInHjson) {
+  const Config plain = parse(R"({"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW",
+      "params": {"lr": 1e-4, "betas": [0.9, 0.999]}}, "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp/a#b//c/*d*/,}"}}})");
+  const Config lenient = parse(R"(# DeepSpeed's hjson
+{"train_micro_batch_size_per_gpu": 4,  # per rank
+  "optimizer": {"type": "AdamW",
+    "params": {"lr": 1e-4, "betas": [0.9, 0.999, /* two */ ], }, },
+  "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
+    "nvme_path": "/tmp/a#b//c/*d*/,}", // in a string, not a comment
+  }, },
+}
+)");
+  EXPECT_EQ(lenient.to_json(), plain.to_json());
+  EXPECT_EQ(lenient.zero_optimization.offload_optimizer.nvme_path, "/tmp/a#b//c/*d*/,}");
+}
+
+// What is not a trailing comma stays an error, and Python's spellings are
+// named with JSON's.
+TEST(ConfigSyntax, AmbiguousSyntaxIsStillRefused) {
+  expect_error(R"({,})", {"invalid JSON"});
+  expect_error(R"({"optimizer": {"type": "Adam", "params": {"betas": [0.9,, 0.99]}}})", {"invalid JSON"});
+  expect_error(R"({"optimizer": {"type": "Adam", "params": {"betas": [,]}}})", {"invalid JSON"});
+  expect_error(R"({"fp16": {"enabled": True}})", {"invalid JSON", "True is Python's spelling: JSON writes true"});
+  expect_error(R"({"fp16": {"enabled": False}})", {"False is Python's spelling: JSON writes false"});
+  expect_error(R"({"train_batch_size": None})", {"None is Python's spelling: JSON writes null"});
+  // Inside a string it is text: the message does not guess.
+  const std::string message = config_error([] { parse(R"({"wall_clock_breakdown": "True", "x": })"); });
+  EXPECT_EQ(message.find("Python"), std::string::npos) << message;
+  expect_error(R"({"a": 1 /* never closed)", {"invalid JSON"});
 }
 
 TEST(ConfigSyntax, DuplicateKeysAreErrors) {
@@ -313,7 +350,11 @@ TEST(ConfigRobustness, OnlyConfigErrorsEscape) {
   for (const std::string folder : {"configs", "tests/config/good", "tests/config/hf"}) {
     for (const auto& name : zero_test::json_files(folder)) {
       std::ifstream in(zero_test::source_path(folder + "/" + name));
-      nlohmann::ordered_json root = nlohmann::ordered_json::parse(in);
+      std::stringstream text;
+      text << in.rdbuf();
+      // DeepSpeed's syntax (comments, trailing commas) as the reader takes it.
+      nlohmann::ordered_json root =
+          nlohmann::ordered_json::parse(zero::config_detail::blank_comments_and_trailing_commas(text.str()));
       mutate_all(root, root, cases);
     }
   }

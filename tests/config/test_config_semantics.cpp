@@ -108,6 +108,25 @@ TEST(ConfigZeroPlusPlus, EachPartNeedsStage3AndBlocksAreOfEights) {
   EXPECT_NE(message.find("zero_quantization_block_size is 100; it must be a multiple of 8"), std::string::npos) << message;
 }
 
+// Stage 3's keys in a config of another stage have no effect: one warning
+// names them all; at stage 3, or left null, nothing is said.
+TEST(ConfigWarnings, Stage3KeysAtAnotherStageAreNamed) {
+  const Config two = parse(R"({"zero_optimization": {"stage": 2, "stage3_max_live_parameters": 1e8,
+      "stage3_prefetch_bucket_size": 5e7, "sub_group_size": 1e9, "reduce_bucket_size": 5e8}})");
+  EXPECT_EQ(zero_test::count_containing(two.warnings(),
+                                        "zero_optimization.stage3_max_live_parameters, zero_optimization.stage3_prefetch_bucket_size, "
+                                        "zero_optimization.sub_group_size are stage 3 keys: at zero_optimization.stage 2 "
+                                        "they have no effect"),
+            1u);
+  const Config none = parse(R"({"zero_optimization": {"stage3_gather_16bit_weights_on_model_save": true}})");
+  EXPECT_EQ(zero_test::count_containing(none.warnings(),
+                                        "zero_optimization.stage3_gather_16bit_weights_on_model_save is a stage 3 key: "
+                                        "at zero_optimization.stage 0 it has no effect"),
+            1u);
+  EXPECT_TRUE(parse(R"({"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 1e8}})").warnings().empty());
+  EXPECT_TRUE(parse(R"({"zero_optimization": {"stage": 1, "stage3_max_live_parameters": null}})").warnings().empty());
+}
+
 // DeepSpeed: overlap_comm defaults to true at stage 3 only; an explicit value wins.
 TEST(ConfigDefaults, OverlapCommFollowsTheStage) {
   for (int stage = 0; stage <= 3; ++stage)
@@ -223,7 +242,9 @@ TEST(ConfigUnread, EachUnreadKeyWarnsOnlyAwayFromItsDefault) {
       {"stage3_model_persistence_threshold", "1000"}};
   for (const auto& [key, value] : cases) {
     SCOPED_TRACE(key);
-    Config c = parse(R"({"zero_optimization": {")" + key + "\": " + value + "}}");
+    // A stage 3 key away from stage 3 would warn a second time (Stage3KeysAtAnotherStageAreNamed).
+    const std::string stage = key.rfind("stage3_", 0) == 0 ? R"("stage": 3, )" : "";
+    Config c = parse(R"({"zero_optimization": {)" + stage + "\"" + key + "\": " + value + "}}");
     ASSERT_EQ(c.warnings().size(), 1u);
     EXPECT_NE(c.warnings()[0].find("zero_optimization." + key + " is accepted but not implemented"), std::string::npos)
         << c.warnings()[0];

@@ -111,6 +111,20 @@ TEST(ConfigTool, UsageErrorsExitTwo) {
   EXPECT_NE(r.err.find("WORLD_SIZE"), std::string::npos);
 }
 
+// DeepSpeed's and torchrun's underscores mean the same; a near miss is named.
+TEST(ConfigTool, UnderscoresAndNearMisses) {
+  ToolRun dashed = tool(file_arg("configs/zero1.json") + " --world-size 2 --json");
+  ToolRun underscored = tool(file_arg("configs/zero1.json") + " --world_size 2 --json");
+  ASSERT_EQ(dashed.status, 0) << dashed.err;
+  EXPECT_EQ(underscored.status, 0) << underscored.err;
+  EXPECT_EQ(underscored.out, dashed.out);
+  ToolRun equals = tool(file_arg("configs/zero1.json") + " --world_size=2 --json");
+  EXPECT_EQ(equals.out, dashed.out) << equals.err;
+  ToolRun typo = tool(file_arg("configs/zero1.json") + " --wrold-size 2");
+  EXPECT_EQ(typo.status, 2);
+  EXPECT_NE(typo.err.find("unknown option '--wrold-size'; did you mean --world-size?"), std::string::npos) << typo.err;
+}
+
 TEST(ConfigTool, HelpListsTheOptions) {
   ToolRun r = tool("--help");
   EXPECT_EQ(r.status, 0);

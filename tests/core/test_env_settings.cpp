@@ -116,3 +116,38 @@ TEST(FaultHook, TheCountIsAWholeNumberOrTheHookNeverFires) {
 }
 
 }  // namespace
+
+namespace {
+
+// Yes/no settings take DeepSpeed's and torch's spellings, in any case; any
+// other value is an error naming the variable, never a quiet "off".
+TEST(EnvFlags, EverySpellingOfYesAndNoAndNothingElse) {
+  const char* name = "ZERO_CHECK_COLLECTIVES";
+  const char* had = std::getenv(name);
+  const std::string saved = had ? had : "";
+  for (const char* yes : {"1", "true", "True", "TRUE", "yes", "on", "On"}) {
+    ::setenv(name, yes, 1);
+    const zero::env::Flag f = zero::env::check_collectives();
+    EXPECT_TRUE(f.error.empty()) << yes << ": " << f.error;
+    EXPECT_TRUE(f.value) << yes;
+  }
+  for (const char* no : {"0", "false", "False", "no", "off", "OFF"}) {
+    ::setenv(name, no, 1);
+    const zero::env::Flag f = zero::env::check_collectives();
+    EXPECT_TRUE(f.error.empty()) << no << ": " << f.error;
+    EXPECT_FALSE(f.value) << no;
+  }
+  ::setenv(name, "", 1);
+  EXPECT_FALSE(zero::env::check_collectives().value);  // empty: the fallback
+  EXPECT_TRUE(zero::env::progress_shown().value || std::getenv("ZERO_PROGRESS"));
+  for (const char* bad : {"2", "y", "enable", " 1", "truthy"}) {
+    ::setenv(name, bad, 1);
+    const zero::env::Flag f = zero::env::check_collectives();
+    EXPECT_NE(f.error.find(std::string("ZERO_CHECK_COLLECTIVES=") + bad + ": "), std::string::npos) << f.error;
+    EXPECT_NE(f.error.find("1, true, yes or on, or 0, false, no or off (unset: off)"), std::string::npos) << f.error;
+  }
+  if (had) ::setenv(name, saved.c_str(), 1);
+  else ::unsetenv(name);
+}
+
+}  // namespace

@@ -3,6 +3,9 @@
 // filled up or dropped, and a position that carries over to another world
 // size. The loaders of all ranks are built in one process (the rank is just
 // a number to the loader).
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -195,6 +198,12 @@ TEST(TokenDataset, BadFilesAndIdsAreNamed) {
   const std::string odd = token_file("odd", {1, 2, 3}, 1);  // 3 bytes
   EXPECT_NE(error_of([&] { zero::TokenDataset(odd, 1, 2); }).find("has 3 bytes, not a multiple of 2"), std::string::npos);
   EXPECT_NE(error_of([&] { zero::TokenDataset(odd + ".missing", 1, 2); }).find("cannot read the token file"), std::string::npos);
+  // A FIFO would block the open until a writer came: refused at once.
+  const std::string fifo = odd + ".fifo";
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_NE(error_of([&] { zero::TokenDataset(fifo, 1, 2); }).find(fifo + " is a FIFO, not a regular file"), std::string::npos);
+  ::unlink(fifo.c_str());
   EXPECT_NE(error_of([&] { zero::TokenDataset(odd, 1, 3); }).find("bytes_per_token must be 2 (uint16) or 4 (uint32)"),
             std::string::npos);
   const std::string big = token_file("big", {1, 2, 3, 96, 4, 4000}, 2);
@@ -206,6 +215,30 @@ TEST(TokenDataset, BadFilesAndIdsAreNamed) {
   EXPECT_NO_THROW(first_two.check_ids(97));
   std::remove(odd.c_str());
   std::remove(big.c_str());
+}
+
+// The width mistaken: uint32 ids read as uint16 are refused at once, naming
+// both; uint16 ids read as uint32 make ids of 65536 and above, and the id
+// check names the other width.
+TEST(TokenDataset, AFileOfTheOtherWidthIsNamed) {
+  std::vector<uint32_t> ids;
+  for (uint32_t i = 0; i < 1000; ++i) ids.push_back(1 + (i * 7919) % 50000);  // GPT-2's vocabulary
+  const std::string wide = token_file("wide", ids, 4);
+  EXPECT_NO_THROW(zero::TokenDataset(wide, 8, 4).check_ids(50257));
+  const std::string message = error_of([&] { zero::TokenDataset(wide, 8, 2); });
+  EXPECT_NE(message.find("looks like uint32 ids read as uint16"), std::string::npos) << message;
+  EXPECT_NE(message.find("--tokens-dtype uint32"), std::string::npos) << message;
+  const std::string narrow = token_file("narrow", ids, 2);
+  EXPECT_NO_THROW(zero::TokenDataset(narrow, 8, 2).check_ids(50257));
+  zero::TokenDataset misread(narrow, 8, 4);
+  const std::string ids_message = error_of([&] { misread.check_ids(50257); });
+  EXPECT_NE(ids_message.find("read it with 2 bytes per token"), std::string::npos) << ids_message;
+  // Short files and files with ids in both halves are read as asked.
+  const std::string short_wide = token_file("short_wide", std::vector<uint32_t>(ids.begin(), ids.begin() + 20), 4);
+  EXPECT_NO_THROW(zero::TokenDataset(short_wide, 8, 2));
+  std::remove(wide.c_str());
+  std::remove(narrow.c_str());
+  std::remove(short_wide.c_str());
 }
 
 TEST(TokenDataset, ALoaderOverItHandsOutItsSequences) {

@@ -3,6 +3,8 @@
 // every sample once per epoch across the ranks (all-gathered and counted),
 // and the same global batches as the Accelerator's loader at the same size.
 #include <gtest/gtest.h>
+#include <filesystem>
+#include <optional>
 #include <torch/torch.h>
 
 #include "world_main.h"
@@ -69,6 +71,86 @@ TEST(EngineDataLoader, BatchSizeOverridesTheMicroBatchAndBadInputIsNamed) {
   } catch (const zero::EngineError& e) {
     EXPECT_NE(std::string(e.what()).find("batch_size must be >= 1, got 0"), std::string::npos) << e.what();
   }
+}
+
+// Note [Data that resumes]: save_checkpoint inside the training loop keeps
+// the loader's position, and a new engine that loads the checkpoint goes on
+// with the uninterrupted run's next batch, with no client_state: whether
+// the loader is made before the load or after it. The reference is the
+// uninterrupted run's batches.
+TEST(EngineDataLoader, ACheckpointResumesTheSamples) {
+  const std::string dir = ::testing::TempDir() + "/zero_loader_resume_" + std::to_string(g_world->size());
+  if (g_world->rank() == 0) std::filesystem::remove_all(dir);
+  g_world->barrier();
+  zero::DataLoaderOptions options;
+  options.seed = 3;
+  auto data = numbers(40);
+  std::vector<at::Tensor> uninterrupted;
+  {
+    auto engine = make_engine(2);
+    auto loader = engine.data_loader(data, options);
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      for (const auto& batch : loader) {
+        uninterrupted.push_back(batch[0]);
+        // Mid-epoch, inside the body, as a user saves.
+        if (uninterrupted.size() == 3) engine.save_checkpoint(dir, "mid");
+      }
+    }
+  }
+  const size_t per_epoch = uninterrupted.size() / 2;
+  for (const bool made_before_load : {true, false}) {
+    SCOPED_TRACE(made_before_load ? "loader made before the load" : "loader made after the load");
+    auto engine = make_engine(2);
+    std::optional<zero::DataLoader> loader;
+    if (made_before_load) loader = engine.data_loader(data, options);
+    EXPECT_EQ(engine.load_checkpoint(dir, "mid"), "{}");
+    if (!made_before_load) loader = engine.data_loader(data, options);
+    std::vector<at::Tensor> resumed;
+    for (int epoch = 0; epoch < 2; ++epoch)
+      for (const auto& batch : *loader) resumed.push_back(batch[0]);
+    ASSERT_EQ(resumed.size(), uninterrupted.size() - 3);
+    for (size_t i = 0; i < resumed.size(); ++i)
+      EXPECT_TRUE(torch::equal(resumed[i], uninterrupted[i + 3])) << "batch " << i + 3 << " of " << 2 * per_epoch;
+  }
+  // Another dataset, seed or shuffle: its position would name other samples.
+  {
+    auto engine = make_engine(2);
+    auto other = engine.data_loader(numbers(41), options);
+    try {
+      engine.load_checkpoint(dir, "mid");
+      ADD_FAILURE() << "a loader over 41 samples took the position of one over 40";
+    } catch (const zero::CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("data loader 0 (in the order engine.data_loader made them) was saved in"),
+                std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("over 40 samples (shuffled, seed 3) and this one reads 41 samples"),
+                std::string::npos) << e.what();
+    }
+  }
+  // In order, a longer dataset (a run planned for more steps) keeps the position.
+  {
+    zero::DataLoaderOptions in_order;
+    in_order.shuffle = false;
+    std::vector<at::Tensor> first;
+    {
+      auto engine = make_engine(2);
+      auto loader = engine.data_loader(numbers(40), in_order);
+      for (const auto& batch : loader) {
+        first.push_back(batch[0]);
+        if (first.size() == 2) {
+          engine.save_checkpoint(dir, "in_order");
+          break;
+        }
+      }
+    }
+    auto engine = make_engine(2);
+    EXPECT_EQ(engine.load_checkpoint(dir, "in_order"), "{}");
+    auto longer = engine.data_loader(numbers(60), in_order);
+    const int64_t global = 2 * g_world->size();
+    const int64_t next = 2 * global + g_world->rank() * 2;
+    EXPECT_TRUE(torch::equal((*longer.begin())[0], torch::arange(next, next + 2, torch::kLong)));
+  }
+  g_world->barrier();
+  if (g_world->rank() == 0) std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -341,17 +342,42 @@ TEST(PartitionedConstruction, AWriteAfterConstructionIsRefused) {
   }
 }
 
-TEST(PartitionedConstruction, AMissingNvmePathIsRefusedBeforeAnythingIsBuilt) {
+TEST(PartitionedConstruction, AnNvmePathThatCannotBeMadeIsRefusedBeforeAnythingIsBuilt) {
+  // Under a device file: no folder can be made there (a missing one is made).
   const zero::Config config = zero::Config::from_json(
-      config_json(3, R"(, "offload_param": {"device": "nvme", "nvme_path": "/nonexistent/zero_parts"})"));
+      config_json(3, R"(, "offload_param": {"device": "nvme", "nvme_path": "/dev/null/zero_parts"})"));
   zero::PartitionedInitOptions options;
   options.group = g_world;
   try {
     zero::Init init(config, options);
     FAIL() << "a missing nvme_path was accepted";
   } catch (const zero::OffloadError& e) {
-    EXPECT_NE(std::string(e.what()).find("/nonexistent/zero_parts"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("/dev/null/zero_parts"), std::string::npos) << e.what();
   }
+}
+
+// Parts in host memory that would outgrow the machine are named before they
+// are allocated. The node's memory is shared by LOCAL_WORLD_SIZE ranks: a
+// node of 10^9 ranks leaves each less than one unit's part.
+TEST(PartitionedConstruction, PartsAboveTheMachinesMemoryAreRefusedBeforeAllocation) {
+  const zero::Config config = zero::Config::from_json(config_json(3));
+  zero::PartitionedInitOptions options;
+  options.group = g_world;
+  const char* had = std::getenv("LOCAL_WORLD_SIZE");
+  const std::string saved = had ? had : "";
+  zero::Init init(config, options);
+  setenv("LOCAL_WORLD_SIZE", "1000000000", 1);
+  std::string message;
+  try {
+    peak_rss::Tower tower(2);
+  } catch (const zero::OffloadError& e) {
+    message = e.what();
+  }
+  if (had) setenv("LOCAL_WORLD_SIZE", saved.c_str(), 1);
+  else unsetenv("LOCAL_WORLD_SIZE");
+  EXPECT_NE(message.find("remote_device \"cpu\""), std::string::npos) << message;
+  EXPECT_NE(message.find("1000000000 rank(s) on this node, above this machine's"), std::string::npos) << message;
+  EXPECT_EQ(init.partitioned_params(), 0) << "a part was kept before the refusal";
 }
 
 TEST(PartitionedConstruction, TensorParallelismIsRefused) {

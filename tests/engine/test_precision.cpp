@@ -111,6 +111,7 @@ TEST(Fp16, SkippedStepsDoNotAdvanceTheSchedule) {
                                 "warmup_num_steps": 10, "warmup_type": "linear"}})");
   auto expected = [](int applied) { return applied <= 2 ? 0.0 : 0.1 * (applied - 2) / 10.0; };
   int applied = 0;
+  EXPECT_NEAR(engine.get_lr(), expected(1), 1e-12) << "before the first step: the first step's rate";
   for (int step = 0; step < 8; ++step) {
     const bool overflow = step == 3 || step == 4;
     train_step(engine, model, step, overflow && g_world->rank() == 0);
@@ -118,6 +119,8 @@ TEST(Fp16, SkippedStepsDoNotAdvanceTheSchedule) {
       ++applied;
       EXPECT_NEAR(engine.lr(), expected(applied), 1e-12) << "step " << step;
     }
+    // DeepSpeed's get_lr(): the rate of the next applied step.
+    EXPECT_NEAR(engine.get_lr(), expected(applied + 1), 1e-12) << "step " << step;
   }
   EXPECT_EQ(engine.skipped_steps(), 2);
 }

@@ -170,7 +170,7 @@ TEST(ExportHf, Float16RoundsAsIeee) {
 }
 
 TEST(ExportHf, BadSizesAndNamesAreRefused) {
-  for (const std::string bad : {"", "GB", "5XB", "-5GB", "0", "5.5GB"}) {
+  for (const std::string bad : {"", "GB", "5XB", "-5GB", "0", "5.5GB", "17179869184GiB", "999999999999TB"}) {
     std::string message;
     try {
       zero::interop::parse_size(bad);

@@ -825,6 +825,26 @@ TEST(Usage, TorchrunSpellingsAreAccepted) {
   EXPECT_EQ(parse_env(r.out).size(), 2u);
 }
 
+// DeepSpeed's launcher flags with the same meaning: --num_gpus is --nproc,
+// --num_nodes is --nnodes.
+TEST(Usage, DeepSpeedSpellingsAreAccepted) {
+  Result r = run({"--num_gpus", "2", "--num_nodes=1", kProbe, "env"});
+  ASSERT_TRUE(r.exited_with(0)) << r.summary();
+  const auto ranks = parse_env(r.out);
+  ASSERT_EQ(ranks.size(), 2u);
+  EXPECT_EQ(ranks.begin()->second.at("WORLD_SIZE"), "2");
+}
+
+// A near miss names the option meant.
+TEST(Usage, AnOptionNearAKnownOneIsSuggested) {
+  Result r = run({"--nprocs", "2", kProbe});
+  EXPECT_TRUE(r.exited_with(2)) << r.summary();
+  EXPECT_EQ(r.err.rfind("zero-run: unknown option '--nprocs'; did you mean --nproc?", 0), 0u) << r.summary();
+  Result port = run({"--nproc", "2", "--master_prot", "1234", kProbe});
+  EXPECT_EQ(port.err.rfind("zero-run: unknown option '--master_prot'; did you mean --master-port?", 0), 0u)
+      << port.summary();
+}
+
 TEST(Usage, UnknownProgramExits127LikeAShell) {
   Result r = run({"--nproc", "2", "zero-run-no-such-program"});
   EXPECT_TRUE(r.exited_with(127)) << r.summary();

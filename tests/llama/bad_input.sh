@@ -59,4 +59,23 @@ mkdir -p "$work/no_checkpoint"
 expect "no $work/no_checkpoint/latest" "${train[@]}" --config "$configs/stage2.json" --load "$work/no_checkpoint"
 expect "checkpoint directory $work/missing does not exist" "${train[@]}" --config "$configs/stage2.json" --load "$work/missing"
 [ ! -e "$work/a_file/ckpt" ] && [ ! -e "$work/hf" ] || { echo "FAIL: a refused run wrote its output"; failures=$((failures + 1)); }
+# A FIFO (or a link to one) as the token file or as config.json would block
+# the read until a writer came: refused at once, naming it.
+mkfifo "$work/tokens.fifo" && ln -s "$work/tokens.fifo" "$work/tokens_link.bin"
+expect "$work/tokens.fifo is a FIFO, not a regular file" eval --hf-dir "$fixture" --tokens "$work/tokens.fifo" --ctx 16
+expect "$work/tokens_link.bin is a FIFO, not a regular file" eval --hf-dir "$fixture" --tokens "$work/tokens_link.bin" --ctx 16
+mkdir -p "$work/fifo_config" && ln -s "$fixture/model.safetensors" "$work/fifo_config/model.safetensors"
+mkfifo "$work/fifo_config/config.json"
+expect "config.json: it is not a regular file" eval --hf-dir "$work/fifo_config" --tokens "$tokens" --ctx 16
+# --save-hf OUT where OUT/config.json is a link planted to a file outside:
+# the link is replaced by the config, the outside file is left as it was.
+mkdir -p "$work/planted" && echo "outside" > "$work/outside.txt" && ln -s "$work/outside.txt" "$work/planted/config.json"
+if ! "$llama" "${train[@]}" --config "$configs/stage2.json" --save-hf "$work/planted" > "$work/planted.log" 2>&1; then
+  echo "FAIL: training with --save-hf over a planted link failed:"; tail -3 "$work/planted.log"; failures=$((failures + 1))
+elif [ "$(cat "$work/outside.txt")" != outside ] || [ -L "$work/planted/config.json" ] ||
+     ! cmp -s "$work/planted/config.json" "$fixture/config.json"; then
+  echo "FAIL: --save-hf wrote through the link planted at $work/planted/config.json"; failures=$((failures + 1))
+else
+  echo "ok: --save-hf replaced the planted link, the outside file unchanged"
+fi
 exit $failures

@@ -324,12 +324,23 @@ TEST(Swapper, DirectIoMatchesTheFilesystem) {
 
 // ---- errors ----
 
-TEST(SwapperErrors, MissingPath) {
+// A missing nvme_path is made, as DeepSpeed makes it; one that cannot be
+// (a plain file on the way) is refused naming it.
+TEST(SwapperErrors, MissingPathIsMadeUnlessItCannotBe) {
   TempDir dir;
-  const std::string missing = dir.path + "/no_such_dir";
-  const std::string msg = error_of([&] { NvmeSwapper s(options(missing)); });
-  EXPECT_NE(msg.find(missing), std::string::npos) << msg;
-  EXPECT_NE(msg.find("does not exist"), std::string::npos) << msg;
+  const std::string missing = dir.path + "/no_such_dir/deeper";
+  {
+    NvmeSwapper s(options(missing));
+    std::vector<unsigned char> data(4096, 0x5a), back(4096);
+    s.wait(s.write("k", data.data(), data.size()));
+    s.wait(s.read("k", back.data(), back.size()));
+    EXPECT_EQ(back, data);
+  }
+  EXPECT_TRUE(fs::is_directory(missing));
+  const std::string file = dir.path + "/plain_file";
+  { std::FILE* f = std::fopen(file.c_str(), "w"); ASSERT_NE(f, nullptr); std::fclose(f); }
+  const std::string msg = error_of([&] { NvmeSwapper s(options(file + "/sub")); });
+  EXPECT_NE(msg.find(file + "/sub"), std::string::npos) << msg;
   EXPECT_NE(error_of([&] { NvmeSwapper s(options("")); }).find("nvme_path is empty"), std::string::npos);
 }
 

@@ -5,6 +5,8 @@
 // fixtures' reference/ safetensors files); values written by formula must
 // read back as the formula says; hostile pickles and archives must fail
 // with an error that names what is wrong, and nothing is ever run.
+#include <sys/stat.h>
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -230,6 +232,14 @@ TEST(TorchSave, DamagedArchivesFailWithTheirReason) {
   const std::string cut = write("cut.pt", std::vector<uint8_t>(whole.begin(), whole.begin() + whole.size() / 2));
   EXPECT_NE(message_of([&] { TorchSaveFile f(cut); }).find("not a readable zip archive"), std::string::npos);
   EXPECT_NE(message_of([&] { TorchSaveFile f(write("empty.pt", {})); }).find("not a torch.save file"), std::string::npos);
+  // A FIFO, or a link to one, would block the read until a writer came: refused at once, named.
+  const std::string fifo = (dir / "fifo.pt").string(), link = (dir / "link.pt").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  fs::create_symlink(fifo, link);
+  EXPECT_NE(message_of([&] { TorchSaveFile f(fifo); }).find("is a FIFO, not a regular file"), std::string::npos);
+  EXPECT_NE(message_of([&] { TorchSaveFile f(link); }).find("is a FIFO, not a regular file"), std::string::npos);
+  // A whole, valid archive still opens.
+  EXPECT_NO_THROW(TorchSaveFile f(write("whole.pt", whole)));
   fs::remove_all(dir);
 }
 

@@ -3,13 +3,14 @@
 // Torch-free.
 //
 //   zero-ckpt inspect DIR [--tag T]
-//   zero-ckpt consolidate DIR [--tag T] --out FILE.safetensors
+//   zero-ckpt consolidate DIR [--tag T] --out FILE.safetensors   (or DIR FILE.safetensors)
 //   zero-ckpt import --from deepspeed DS_DIR OUT_DIR [--tag T] [--name-map MAP.json]
 //   zero-ckpt export --to deepspeed DIR OUT_DIR --config DS_CONFIG [--world-size N] [--tag T] [--name-map MAP.json]
 //   zero-ckpt export --to hf DIR OUT_DIR [--config config.json] [--dtype D] [--max-shard-size 50GB] [--tag T] [--name-map MAP.json]
 //
 // Exit status: 0 ok, 1 a checkpoint problem (checksum mismatch, missing file,
 // unreadable manifest), 2 bad usage.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "core/did_you_mean.h"
 #include "core/env.h"
 #include "interop/export_deepspeed.h"
 #include "interop/export_hf.h"
@@ -31,7 +33,7 @@ namespace ck = zero::ckpt;
 
 const char* const kUsage =
     "usage: zero-ckpt inspect DIR [--tag T]\n"
-    "       zero-ckpt consolidate DIR [--tag T] --out FILE.safetensors\n"
+    "       zero-ckpt consolidate DIR [--tag T] --out FILE.safetensors   (or DIR FILE.safetensors)\n"
     "       zero-ckpt import --from deepspeed DS_DIR OUT_DIR [--tag T] [--name-map MAP.json]\n"
     "       zero-ckpt export --to deepspeed DIR OUT_DIR --config DS_CONFIG [--world-size N]\n"
     "                        [--tag T] [--name-map MAP.json]\n"
@@ -102,12 +104,23 @@ struct Options {
 Options parse(int argc, char** argv) {
   Options o;
   std::vector<std::string> positional;
+  const std::vector<std::string> known = {"--tag",    "--out",        "--from",       "--to",      "--dtype",
+                                          "--config", "--world-size", "--name-map", "--max-shard-size", "--help"};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    // --world_size as --world-size: DeepSpeed's and torchrun's spelling.
+    if (a.rfind("--", 0) == 0) a = zero::text::option_name(a) + a.substr(std::min(a.size(), a.find('=')));
+    // An empty value is no value: "--dtype ''" would otherwise mean "as saved".
     auto value = [&](const std::string& flag) -> std::string {
-      if (a.size() > flag.size() && a.compare(0, flag.size() + 1, flag + "=") == 0) return a.substr(flag.size() + 1);
-      if (i + 1 >= argc) throw UsageError{flag + " needs a value"};
-      return argv[++i];
+      std::string v;
+      if (a.size() > flag.size() && a.compare(0, flag.size() + 1, flag + "=") == 0) {
+        v = a.substr(flag.size() + 1);
+      } else {
+        if (i + 1 >= argc) throw UsageError{flag + " needs a value"};
+        v = argv[++i];
+      }
+      if (v.empty()) throw UsageError{flag + " needs a non-empty value"};
+      return v;
     };
     if (a == "--tag" || a.rfind("--tag=", 0) == 0) {
       o.tag = value("--tag");
@@ -137,7 +150,7 @@ Options parse(int argc, char** argv) {
     } else if (a == "--name-map" || a.rfind("--name-map=", 0) == 0) {
       o.name_map = value("--name-map");
     } else if (a.size() > 1 && a[0] == '-') {
-      throw UsageError{"unknown option " + a};
+      throw UsageError{zero::text::unknown_option(argv[i], known)};
     } else {
       positional.push_back(a);
     }
@@ -147,6 +160,9 @@ Options parse(int argc, char** argv) {
   const bool convert = o.command == "import" || o.command == "export";
   if (o.command != "inspect" && o.command != "consolidate" && !convert)
     throw UsageError{"unknown command \"" + o.command + "\" (inspect, consolidate, import or export)"};
+  // consolidate DIR OUT.safetensors, as DeepSpeed's zero_to_fp32.py takes
+  // its output file, is consolidate DIR --out OUT.safetensors.
+  if (o.command == "consolidate" && positional.size() == 3 && !o.out) o.out = positional.back(), positional.pop_back();
   const size_t wanted = convert ? 3 : 2;
   if (positional.size() < 2) throw UsageError{o.command + " needs the checkpoint folder" + (convert ? " and OUT_DIR" : "")};
   if (positional.size() < wanted) throw UsageError{o.command + " needs the new folder OUT_DIR after " + positional[1]};
@@ -169,7 +185,8 @@ Options parse(int argc, char** argv) {
   if (to_deepspeed && (o.dtype || o.max_shard_size))
     throw UsageError{"--dtype and --max-shard-size are for export --to hf (DeepSpeed's dtype is its ds_config's)"};
   if (o.to && *o.to == "hf" && o.world_size) throw UsageError{"--world-size is for export --to deepspeed"};
-  if (o.command == "consolidate" && !o.out) throw UsageError{"consolidate needs --out FILE.safetensors"};
+  if (o.command == "consolidate" && !o.out)
+    throw UsageError{"consolidate needs the file to write: --out FILE.safetensors (or FILE.safetensors after DIR)"};
   if (o.command == "inspect" && o.out) throw UsageError{"--out is for consolidate, not inspect"};
   return o;
 }

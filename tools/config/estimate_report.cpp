@@ -180,12 +180,27 @@ std::string activations_text(const Options& o, const zero::Config& c, const Esti
 
 }  // namespace
 
+// Stage 3 against stage 2 where the parameters live (the device, or host
+// memory on CPU ranks): stage 3's model states plus the units it keeps
+// gathered, which stage3_max_reuse_distance can make the whole model.
+int64_t peak_where_params_live(const zero::MemoryEstimate& m, bool cpu_ranks) {
+  return (cpu_ranks ? m.host.total() : m.device.total()) + m.gathered_params_max + m.secondary_params_max;
+}
+
 int run_estimate(const Options& o) {
   zero::Config config = zero::Config::from_file(o.file);
-  if (!o.json)
-    for (const auto& w : config.warnings()) std::cerr << "zero-config: warning: " << w << "\n";
   const auto& z = config.zero_optimization;
   EstimateSetup setup = estimate_setup(config, o.params, o.world_size);
+  std::vector<std::string> warnings = config.warnings();
+  // A bucket larger than the model makes each reduce buffer the whole
+  // model's gradients: stage 2 then holds more than stage 1.
+  if (z.reduce_bucket_size > setup.base.params)
+    warnings.push_back("zero_optimization.reduce_bucket_size " + count(z.reduce_bucket_size) + " is larger than the " +
+                       count(setup.base.params) + " parameters a rank reduces: each reduce buffer holds all of their "
+                       "gradients, so stages 2 and 3 can hold more than stage 1; set it to a fraction of the model "
+                       "(e.g. " + count(std::max<int64_t>(1, setup.base.params / 4)) + ")");
+  if (!o.json)
+    for (const auto& w : warnings) std::cerr << "zero-config: warning: " << w << "\n";
   setup.base.accelerator = !o.cpu_ranks;
   if (o.shape) {  // a GPT block is a unit
     const int64_t w = o.activations.width;
@@ -198,6 +213,10 @@ int run_estimate(const Options& o) {
     rows.push_back(zero::estimate_memory(inputs.back()));
     if (o.cpu_ranks) rows.back() = zero::device_as_host(rows.back());
   }
+  zero::EstimateInput releasing = inputs[3];
+  releasing.stage3_max_reuse_distance = 0;
+  zero::MemoryEstimate stage3_releasing = zero::estimate_memory(releasing);
+  if (o.cpu_ranks) stage3_releasing = zero::device_as_host(stage3_releasing);
 
   if (o.json) {
     nlohmann::ordered_json doc;
@@ -213,7 +232,7 @@ int run_estimate(const Options& o) {
     doc["optimizer_assumed"] = setup.optimizer_assumed;
     doc["state_bytes_per_element"] = setup.base.state_bytes_per_element;
     doc["cpu_ranks"] = o.cpu_ranks;
-    doc["warnings"] = config.warnings();
+    doc["warnings"] = warnings;
     doc["stages"] = nlohmann::ordered_json::array();
     for (int stage = 0; stage <= 3; ++stage) {
       const zero::MemoryEstimate& m = rows[stage];
@@ -231,6 +250,8 @@ int run_estimate(const Options& o) {
       r["reduce_buffer_count"] = m.reduce_buffer_count;
       r["gathered_params_max"] = m.gathered_params_max;
       r["secondary_params_max"] = m.secondary_params_max;
+      r["peak_where_params_live"] = peak_where_params_live(m, o.cpu_ranks);
+      if (stage == 3) r["peak_where_params_live_reuse_0"] = peak_where_params_live(stage3_releasing, o.cpu_ranks);
       doc["stages"].push_back(r);
     }
     if (o.shape) doc["activations"] = activations_json(o, config, setup);
@@ -301,6 +322,18 @@ int run_estimate(const Options& o) {
         << " more " << where << " at the end of forward.\n";
   }
   const zero::MemoryEstimate& s2 = rows[2];
+  {
+    const int64_t peak2 = peak_where_params_live(s2, o.cpu_ranks), peak3 = peak_where_params_live(s3, o.cpu_ranks);
+    const int64_t peak3_releasing = peak_where_params_live(stage3_releasing, o.cpu_ranks);
+    out << "- Stage 3 against stage 2 " << where << ": stage 3 peaks at " << human(peak3)
+        << " with the units it keeps gathered,\n  stage 2 at " << human(peak2) << ": stage "
+        << (peak3 <= peak2 ? "3" : "2") << " holds less";
+    if (z.stage3_max_reuse_distance > 0 && peak3_releasing < peak3)
+      out << ". With stage3_max_reuse_distance 0, stage 3 peaks at " << human(peak3_releasing) << " (stage "
+          << (peak3_releasing <= peak2 ? "3" : "2") << " holds less),\n  at the price of gathering each unit again "
+          << "in backward";
+    out << ".\n";
+  }
   out << "- Stages 2-3: grads include " << (z.overlap_comm ? "two reduce buffers" : "one reduce buffer") << " of "
       << human(s2.reduce_buffers / std::max(1, s2.reduce_buffer_count)) << " (reduce_bucket_size "
       << count(z.reduce_bucket_size) << (z.overlap_comm ? ";\n  overlap_comm fills one while the other is reduced)"

@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/did_you_mean.h"
 #include "core/env.h"
 #include "zero/config.h"
 #include "zero/error.h"
@@ -107,8 +108,12 @@ Options parse_args(int argc, char** argv) {
   std::optional<std::string> world_size, params;
   std::map<std::string, std::string> shape;  // --micro ... --vocab
   const std::set<std::string> shape_flags = {"--micro", "--context", "--width", "--depth", "--heads", "--vocab"};
+  const std::vector<std::string> known = {"--world-size", "--json", "--estimate", "--params", "--cpu-ranks",
+                                          "--micro", "--context", "--width", "--depth", "--heads", "--vocab", "--help"};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
+    // --world_size as --world-size: DeepSpeed's and torchrun's spelling.
+    if (arg.rfind("--", 0) == 0) arg = zero::text::option_name(arg) + arg.substr(std::min(arg.size(), arg.find('=')));
     if (shape_flags.count(arg)) {
       if (i + 1 >= argc) throw UsageError{arg + " needs a value"};
       shape[arg] = argv[++i];
@@ -127,7 +132,7 @@ Options parse_args(int argc, char** argv) {
       if (arg == "--world-size" && i + 1 >= argc) throw UsageError{"--world-size needs a value"};
       world_size = arg == "--world-size" ? argv[++i] : arg.substr(std::string("--world-size=").size());
     } else if (!arg.empty() && arg[0] == '-') {
-      throw UsageError{"unknown option '" + arg + "'"};
+      throw UsageError{zero::text::unknown_option(argv[i], known)};
     } else if (o.file.empty()) {
       o.file = arg;
     } else {

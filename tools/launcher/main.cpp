@@ -1,4 +1,5 @@
 // zero-run: the command line. See launcher.h for what the launcher does.
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -9,6 +10,7 @@
 
 #include "allocator.h"
 #include "core/blas_kernels.h"
+#include "core/did_you_mean.h"
 #include "core/env.h"
 #include "launch_file.h"
 #include "launcher.h"
@@ -36,8 +38,9 @@ const char kHelp[] =
     "                     writes one): ranks, machines, this machine's rank and\n"
     "                     the main process's address come from it, and the ranks\n"
     "                     get ZERO_LAUNCH_CONFIG=F for zero::Accelerator\n"
-    "  --nproc N          ranks on this node (also --nproc-per-node)\n"
-    "  --nnodes M         nodes in the job (default 1)\n"
+    "  --nproc N          ranks on this node (also torchrun's --nproc-per-node and\n"
+    "                     DeepSpeed's --num-gpus)\n"
+    "  --nnodes M         nodes in the job (default 1; also DeepSpeed's --num-nodes)\n"
     "  --node-rank R      this node, 0..M-1 (default 0); RANK = R*N + LOCAL_RANK\n"
     "  --master-addr A    address of the node running rank 0 (default 127.0.0.1)\n"
     "  --master-port P    its port; default: a free port (required when M > 1)\n"
@@ -116,12 +119,14 @@ zero_run::LaunchOptions parse(int argc, char** argv, bool* help) {
     for (size_t k = 2; k < name.size(); ++k) {
       if (name[k] == '_') name[k] = '-';
     }
-    static const char* const kKnown[] = {"--nproc",       "--nproc-per-node", "--nnodes",   "--node-rank",
-                                         "--master-addr", "--master-port",    "--timeout-s", "--allocator",
-                                         "--config-file"};
-    bool known = false;
-    for (const char* k : kKnown) known = known || name == k;
-    if (!known) throw UsageError{"unknown option '" + arg + "'"};
+    // DeepSpeed's launcher spells two of them its own way, same meaning.
+    if (name == "--num-gpus") name = "--nproc";
+    if (name == "--num-nodes") name = "--nnodes";
+    static const std::vector<std::string> kKnown = {"--nproc",       "--nproc-per-node", "--nnodes",    "--node-rank",
+                                                    "--master-addr", "--master-port",    "--timeout-s", "--allocator",
+                                                    "--config-file", "--num-gpus",       "--num-nodes"};
+    if (std::find(kKnown.begin(), kKnown.end(), name) == kKnown.end())
+      throw UsageError{zero::text::unknown_option(arg, kKnown)};
     if (!inline_value) {
       if (i + 1 >= argc) throw UsageError{"option '" + name + "' needs a value"};
       value = argv[++i];
