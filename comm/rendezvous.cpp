@@ -2,6 +2,8 @@
 // that names ranks which never came (Note [Missing rank] in internal.h).
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <sstream>
@@ -19,6 +21,17 @@ StorePtr connect_store(const LaunchInfo& launch, std::chrono::milliseconds timeo
   opts.numWorkers = c10::nullopt;
   opts.waitWorkers = false;  // arrivals are checked by wait_for_ranks, which names the missing
   opts.timeout = timeout;
+  // A host name that does not resolve would surface from the store as a
+  // failed connection (or, on rank 0, as a port in use): named first.
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(launch.master_addr.c_str(), nullptr, &hints, &found); rc != 0) {
+    throw CommError("rank " + std::to_string(launch.rank) + ": MASTER_ADDR \"" + launch.master_addr +
+                    "\" does not resolve to an address (" + ::gai_strerror(rc) +
+                    "); set MASTER_ADDR to the host of rank 0 as every node reaches it, e.g. its IP address");
+  }
+  ::freeaddrinfo(found);
   StorePtr store;
   try {
     store = c10::make_intrusive<c10d::TCPStore>(launch.master_addr, opts);

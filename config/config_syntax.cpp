@@ -9,6 +9,7 @@
 // JSON word to write instead.
 #include <cctype>
 #include <string>
+#include <utility>
 
 #include "config/config_detail.h"
 

@@ -19,21 +19,25 @@ namespace zero {
 
 // The file mapped read-only for as long as any copy of the dataset lives.
 // The kernel pages it in as batches touch it, and drops clean pages under
-// memory pressure, so the file may be larger than memory.
+// memory pressure, so the file may be larger than memory. A mapped file cut
+// shorter while it is read would kill the reading rank with SIGBUS, naming
+// nothing: the descriptor stays open and every read first checks the size
+// (check_still_whole).
 struct TokenDataset::Mapping {
   std::string path;
   int width = 2;
   size_t bytes = 0;
   const unsigned char* data = nullptr;
+  int fd = -1;
 
   Mapping(const std::string& p, int w) : path(p), width(w) {
     // A FIFO or a device would block or never end: refused before reading.
     const core::OpenedFile file = core::open_regular_file(p, std::numeric_limits<uint64_t>::max());
     if (file.fd < 0) throw EngineError("cannot read the token file " + p + " (a regular file of token ids): " + file.error);
-    const int fd = file.fd;
+    fd = file.fd;
     bytes = static_cast<size_t>(file.bytes);
     if (bytes % static_cast<size_t>(width) != 0) {
-      ::close(fd);
+      release();
       throw EngineError("the token file " + p + " has " + std::to_string(bytes) + " bytes, not a multiple of " +
                         std::to_string(width) + " (ids of " + (width == 2 ? "uint16" : "uint32") +
                         "); is it the other width?");
@@ -41,14 +45,15 @@ struct TokenDataset::Mapping {
     if (bytes > 0) {
       void* m = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
       if (m == MAP_FAILED) {
-        ::close(fd);
-        throw EngineError("cannot map the token file " + p + ": " + std::strerror(errno));
+        const std::string why = std::strerror(errno);
+        release();
+        throw EngineError("cannot map the token file " + p + ": " + why);
       }
       ::madvise(m, bytes, MADV_SEQUENTIAL);
       data = static_cast<const unsigned char*>(m);
     }
-    ::close(fd);  // the mapping keeps the file
     if (width == 2 && looks_like_uint32()) {
+      release();
       throw EngineError("the token file " + p + " looks like uint32 ids read as uint16: every other uint16 of its "
                         "first " + std::to_string(sampled()) + " is 0, as the high halves of uint32 ids below 65536 are; "
                         "read it with 4 bytes per token (zero-llama: --tokens-dtype uint32)");
@@ -69,8 +74,21 @@ struct TokenDataset::Mapping {
     }
     return any_even;
   }
-  ~Mapping() {
+  ~Mapping() { release(); }
+  void release() {
     if (data) ::munmap(const_cast<unsigned char*>(data), bytes);
+    if (fd >= 0) ::close(fd);
+    data = nullptr;
+    fd = -1;
+  }
+  // Before reading: the file is as long as when it was mapped.
+  void check_still_whole() const {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < bytes) {
+      throw EngineError("the token file " + path + " was cut from " + std::to_string(bytes) + " to " +
+                        std::to_string(st.st_size) + " bytes while it was being read; reading past its new end would "
+                        "stop this rank with SIGBUS. Restore the file (or start again with the file as it is now)");
+    }
   }
   int64_t count() const { return static_cast<int64_t>(bytes / static_cast<size_t>(width)); }
   int64_t at(int64_t i) const {  // little-endian whatever the host
@@ -101,6 +119,7 @@ const std::string& TokenDataset::path() const { return map_->path; }
 std::vector<at::Tensor> TokenDataset::get(int64_t index) const { return {get_batch({index})[0][0]}; }
 
 std::vector<at::Tensor> TokenDataset::get_batch(const std::vector<int64_t>& indices) const {
+  map_->check_still_whole();
   const int64_t T = sequence_length_;
   at::Tensor out = torch::empty({static_cast<int64_t>(indices.size()), T}, torch::kLong);
   int64_t* ids = out.data_ptr<int64_t>();
@@ -116,6 +135,7 @@ std::vector<at::Tensor> TokenDataset::get_batch(const std::vector<int64_t>& indi
 }
 
 void TokenDataset::check_ids(int64_t vocab_size) const {
+  map_->check_still_whole();
   const int64_t used = size() * sequence_length_;
   for (int64_t i = 0; i < used; ++i) {
     const int64_t id = map_->at(i);

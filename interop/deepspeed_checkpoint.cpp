@@ -387,6 +387,12 @@ void DeepSpeedCheckpoint::read_optimizer_layout() {
       for (const auto& [kind, list] : rank.states) kinds.push_back(kind);
       if (kinds != state_kinds_)
         fail(where + " keeps optimizer states different from " + optim_files_[0] + "'s: the folder mixes checkpoints");
+      // A rank's file from another save of the same run has the same layout
+      // but not the same step: it would import into mixed-step weights.
+      if (rank.optimizer_steps != counters_.optimizer_steps)
+        fail(where + ": its optimizer states have taken " + std::to_string(rank.optimizer_steps) + " steps, " +
+             optim_files_[0] + "'s " + std::to_string(counters_.optimizer_steps) +
+             ": the folder mixes checkpoints of different steps");
     }
     if (stage_ != 3) {
       partition_sizes_.emplace_back();

@@ -63,6 +63,20 @@ TEST_F(LaunchEnv, ABadCommTimeoutIsNamed) {
   EXPECT_EQ(zero::comm::init_process_group(zero::comm::LaunchInfo::from_env())->size(), 1);
 }
 
+// A MASTER_ADDR that resolves to nothing is named as such, on rank 0 too
+// (its store would otherwise report a connection failure or a busy port).
+TEST_F(LaunchEnv, AnUnresolvableMasterAddrIsNamed) {
+  set("RANK", "0"), set("WORLD_SIZE", "2"), set("MASTER_ADDR", "no-such-host.invalid"), set("MASTER_PORT", "29777");
+  set("ZERO_COMM_TIMEOUT", "5");
+  try {
+    zero::comm::init_process_group(zero::comm::LaunchInfo::from_env());
+    ADD_FAILURE() << "an unresolvable MASTER_ADDR was accepted";
+  } catch (const zero::CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("MASTER_ADDR \"no-such-host.invalid\" does not resolve to an address"),
+              std::string::npos) << e.what();
+  }
+}
+
 // zero-run sets torchrun's variables and marks its ranks, so that errors
 // name the launcher the user ran.
 TEST_F(LaunchEnv, ZeroRunIsTorchrunsVariablesMarked) {

@@ -241,6 +241,23 @@ TEST(TokenDataset, AFileOfTheOtherWidthIsNamed) {
   std::remove(short_wide.c_str());
 }
 
+// A token file cut shorter while it is read (another job rewriting it)
+// would kill the rank with SIGBUS at the first page past the new end: the
+// next read names the file and both sizes instead, and reads nothing.
+TEST(TokenDataset, AFileCutWhileReadIsNamedNotABusError) {
+  std::vector<uint32_t> ids(100);
+  for (uint32_t i = 0; i < 100; ++i) ids[i] = 1 + i;
+  const std::string path = token_file("cut_while_read", ids, 2);
+  zero::TokenDataset data(path, 5, 2);
+  EXPECT_EQ(data.get_batch({19})[0][0][4].item<int64_t>(), 100);
+  std::filesystem::resize_file(path, 20);
+  const std::string message = error_of([&] { data.get_batch({19}); });
+  EXPECT_NE(message.find("the token file " + path + " was cut from 200 to 20 bytes while it was being read"),
+            std::string::npos) << message;
+  EXPECT_NE(error_of([&] { data.check_ids(1000); }).find("was cut from 200 to 20 bytes"), std::string::npos);
+  std::remove(path.c_str());
+}
+
 TEST(TokenDataset, ALoaderOverItHandsOutItsSequences) {
   std::vector<uint32_t> ids(40);
   for (uint32_t i = 0; i < 40; ++i) ids[i] = i;

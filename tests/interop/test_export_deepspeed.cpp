@@ -129,6 +129,48 @@ TEST(ExportDeepSpeed, ReadsBackBitForBitAtEveryStageAndWorldSize) {
   }
 }
 
+// A rank's optimizer file from a later save of the same run, dropped into
+// an earlier tag's folder: the same layout, another step. The import names
+// it instead of writing weights of mixed steps. The later save is the same
+// checkpoint with its step counts moved on, exported alike.
+TEST(ExportDeepSpeed, ARankFileOfAnotherStepIsRefused) {
+  Scratch scratch;
+  const fs::path zero = import("stage2_fp32_2ranks", scratch.path() / "zero");
+  const fs::path later = scratch.path() / "later";
+  fs::copy(zero, later, fs::copy_options::recursive);
+  const std::string tag = ck::read_latest(later);
+  const fs::path manifest = later / tag / "manifest.json";
+  nlohmann::json m;
+  {
+    std::ifstream in(manifest);
+    m = nlohmann::json::parse(in);
+  }
+  m["engine"]["optimizer_steps"] = m["engine"]["optimizer_steps"].get<int64_t>() + 2;
+  m["engine"]["global_steps"] = m["engine"]["global_steps"].get<int64_t>() + 2;
+  std::ofstream(manifest, std::ios::trunc) << m.dump();
+  const fs::path config = write_config(scratch.path(), config_of("stage2_fp32_2ranks"));
+  export_to(zero, scratch.path() / "ds_early", config, 2);
+  export_to(later, scratch.path() / "ds_later", config, 2);
+  auto latest_of = [](const fs::path& deepspeed) {  // DeepSpeed's `latest`: the tag, one line
+    std::string tag;
+    std::ifstream(deepspeed / "latest") >> tag;
+    return tag;
+  };
+  const fs::path rank1 = "zero_pp_rank_1_mp_rank_00_optim_states.pt";
+  ASSERT_NE(latest_of(scratch.path() / "ds_later"), "");
+  fs::copy_file(scratch.path() / "ds_later" / latest_of(scratch.path() / "ds_later") / rank1,
+                scratch.path() / "ds_early" / latest_of(scratch.path() / "ds_early") / rank1,
+                fs::copy_options::overwrite_existing);
+  zero::interop::ImportOptions o;
+  o.from = scratch.path() / "ds_early";
+  o.out = scratch.path() / "back";
+  const std::string message = message_of([&] { zero::interop::import_deepspeed(o); });
+  EXPECT_NE(message.find("zero_pp_rank_1_mp_rank_00_optim_states.pt: its optimizer states have taken 5 steps"),
+            std::string::npos) << message;
+  EXPECT_NE(message.find("the folder mixes checkpoints of different steps"), std::string::npos) << message;
+  EXPECT_FALSE(fs::exists(scratch.path() / "back"));
+}
+
 TEST(ExportDeepSpeed, TheNameMapGivesDeepSpeedsNamesAndOrder) {
   Scratch scratch;
   zero::interop::ImportOptions in;
