@@ -106,7 +106,7 @@ TEST(CallOrder, ASecondThreadIsRefusedByName) {
 }
 
 TEST(Resume, LoadCheckpointIfPresentReturnsNothingForAnEmptyFolder) {
-  const fs::path dir = fs::temp_directory_path() / "zero_test_first_day_resume";
+  const fs::path dir = fs::temp_directory_path() / ("zero_test_first_day_resume" + std::to_string(g_world->size()));
   if (g_world->rank() == 0) fs::remove_all(dir);
   g_world->barrier();
   auto m = net();
@@ -139,8 +139,8 @@ TEST(Resume, LoadCheckpointIfPresentReturnsNothingForAnEmptyFolder) {
 
 TEST(Resume, RanksThatReadDifferentTagsFromLatestAreRefused) {
   if (g_world->size() < 2) GTEST_SKIP() << "needs 2 ranks";
-  const fs::path dir = fs::temp_directory_path() / "zero_test_first_day_latest";
-  const fs::path copy = fs::temp_directory_path() / "zero_test_first_day_latest_copy";
+  const fs::path dir = fs::temp_directory_path() / ("zero_test_first_day_latest" + std::to_string(g_world->size()));
+  const fs::path copy = fs::temp_directory_path() / ("zero_test_first_day_latest_copy" + std::to_string(g_world->size()));
   if (g_world->rank() == 0) fs::remove_all(dir), fs::remove_all(copy);
   g_world->barrier();
   auto m = net();
@@ -356,7 +356,7 @@ TEST(ReleasedParameters, ShowNoElementsAndKeepTheirGatheredShape) {
   }
   ASSERT_TRUE(from_state.defined());
   EXPECT_EQ(from_state.sizes(), (std::vector<int64_t>{6, 6}));
-  const fs::path dir = fs::temp_directory_path() / "zero_test_first_day_released";
+  const fs::path dir = fs::temp_directory_path() / ("zero_test_first_day_released" + std::to_string(g_world->size()));
   if (g_world->rank() == 0) fs::remove_all(dir);
   g_world->barrier();
   engine.save_checkpoint(dir.string(), "t");

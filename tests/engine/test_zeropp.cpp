@@ -119,7 +119,7 @@ TEST(QuantizedWeights, TrainsToWithinTenPercentOfTheExactLoss) {
 TEST(QuantizedWeights, CheckpointsResumeWithOrWithoutIt) {
   for (bool saved_quantized : {true, false}) {
     SCOPED_TRACE(saved_quantized ? "saved with qwZ" : "saved without");
-    const fs::path dir = fs::temp_directory_path() / "zero_test_zeropp";
+    const fs::path dir = fs::temp_directory_path() / ("zero_test_zeropp" + std::to_string(g_world->size()));
     if (g_world->rank() == 0) fs::remove_all(dir);
     g_world->barrier();
     auto saved_model = std::make_shared<Net>();
