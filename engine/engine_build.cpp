@@ -31,6 +31,9 @@ std::string MemoryReport::describe() const {
   if (host_offloaded > 0) out << "; offloaded to host " << human_bytes(host_offloaded);
   if (nvme_offloaded > 0) out << ", to NVMe " << human_bytes(nvme_offloaded);
   if (nvme_host_peak > 0) out << " (host peak " << human_bytes(nvme_host_peak) << ")";
+  // Stage 3's gathered units are parameters, not activations: their own item
+  // (what stage3_max_reuse_distance keeps gathered shows here).
+  if (gathered_params_peak > 0) out << "; gathered units (peak) " << human_bytes(gathered_params_peak);
   if (activations_peak > 0) out << "; activations (measured peak) " << human_bytes(activations_peak);
   return out.str();
 }

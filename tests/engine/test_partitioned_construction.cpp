@@ -243,7 +243,11 @@ Peaks offload_peaks(const std::string& offload) {
       engine.step();
     }
     peaks.steps = status_bytes("VmHWM") - baseline;
-    if (g_world->rank() == 0) std::cout << offload << ": " << engine.memory_report().describe() << "\n";
+    const zero::MemoryReport report = engine.memory_report();
+    if (g_world->rank() == 0) std::cout << offload << ": " << report.describe() << "\n";
+    // Stage 3's gathered units are their own item, not part of the activations.
+    EXPECT_GT(report.gathered_params_peak, 0);
+    EXPECT_NE(report.describe().find("; gathered units (peak) "), std::string::npos) << report.describe();
   }
   g_world->barrier();
   if (g_world->rank() == 0) std::filesystem::remove_all(folder);
