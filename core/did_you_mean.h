@@ -59,6 +59,14 @@ inline std::string option_name(const std::string& arg) {
   return name;
 }
 
+// `arg` with its name spelled as the tools spell it ("--world_size=2" is
+// "--world-size=2"); anything not starting with "--" as it is.
+inline std::string dashed_option(const std::string& arg) {
+  if (arg.rfind("--", 0) != 0) return arg;
+  const size_t eq = arg.find('=');
+  return option_name(arg) + (eq == std::string::npos ? "" : arg.substr(eq));
+}
+
 // "unknown option '--wrold-size'; did you mean --world-size?" (the hint
 // only when one of `known` is near).
 inline std::string unknown_option(const std::string& arg, const std::vector<std::string>& known) {

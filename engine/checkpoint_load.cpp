@@ -327,10 +327,7 @@ std::string load_checkpoint(TrainingParts& s, const std::string& dir, const std:
   const Plan plan = plan_for(s, m, record, options, where);
   // The loaders made already must be the saved ones: checked before anything is read.
   for (size_t i = 0; plan.training && i < s.data_loaders.size() && i < record.data_loaders.size(); ++i) {
-    if (auto loader = s.data_loaders[i].lock()) {
-      DataLoader::State check = *loader;
-      restore_position(check, record.data_loaders[i], i, where);
-    }
+    if (auto loader = s.data_loaders[i].lock()) check_position(*loader, record.data_loaders[i], i, where);
   }
 
   Attempts attempts;

@@ -42,7 +42,7 @@ SavedLoaderPosition saved_position(const DataLoader::State& loader) {
   return p;
 }
 
-void restore_position(DataLoader::State& loader, const SavedLoaderPosition& saved, size_t index, const std::string& where) {
+void check_position(const DataLoader::State& loader, const SavedLoaderPosition& saved, size_t index, const std::string& where) {
   // In order, sample i is index i at any dataset size: a longer dataset
   // (more steps planned) keeps the position. Shuffled, the size and the
   // seed make the order.
@@ -58,12 +58,15 @@ void restore_position(DataLoader::State& loader, const SavedLoaderPosition& save
                           " and this one reads " + describe(loader.num_samples(), loader.seed, loader.options.shuffle) +
                           ": its position would name other samples; make the same loaders, in the same order");
   }
-  loader.position = DataLoader::Position{saved.epoch, saved.samples};
 }
 
 void restore_loader(TrainingParts& s, size_t index) {
   if (index >= s.loaded_positions.size()) return;
-  if (auto loader = s.data_loaders[index].lock()) restore_position(*loader, s.loaded_positions[index], index, s.loaded_from);
+  auto loader = s.data_loaders[index].lock();
+  if (!loader) return;
+  const SavedLoaderPosition& saved = s.loaded_positions[index];
+  check_position(*loader, saved, index, s.loaded_from);
+  loader->position = DataLoader::Position{saved.epoch, saved.samples};
 }
 
 }  // namespace engine

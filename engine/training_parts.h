@@ -68,13 +68,13 @@ struct TrainingParts {
 
 // Note [Data that resumes] (engine/data_loader.cpp):
 SavedLoaderPosition saved_position(const DataLoader::State& loader);
-// Moves `loader` to `saved`, or throws a CheckpointError naming loader
-// `index` of the checkpoint at `where` when the position would name other
-// samples: shuffle on in one and off in the other, or shuffled over another
-// dataset size or seed, or in order past the end of the dataset.
-void restore_position(DataLoader::State& loader, const SavedLoaderPosition& saved, size_t index, const std::string& where);
-// Loader `index` of s.data_loaders to its saved position, when the last
-// load held one for it.
+// Throws a CheckpointError naming loader `index` of the checkpoint at
+// `where` when `saved` would name other samples in `loader`: shuffle on in
+// one and off in the other, or shuffled over another dataset size or seed,
+// or in order past the end of the dataset.
+void check_position(const DataLoader::State& loader, const SavedLoaderPosition& saved, size_t index, const std::string& where);
+// Loader `index` of s.data_loaders to its saved position (checked), when
+// the last load held one for it.
 void restore_loader(TrainingParts& s, size_t index);
 
 // Engine::save_checkpoint and Engine::load_checkpoint (include/zero/engine.h).

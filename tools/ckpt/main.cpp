@@ -108,8 +108,7 @@ Options parse(int argc, char** argv) {
                                           "--config", "--world-size", "--name-map", "--max-shard-size", "--help"};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    // --world_size as --world-size: DeepSpeed's and torchrun's spelling.
-    if (a.rfind("--", 0) == 0) a = zero::text::option_name(a) + a.substr(std::min(a.size(), a.find('=')));
+    a = zero::text::dashed_option(a);  // --world_size as --world-size: DeepSpeed's and torchrun's spelling
     // An empty value is no value: "--dtype ''" would otherwise mean "as saved".
     auto value = [&](const std::string& flag) -> std::string {
       std::string v;

@@ -112,8 +112,7 @@ Options parse_args(int argc, char** argv) {
                                           "--micro", "--context", "--width", "--depth", "--heads", "--vocab", "--help"};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
-    // --world_size as --world-size: DeepSpeed's and torchrun's spelling.
-    if (arg.rfind("--", 0) == 0) arg = zero::text::option_name(arg) + arg.substr(std::min(arg.size(), arg.find('=')));
+    arg = zero::text::dashed_option(arg);  // --world_size as --world-size: DeepSpeed's and torchrun's spelling
     if (shape_flags.count(arg)) {
       if (i + 1 >= argc) throw UsageError{arg + " needs a value"};
       shape[arg] = argv[++i];
