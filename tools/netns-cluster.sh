@@ -5,7 +5,8 @@
 # where the kernel has netem, in latency. `zero-run --nnodes N --node-rank i`
 # runs in node i; everything is removed when the script ends, on success,
 # failure, Ctrl-C or SIGTERM (trap), and a cluster whose script was killed
-# with SIGKILL is removed by the next run (its namespaces carry the PID).
+# with SIGKILL is removed by the next run (its namespaces carry the PID, or
+# with --name, an owner file does).
 #
 #   bash tools/netns-cluster.sh [options] [--] PROGRAM [ARGS...]
 #
@@ -18,8 +19,9 @@
 #   --name NAME        namespaces NAME-hub and NAME-n<i> (default zc<pid>),
 #                      so that a caller can act on a link mid-run:
 #                      ip -n NAME-n1 link set zc0 down
-#                      (a name zc<pid> is swept by a later run once that pid
-#                      is gone, as the default is)
+#                      (left by a run killed with SIGKILL, a named cluster is
+#                      swept by the next run of that name, as zc<pid> ones
+#                      are by any later run; one whose run is alive is refused)
 #   --time-limit S     stop every node after S seconds (default: none)
 #   --launcher-arg A   one more argument for every zero-run (repeatable)
 #
@@ -74,12 +76,27 @@ command -v ip >/dev/null || skip "ip (iproute2) is not installed"
 command -v tc >/dev/null || skip "tc (iproute2) is not installed"
 
 # A cluster whose script died without its trap (SIGKILL): namespaces named
-# zc<pid>-* or carrying a .owner-<pid> marker whose pid is gone.
+# zc<pid>-* whose pid is gone, and those of a --name whose owner file
+# ($owners/NAME.pid, the pid of the script that made them) names a pid that
+# is gone. A cluster of that name whose owner still runs is not taken.
+owners=/run/zero-netns-cluster
+mkdir -p "$owners"
 for ns in $(ip netns list 2>/dev/null | awk '{print $1}'); do
   if [[ "$ns" =~ ^zc([0-9]+)-(hub|n[0-9]+)$ ]] && ! kill -0 "${BASH_REMATCH[1]}" 2>/dev/null; then
     ip netns del "$ns" 2>/dev/null || true
   fi
 done
+if ip netns list 2>/dev/null | awk '{print $1}' | grep -qx -- "$name-hub"; then
+  owner=$(cat "$owners/$name.pid" 2>/dev/null || true)
+  if [[ "$owner" =~ ^[0-9]+$ ]] && kill -0 "$owner" 2>/dev/null; then
+    echo "netns-cluster: a cluster named $name is running (pid $owner); choose another --name" >&2
+    exit 2
+  fi
+  echo "netns-cluster: removing the namespaces of cluster $name, left by a run that ended without cleaning up" >&2
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}'); do
+    case "$ns" in "$name-hub" | "$name"-n[0-9]*) ip netns del "$ns" 2>/dev/null || true ;; esac
+  done
+fi
 
 hub="$name-hub"
 made=()       # namespaces to remove
@@ -95,6 +112,7 @@ cleanup() {
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   local ns
   for ns in "${made[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
+  rm -f "$owners/$name.pid"
 }
 trap cleanup EXIT
 trap 'echo "netns-cluster: interrupted; stopping every node" >&2; exit 130' INT
@@ -122,6 +140,7 @@ shape() {
 }
 
 make_ns "$hub"
+echo $$ > "$owners/$name.pid"
 ip link add br0 netns "$hub" type bridge 2>/dev/null || skip "cannot create a bridge (no bridge support in this kernel?)"
 ip -n "$hub" link set br0 up
 for ((i = 0; i < nodes; ++i)); do
