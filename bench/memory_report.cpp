@@ -5,8 +5,9 @@
 //
 // Prints the markdown table on stdout too. When a (stage, dtype, reuse
 // distance) appears on several lines, the last one counts: stage 3 may show
-// twice, at DeepSpeed's default stage3_max_reuse_distance and at another. Every figure is the maximum
-// over the ranks (the rank that needs the most memory sizes the job).
+// twice, at DeepSpeed's default stage3_max_reuse_distance and at another.
+// Every figure is the maximum over the ranks (the rank that needs the most
+// memory sizes the job).
 //
 // Columns: held params / grads / fp32 master / optimizer (engine.memory_report
 // after the last step), held model states (their sum), the formula's total
@@ -34,6 +35,8 @@ namespace {
 
 using nlohmann::json;
 
+constexpr int64_t kDefaultReuse = 1000000000;  // DeepSpeed's stage3_max_reuse_distance
+
 struct Row {
   int stage = 0;
   std::string dtype;
@@ -51,7 +54,7 @@ struct Row {
   // when it is not DeepSpeed's default.
   std::string label() const {
     std::string text = std::to_string(stage);
-    if (stage == 3 && reuse >= 0 && reuse != 1000000000) text += ", reuse " + std::to_string(reuse);
+    if (stage == 3 && reuse >= 0 && reuse != kDefaultReuse) text += ", reuse " + std::to_string(reuse);
     return text;
   }
 };
@@ -307,7 +310,7 @@ int main(int argc, char** argv) {
       if (text.empty()) continue;
       Row r = parse(json::parse(text));
       if (std::find(dtype_order.begin(), dtype_order.end(), r.dtype) == dtype_order.end()) dtype_order.push_back(r.dtype);
-      const int64_t order = r.reuse == 1000000000 ? -2 : r.reuse;  // the default row before the others
+      const int64_t order = r.reuse == kDefaultReuse ? -2 : r.reuse;  // the default row before the others
       latest[{r.dtype, r.stage, order}] = std::move(r);
     }
     if (latest.empty()) throw std::runtime_error(in + " holds no results");

@@ -4,9 +4,9 @@
 // turns comments and such commas into spaces (every line and column stays
 // where it was, for the parser's messages) and a strict JSON parser reads
 // the rest. hjson's quoteless strings are still refused: a Python spelling
-// such as True is the text "True" to hjson and a boolean after DeepSpeed's
-// pydantic, a guess zero does not make; the parse error then says which
-// JSON word to write instead.
+// such as True is the text "True" to hjson (which DeepSpeed then refuses
+// where it wants a boolean); the parse error says which JSON word to write.
+#include <algorithm>
 #include <cctype>
 #include <string>
 #include <utility>
@@ -15,6 +15,17 @@
 
 namespace zero {
 namespace config_detail {
+namespace {
+
+// `i` at a string's opening quote: the index of its closing one (escapes
+// skipped), or text.size() when it never closes (the parser names that).
+size_t end_of_string(const std::string& text, size_t i) {
+  for (++i; i < text.size() && text[i] != '"'; ++i)
+    if (text[i] == '\\') ++i;
+  return std::min(i, text.size());
+}
+
+}  // namespace
 
 std::string blank_comments_and_trailing_commas(const std::string& text) {
   std::string out = text;
@@ -30,8 +41,7 @@ std::string blank_comments_and_trailing_commas(const std::string& text) {
     if (c == '"') {  // a string, escapes included, copied as it is
       pending_comma = std::string::npos;
       previous = c;
-      for (++i; i < n && out[i] != '"'; ++i)
-        if (out[i] == '\\') ++i;
+      i = end_of_string(out, i);
       continue;
     }
     if (c == '#' || (c == '/' && i + 1 < n && out[i + 1] == '/')) {
@@ -63,8 +73,7 @@ std::string python_spelling_hint(const std::string& text) {
   auto word_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
   for (size_t i = 0; i < text.size(); ++i) {
     if (text[i] == '"') {
-      for (++i; i < text.size() && text[i] != '"'; ++i)
-        if (text[i] == '\\') ++i;
+      i = end_of_string(text, i);
       continue;
     }
     if (i > 0 && word_char(text[i - 1])) continue;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <mutex>
 
 #include "core/env.h"
 #include "core/write_failure.h"
@@ -31,7 +32,8 @@ std::string clock_text(double s) {
 Progress::Progress(std::string what, int64_t total, bool show, ProgressOptions options)
     : what_(std::move(what)), total_(std::max<int64_t>(total, 0)), options_(options) {
   const env::Flag shown = env::progress_shown();
-  if (!shown.error.empty()) std::fprintf(stderr, "zero: %s; showing progress\n", shown.error.c_str());
+  static std::once_flag said;  // a bad setting is said once, not at every report
+  if (!shown.error.empty()) std::call_once(said, [&] { std::fprintf(stderr, "zero: %s; showing progress\n", shown.error.c_str()); });
   show_ = show && (shown.value || !shown.error.empty());
   terminal_ = options_.terminal >= 0 ? options_.terminal == 1 : ::isatty(::fileno(options_.out)) == 1;
   start_ = last_ = std::chrono::steady_clock::now();

@@ -44,8 +44,9 @@ struct DataLoader::State {
 // (Engine::save_checkpoint, in the manifest's "engine" record), with what
 // the position means: the dataset's size and the shuffle's seed and
 // switch. Shuffled, those must be the same to resume; in order, a larger
-// dataset resumes too (sample i is index i). Positions count samples of the epoch's order handed out by all
-// ranks together, so they carry over to another world size.
+// dataset resumes too (sample i is index i). Positions count samples of
+// the epoch's order handed out by all ranks together, so they carry over
+// to another world size.
 struct SavedLoaderPosition {
   int64_t epoch = 0, samples = 0;
   int64_t dataset_size = 0, global_batch = 0;
