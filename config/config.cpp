@@ -113,7 +113,8 @@ void Config::resolve(int world_size) {
 // table of cases.
 void Config::check_trainable() const {
   if (!optimizer.kind()) {
-    throw ConfigError("the config has no \"optimizer\" section; add e.g. {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}");
+    throw ConfigError("the config has no \"optimizer\" section; add e.g. {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}, "
+                      "or pass a torch::optim optimizer as InitOptions::optimizer");
   }
 }
 

@@ -194,6 +194,7 @@ json EngineRecord::to_json() const {
   if (scheduler_steps) e["scheduler_steps"] = *scheduler_steps;
   if (lr) e["lr"] = *lr;
   if (next_lr) e["next_lr"] = *next_lr;
+  if (!client_lrs.empty()) e["client_lrs"] = client_lrs;
   e["mid_accumulation"] = mid_accumulation;
   if (loss_scaler) {
     e["loss_scaler"] = {{"scale", loss_scaler->scale},
@@ -232,6 +233,17 @@ EngineRecord EngineRecord::from_json(const json& e, const std::string& where) {
   }
   if (e.contains("lr")) r.lr = number_field(e, "lr", 0.0, false, where);
   if (e.contains("next_lr")) r.next_lr = number_field(e, "next_lr", 0.0, false, where);
+  if (e.contains("client_lrs")) {
+    const json& lrs = e["client_lrs"];
+    if (!lrs.is_array() || lrs.empty() || lrs.size() > 10000) bad_field(where, "client_lrs", lrs, "an array of rates, one per group");
+    for (size_t g = 0; g < lrs.size(); ++g) {
+      const json& v = lrs[g];
+      if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0) {
+        bad_field(where, "client_lrs[" + std::to_string(g) + "]", v, "a finite number, 0 or above");
+      }
+      r.client_lrs.push_back(v.get<double>());
+    }
+  }
   if (e.contains("mid_accumulation")) {
     if (!e["mid_accumulation"].is_boolean()) bad_field(where, "mid_accumulation", e["mid_accumulation"], "true or false");
     r.mid_accumulation = e["mid_accumulation"].get<bool>();

@@ -37,6 +37,8 @@ struct EngineRecord {
   // The lr the next step uses (lr_at(scheduler_steps)): what DeepSpeed
   // keeps in its optimizer's param group, for zero-ckpt export.
   std::optional<double> next_lr;
+  // A client optimizer's rate per parameter group (Note [Client optimizer]).
+  std::vector<double> client_lrs;
   bool mid_accumulation = false;
   std::optional<LossScalerState> loss_scaler;  // fp16
   // engine.data_loader's loaders, in the order they were made (Note [Data

@@ -329,6 +329,11 @@ std::string load_checkpoint(TrainingParts& s, const std::string& dir, const std:
   for (size_t i = 0; plan.training && i < s.data_loaders.size() && i < record.data_loaders.size(); ++i) {
     if (auto loader = s.data_loaders[i].lock()) check_position(*loader, record.data_loaders[i], i, where);
   }
+  // A client optimizer's rates and scheduler (Note [Client optimizer]), as restore_counters sets the schedule.
+  const int64_t taken = record.global_steps - record.skipped_steps;
+  const int64_t client_scheduler_steps = options.load_lr_scheduler_states ? record.scheduler_steps.value_or(taken) : 0;
+  const std::vector<double> client_lrs = options.load_lr_scheduler_states ? record.client_lrs : std::vector<double>{};
+  if (plan.training && s.client) s.client->check_loadable(client_scheduler_steps, client_lrs, where);
 
   Attempts attempts;
   std::unique_ptr<Source> source;
@@ -354,6 +359,7 @@ std::string load_checkpoint(TrainingParts& s, const std::string& dir, const std:
 
   if (plan.training) {
     restore_counters(s, record, options, plan.mid_accumulation);
+    if (s.client) s.client->restore(client_scheduler_steps, client_lrs, where);
     s.loaded_positions = record.data_loaders;
     s.loaded_from = where;
     for (size_t i = 0; i < s.data_loaders.size(); ++i) restore_loader(s, i);

@@ -226,7 +226,8 @@ json engine_record(TrainingParts& s) {
   e.optimizer_steps = s.optimizer->step_count();
   e.scheduler_steps = c.scheduler_steps();
   e.lr = c.lr;
-  e.next_lr = s.schedule->lr_at(c.scheduler_steps());
+  e.next_lr = s.next_lr();
+  if (s.client) e.client_lrs = s.client->lrs();
   e.mid_accumulation = c.micro_steps % s.gas != 0;
   if (s.scaler) e.loss_scaler = s.scaler->state();
   for (const auto& weak : s.data_loaders) {

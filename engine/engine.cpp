@@ -51,6 +51,7 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
   s.config = config;
   s.module = std::move(module);
   if (!s.module) throw EngineError("zero::initialize got no model");
+  s.client = engine::ClientOptimizer::take(s.config, options);  // fills the config's "optimizer"
   // A model partitioned as it was built (zero::Init) continues on the group it was built over.
   const std::shared_ptr<partition::ConstructionParts> parts = engine::construction_parts_of(*s.module);
   s.pg = options.mesh    ? options.mesh->world()
@@ -94,7 +95,7 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
   const auto& opt = s.config.optimizer;
   s.schedule = std::make_unique<LrSchedule>(LrSchedule::from_config(s.config.scheduler, opt));
   if (s.config.fp16.enabled) s.scaler = std::make_unique<LossScaler>(s.config.fp16);
-  s.steps.lr = s.schedule->lr_at(0);
+  s.steps.lr = s.next_lr();
 
   const MeshShape& shape = s.mesh->shape();
   const std::string layout = shape.tp * shape.pp > 1 ? " (tp " + std::to_string(shape.tp) + " x dp " +
@@ -230,8 +231,8 @@ void Engine::Impl::optimizer_step(std::optional<double> agreed_loss) {
   const auto start = telemetry::Clock::now();
   if (pipeline) pipeline->reduce_tied_grads(*sharded);
   const int64_t taken = steps.scheduler_steps();  // optimizer steps the schedule has seen
-  const double lr = schedule->lr_at(taken);
-  optimizer->set_hyperparameters(lr, schedule->momentum_at(taken));
+  const double lr = next_lr();
+  if (!client || client->engine_schedules()) optimizer->set_hyperparameters(lr, schedule->momentum_at(taken));
   partition::StepRequest request;
   request.loss_scale = loss_scale();
   request.skip_if_not_finite = scaler != nullptr;
@@ -248,6 +249,7 @@ void Engine::Impl::optimizer_step(std::optional<double> agreed_loss) {
     last_norm = result.norm;
     ++steps.global_steps;
     if (scaler) scaler->update(false);
+    if (client) client->stepped();  // its lr_scheduler, as DeepSpeed steps a client's
   }
   telemetry::StepRecord record;
   record.global_steps = steps.global_steps, record.skipped_steps = steps.skipped_steps;
@@ -319,7 +321,12 @@ void Engine::rethrow_forward_error(const c10::Error& e) const {
                     ". LibTorch said: " + text.substr(0, text.find('\n')));
 }
 double Engine::lr() const { return impl_->steps.lr; }
-double Engine::get_lr() const { return impl_->schedule->lr_at(impl_->steps.scheduler_steps()); }
+double Engine::get_lr() const { return impl_->next_lr(); }
+
+double engine::TrainingParts::next_lr() const {
+  if (client && !client->engine_schedules()) return client->lr();
+  return schedule->lr_at(steps.scheduler_steps());
+}
 double Engine::loss_scale() const { return impl_->loss_scale(); }
 int64_t Engine::global_steps() const { return impl_->steps.global_steps; }
 int64_t Engine::skipped_steps() const { return impl_->steps.skipped_steps; }

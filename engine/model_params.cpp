@@ -75,6 +75,7 @@ void group_params(ModelParams& out, const std::vector<ParamGroup>& param_groups,
     }
     out.groups.push_back(std::move(group));
     out.weight_decays.push_back(param_groups[g].weight_decay.value_or(default_decay));
+    out.user_group.push_back(g);
   }
 }
 
@@ -168,6 +169,7 @@ ModelParams model_params(torch::nn::Module& module, std::vector<ParamGroup> para
 void isolate_params(ModelParams& params, const std::map<std::string, int>& names) {
   std::vector<partition::ShardedParams::Group> alone_groups;
   std::vector<double> alone_decays;
+  std::vector<size_t> alone_sources;
   for (size_t g = 0; g < params.groups.size(); ++g) {
     auto& group = params.groups[g];
     for (size_t i = 0; i < group.params.size();) {
@@ -184,10 +186,12 @@ void isolate_params(ModelParams& params, const std::map<std::string, int>& names
       if (!group.units.empty()) group.units.erase(group.units.begin() + i);
       alone_groups.push_back(std::move(alone));
       alone_decays.push_back(params.weight_decays[g]);
+      alone_sources.push_back(params.user_group[g]);
     }
   }
   for (auto& g : alone_groups) params.groups.push_back(std::move(g));
   for (double d : alone_decays) params.weight_decays.push_back(d);
+  for (size_t u : alone_sources) params.user_group.push_back(u);
 }
 
 void set_replicas(ModelParams& params, torch::nn::Module& module, const std::map<std::string, tp::Split>& splits,

@@ -24,6 +24,7 @@ namespace zero::engine {
 struct ModelParams {
   std::vector<partition::ShardedParams::Group> groups;  // the trainable parameters, by group
   std::vector<double> weight_decays;                    // per group
+  std::vector<size_t> user_group;                       // per group: the InitOptions (or client optimizer) group it came from
   std::vector<UnitBase*> units;                         // stage 3: the model's zero::Units
   int64_t frozen_bytes = 0;                             // parameters that do not train, in the training dtype
 };

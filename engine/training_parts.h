@@ -8,6 +8,7 @@
 #include <string>
 
 #include "data/data_loader.h"
+#include "engine/client_optimizer.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
@@ -49,6 +50,9 @@ struct TrainingParts {
   // With offload_optimizer "nvme", sharded->masters().nvme_store() holds its states too.
   std::unique_ptr<optim::MasterOptimizer> optimizer;
   std::unique_ptr<LrSchedule> schedule;
+  // A client optimizer given to initialize, which `optimizer` steps (Note
+  // [Client optimizer] in engine/client_optimizer.h); null otherwise.
+  std::unique_ptr<ClientOptimizer> client;
   std::unique_ptr<LossScaler> scaler;  // fp16 only
   StepCounters steps;
   // Set by a load that failed after it began writing (what failed), cleared
@@ -64,6 +68,10 @@ struct TrainingParts {
   std::vector<std::weak_ptr<DataLoader::State>> data_loaders;
   std::vector<SavedLoaderPosition> loaded_positions;
   std::string loaded_from;
+
+  // The rate the next optimizer step uses: the schedule's, or with a client
+  // optimizer and no config "scheduler", its first group's.
+  double next_lr() const;
 };
 
 // Note [Data that resumes] (engine/data_loader.cpp):

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "optim/client_optimizer.h"
 #include "optim/host_optimizer.h"
 #include "optim/lamb.h"
 #include "optim/lr_schedule.h"
@@ -97,7 +98,7 @@ void set_momentum(torch::optim::AdagradOptions&, double) {}  // Adagrad has none
 template <typename Options, typename State>
 class TorchOptimizer final : public MasterOptimizer {
  public:
-  TorchOptimizer(std::unique_ptr<torch::optim::Optimizer> inner, std::vector<std::string> names, HostOptimizer* host)
+  TorchOptimizer(std::shared_ptr<torch::optim::Optimizer> inner, std::vector<std::string> names, HostOptimizer* host)
       : MasterOptimizer(std::move(names), all_params(*inner)), inner_(std::move(inner)), host_(host) {}
 
   // The host kernels update one tensor at a time; torch::optim's step takes them all.
@@ -152,7 +153,7 @@ class TorchOptimizer final : public MasterOptimizer {
     auto it = inner_->state().find(optimizer_state_key(t));
     return it == inner_->state().end() ? nullptr : static_cast<State*>(it->second.get());
   }
-  std::unique_ptr<torch::optim::Optimizer> inner_;
+  std::shared_ptr<torch::optim::Optimizer> inner_;  // shared with its user when it is a client optimizer
   HostOptimizer* host_;  // inner_ itself, with offload
 };
 
@@ -293,6 +294,54 @@ std::unique_ptr<MasterOptimizer> make_lamb(const OptimizerConfig& config, const 
 }
 
 }  // namespace
+
+std::unique_ptr<MasterOptimizer> wrap_client_optimizer(std::shared_ptr<torch::optim::Optimizer> client,
+                                                       const std::vector<std::vector<at::Tensor>>& group_tensors) {
+  using namespace torch::optim;
+  // Refuses what the engine cannot honour, before anything changes.
+  const OptimizerConfig config = client_optimizer_config(*client);
+  auto& groups = client->param_groups();
+  if (groups.size() != group_tensors.size()) {
+    throw EngineError("internal: " + std::to_string(group_tensors.size()) + " master groups for a client optimizer of " +
+                      std::to_string(groups.size()) + " groups");
+  }
+  for (size_t g = 0; g < groups.size(); ++g) groups[g].params() = group_tensors[g];
+  const auto& p = config.params;
+  switch (*config.kind()) {
+  case OptimizerKind::adam:
+  case OptimizerKind::adamw: {
+    std::vector<std::string> names = {"exp_avg", "exp_avg_sq"};
+    if (p.amsgrad) names.push_back("max_exp_avg_sq");
+    if (config.decoupled_weight_decay()) {
+      return std::make_unique<TorchOptimizer<AdamWOptions, AdamWParamState>>(std::move(client), names, nullptr);
+    }
+    return std::make_unique<TorchOptimizer<AdamOptions, AdamParamState>>(std::move(client), names, nullptr);
+  }
+  case OptimizerKind::sgd: {
+    std::vector<std::string> names;
+    if (p.momentum != 0) names.push_back("momentum_buffer");
+    return std::make_unique<TorchOptimizer<SGDOptions, SGDParamState>>(std::move(client), names, nullptr);
+  }
+  case OptimizerKind::adagrad: {
+    // torch::optim::Adagrad made a sum for each whole parameter as it was
+    // built: the partition's replace them, filled as its constructor fills them.
+    client->state().clear();
+    const double initial = static_cast<const AdagradOptions&>(client->defaults()).initial_accumulator_value();
+    for (const auto& group : groups) {
+      for (const auto& t : group.params()) {
+        auto state = std::make_unique<AdagradParamState>();
+        state->step(0);
+        state->sum(torch::full_like(t, initial, at::MemoryFormat::Preserve));
+        client->state()[optimizer_state_key(t)] = std::move(state);
+      }
+    }
+    return std::make_unique<TorchOptimizer<AdagradOptions, AdagradParamState>>(std::move(client), std::vector<std::string>{"sum"}, nullptr);
+  }
+  case OptimizerKind::lamb:
+    break;
+  }
+  throw EngineError("internal: client_optimizer_config gave optimizer type " + config.type);
+}
 
 std::unique_ptr<MasterOptimizer> make_optimizer(const OptimizerConfig& config, const std::vector<OptimizerGroup>& groups,
                                                 const ShardLayout& layout, const HostStep& host) {

@@ -25,6 +25,11 @@
 #include "zero/data.h"
 #include "zero/mesh.h"
 
+namespace torch::optim {
+class Optimizer;
+class LRScheduler;
+}  // namespace torch::optim
+
 namespace zero {
 
 // A group of parameters with its own weight decay (e.g. none for biases and
@@ -35,8 +40,9 @@ struct ParamGroup {
 };
 
 struct InitOptions {
-  // Empty: one group of every trainable parameter of the model. Parameters
-  // with requires_grad false are left alone (frozen) either way.
+  // Empty: one group of every trainable parameter of the model (with
+  // `optimizer` below: its groups). Parameters with requires_grad false are
+  // left alone (frozen) either way.
   std::vector<ParamGroup> param_groups;
   // Empty: zero::comm::init_process_group() from the launch environment.
   std::shared_ptr<comm::ProcessGroup> group;
@@ -51,6 +57,22 @@ struct InitOptions {
   // buffer per step; only those that differ travel. false: each rank keeps
   // its own (DeepSpeed's behaviour after initialize).
   bool broadcast_buffers = true;
+  // DeepSpeed's client optimizer (Note [Client optimizer] in
+  // engine/client_optimizer.h): a torch::optim Adam, AdamW, SGD or Adagrad
+  // that has not stepped, built over the model's parameters, in place of
+  // the config's "optimizer" section. Its parameter groups become the
+  // engine's (leave param_groups empty), each with its own options; the
+  // engine rewrites their params to this rank's fp32 master partition and
+  // calls its step(), so the object's lr and options stay live. With
+  // offload_optimizer it is refused, as DeepSpeed refuses it.
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
+  // A torch::optim::LRScheduler built on `optimizer` (StepLR or one of your
+  // own), stepped after each applied optimizer step, skipped fp16 steps
+  // excepted, as DeepSpeed steps its client lr_scheduler. A checkpoint keeps
+  // each group's lr; load_checkpoint steps a scheduler that has not stepped
+  // up to the saved step count (LibTorch's schedulers have no state_dict).
+  // Not with the config's "scheduler", which would set the same rates.
+  std::shared_ptr<torch::optim::LRScheduler> lr_scheduler;
 };
 
 // Bytes this rank holds, by kind.
@@ -223,6 +245,7 @@ class Engine {
   double lr() const;
   // DeepSpeed's engine.get_lr() (of the one parameter group's rate): the
   // rate the next optimizer step will use. A skipped fp16 step leaves it.
+  // With a client optimizer and no config "scheduler": its first group's.
   double get_lr() const;
   double loss_scale() const;      // 1 unless fp16
   int64_t global_steps() const;   // optimizer steps taken, skipped ones included (DeepSpeed)
