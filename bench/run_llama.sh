@@ -24,7 +24,7 @@ if ! why="$("$python" -c "import os; os.environ['DS_ACCELERATOR'] = 'cpu'; impor
   echo "run_llama.sh: $python cannot import deepspeed and transformers (${why##*$'\n'}); run ZERO_TORCH=wheel bash tools/setup-deps.sh" >&2
   exit 1
 fi
-run="$build/tools/launcher/zero-run" llama="$build/examples/llama/zero-llama"
+run="$build/tools/launcher/zero-run" llama="$build/tools/llama/zero-llama"
 [ -x "$llama" ] || { echo "run_llama.sh: $llama is missing; build it (ZERO_TORCH=wheel bash tools/build.sh)" >&2; exit 1; }
 work="$(mktemp -d "${TMPDIR:-/tmp}/run_llama.XXXXXX")"
 trap 'rm -rf "$work"' EXIT

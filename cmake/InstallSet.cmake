@@ -1,13 +1,14 @@
 # What `cmake --install` copies, and the target that builds exactly that.
 #
 # ZERO_INSTALLED_TARGETS names every target an install(TARGETS) rule copies:
-# the library (libzero, with libzero_activations beside it) and the tools
-# zero-run, zero-config and zero-ckpt. Examples, tests and benchmarks are
+# the library (libzero, with libzero_activations beside it), the tools
+# zero-run, zero-config and zero-ckpt, and the Llama family (libzero_llama,
+# zero::llama) with its tool zero-llama. Examples, tests and benchmarks are
 # never installed. The rules themselves sit beside their targets
-# (tools/*/CMakeLists.txt, the install section of the top-level
+# (tools/*/CMakeLists.txt, llama/CMakeLists.txt, the install section of the top-level
 # CMakeLists.txt); the test install.library_only builds zero-install-set
 # alone and installs it, so a rule whose target is missing here fails it.
-set(ZERO_INSTALLED_TARGETS zero zero_activations zero-run zero-config zero-ckpt)
+set(ZERO_INSTALLED_TARGETS zero zero_activations zero-run zero-config zero-ckpt zero_llama zero-llama)
 
 # `cmake --build BUILD --target zero-install-set`: what the install copies
 # and nothing more.

@@ -2,7 +2,7 @@
 // training (a folder a save will write into, the checkpoint a load will
 // read) is checked before the model is built, so that a run does not train
 // for hours and then fail at its last line. Programs call these right after
-// parsing their options (examples/llama/main.cpp, examples/accelerate_gpt.cpp).
+// parsing their options (tools/llama/main.cpp, examples/accelerate_gpt.cpp).
 #include <unistd.h>
 
 #include <cerrno>

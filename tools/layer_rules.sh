@@ -56,6 +56,7 @@ launch_config.h facade accelerate
 engine.h facade engine
 init.h facade engine
 accelerate.h facade accelerate
+llama.h facade llama
 zero.h facade -'
 # The library's folders below the engine (engine/ and accelerate/ are above).
 below_engine='core comm offload partition activations parallel ckpt torchsave interop monitor profile data config'
@@ -99,7 +100,8 @@ config ConfigError
 optim ConfigError OffloadError EngineError
 telemetry none
 engine ConfigError OffloadError CheckpointError EngineError
-accelerate ConfigError CheckpointError EngineError'
+accelerate ConfigError CheckpointError EngineError
+llama ConfigError EngineError'
 
 if [ "${1:-}" = --folders ]; then
   library_folders

@@ -185,7 +185,7 @@ struct AutoTpRule {
 // *.mlp.fc column, *.mlp.proj row (Megatron's split of a transformer block:
 // one all-reduce forward and one backward per attention and per MLP).
 std::vector<AutoTpRule> gpt_rules();
-// The Llama family's (Hugging Face's names, examples/llama): q_proj, k_proj,
+// The Llama family's (Hugging Face's names, zero/llama.h): q_proj, k_proj,
 // v_proj, gate_proj and up_proj column, o_proj and down_proj row, as
 // DeepSpeed's AutoTP and Megatron split them. Grouped-query attention
 // splits its key/value heads too: tp must divide num_key_value_heads.

@@ -76,14 +76,14 @@ endif()
 set(prefix "${WORK_DIR}/prefix")
 run(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
 # The tools and nothing else: examples (zero-main, zero-accelerate-gpt,
-# zero-llama, ...) are run from the build tree, never installed.
+# ...) are run from the build tree, never installed.
 file(GLOB installed RELATIVE "${prefix}/bin" "${prefix}/bin/*")
 list(SORT installed)
-if(NOT installed STREQUAL "zero-ckpt;zero-config;zero-run")
-  message(FATAL_ERROR "bin/ holds '${installed}', not the tools 'zero-ckpt;zero-config;zero-run' alone")
+if(NOT installed STREQUAL "zero-ckpt;zero-config;zero-llama;zero-run")
+  message(FATAL_ERROR "bin/ holds '${installed}', not the tools 'zero-ckpt;zero-config;zero-llama;zero-run' alone")
 endif()
 load_cache("${BUILD_DIR}" READ_WITH_PREFIX installed_ CMAKE_INSTALL_LIBDIR)
-foreach(lib libzero.so libzero_activations.so)
+foreach(lib libzero.so libzero_activations.so libzero_llama.so)
   if(NOT EXISTS "${prefix}/${installed_CMAKE_INSTALL_LIBDIR}/${lib}")
     message(FATAL_ERROR "${prefix}/${installed_CMAKE_INSTALL_LIBDIR}/${lib} is missing")
   endif()
@@ -109,6 +109,41 @@ run("${prefix}/bin/zero-run" --nproc 2 "${WORK_DIR}/build/consumer" train 2 4 "$
 run("${prefix}/bin/zero-run" --nproc 1 "${WORK_DIR}/build/consumer" train 3 8 "${train}/ckpt" "${train}/resumed.log")
 run("${prefix}/bin/zero-run" --nproc 2 "${WORK_DIR}/build/consumer" train 2 8 "${train}/reference" "${train}/reference.log")
 run("${WORK_DIR}/build/consumer" compare "${train}/resumed.log" "${train}/reference.log" 1e-5)
+
+# README's Llama program (zero::llama) fine-tunes a Hugging Face fixture for
+# 3 steps, against the installed zero-llama on the same data: the same
+# losses, and the same model.safetensors bytes from save_16bit_model and
+# zero-llama's --save-hf.
+set(llama "${WORK_DIR}/llama")
+set(fixtures "${SOURCE_DIR}/tests/fixtures/llama")
+file(REMOVE_RECURSE "${llama}")
+file(MAKE_DIRECTORY "${llama}")
+file(WRITE "${llama}/ds.json" [=[{"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "zero_optimization": {"stage": 2}}]=])
+foreach(side program tool)
+  if(side STREQUAL "program")
+    set(command "${WORK_DIR}/build/consumer_llama" "${fixtures}/gqa_untied" "${llama}/ds.json" "${fixtures}/tokens.bin" 3
+        "${llama}/${side}")
+  else()
+    set(command "${prefix}/bin/zero-llama" train --hf-dir "${fixtures}/gqa_untied" --config "${llama}/ds.json"
+        --tokens "${fixtures}/tokens.bin" --steps 3 --ctx 16 --save-hf "${llama}/${side}")
+  endif()
+  execute_process(COMMAND "${prefix}/bin/zero-run" --nproc 1 ${command} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  string(REGEX MATCHALL "step [0-9]+ loss [0-9.eE+-]+" losses_${side} "${out}")
+  list(LENGTH losses_${side} count)
+  if(NOT rc EQUAL 0 OR NOT count EQUAL 3)
+    message(FATAL_ERROR "the Llama ${side} failed (${rc}) or printed ${count} steps of 3: ${out}${err}")
+  endif()
+endforeach()
+if(NOT losses_program STREQUAL losses_tool)
+  message(FATAL_ERROR "README's Llama program's losses '${losses_program}' are not zero-llama's '${losses_tool}'")
+endif()
+file(SHA256 "${llama}/program/model.safetensors" program_hash)
+file(SHA256 "${llama}/tool/model.safetensors" tool_hash)
+if(NOT program_hash STREQUAL tool_hash OR NOT EXISTS "${llama}/program/config.json")
+  message(FATAL_ERROR "README's Llama program saved other weights than zero-llama --save-hf, or no config.json")
+endif()
+message("install: README's Llama program: ${losses_program}, the same as zero-llama's, and the same saved bytes")
 if(LIBRARY_ONLY)
   file(REMOVE_RECURSE "${tree}")
 endif()

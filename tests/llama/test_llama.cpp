@@ -1,4 +1,4 @@
-// examples/llama against transformers' LlamaForCausalLM on the fixtures of
+// The Llama family (zero/llama.h) against transformers' LlamaForCausalLM on the fixtures of
 // tests/fixtures/llama (tools/fixtures/make_llama_fixtures.py): the same
 // weights (loaded by Engine::load_weights from save_pretrained's files)
 // give transformers' float32 logits within 1e-5 relative; config.json keys
@@ -14,14 +14,14 @@
 
 #include "ckpt/checkpoint.h"
 #include "tests/llama/llama_reference.h"
-#include "llama/llama.h"
+#include "zero/llama.h"
 #include "zero/zero.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-using zero_examples::llama::LlamaConfig;
-using zero_examples::llama::LlamaForCausalLM;
+using zero::llama::LlamaConfig;
+using zero::llama::LlamaForCausalLM;
 
 using llama_reference::first_sequence;
 using llama_reference::kFixtures;
@@ -64,7 +64,7 @@ TEST(Llama, ConfigKeysThatChangeTheArchitectureAreRefusedByName) {
     j[key] = nlohmann::json::parse(value);
     try {
       LlamaConfig::from_json_text(j.dump(), "config.json");
-    } catch (const std::invalid_argument& e) {
+    } catch (const zero::ConfigError& e) {
       return std::string(e.what());
     }
     return std::string("(accepted)");

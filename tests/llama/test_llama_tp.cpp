@@ -1,4 +1,4 @@
-// examples/llama at tensor parallelism 2 (run on 2 ranks): the embedding and
+// The Llama family (zero/llama.h) at tensor parallelism 2 (run on 2 ranks): the embedding and
 // the head split by vocabulary rows, the decoder layers by AutoTP's Llama
 // rules, each rank holding half of the split weights, and the gathered
 // float32 logits equal to transformers' (the fixture's logits.safetensors)
@@ -11,15 +11,15 @@
 #include <fstream>
 
 #include "tests/llama/llama_reference.h"
-#include "llama/llama.h"
+#include "zero/llama.h"
 #include "world_main.h"
 #include "zero/zero.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-using zero_examples::llama::LlamaConfig;
-using zero_examples::llama::LlamaForCausalLM;
+using zero::llama::LlamaConfig;
+using zero::llama::LlamaForCausalLM;
 
 using llama_reference::first_sequence;
 using llama_reference::kFixtures;

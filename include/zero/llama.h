@@ -21,11 +21,12 @@
 #include <string>
 #include <vector>
 
+#include "zero/error.h"
 #include "zero/pipeline.h"
 #include "zero/tensor_parallel.h"
 #include "zero/unit.h"
 
-namespace zero_examples::llama {
+namespace zero::llama {
 
 struct LlamaConfig {
   int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0;
@@ -41,7 +42,7 @@ struct LlamaConfig {
   // the older "rope_theta" and "rope_scaling"). An unknown model_type, or a
   // key that would change the architecture in a way not built here
   // (sliding windows, another activation, partial rotary embeddings, another
-  // rope type), throws std::invalid_argument naming the key; keys that do
+  // rope type), throws a zero::ConfigError naming the key; keys that do
   // not change the architecture are ignored.
   static LlamaConfig from_json_text(const std::string& text, const std::string& where);
   static LlamaConfig from_file(const std::string& path);
@@ -50,7 +51,7 @@ struct LlamaConfig {
 // The parameters a config builds, by Hugging Face's names, with the
 // config.json keys that set each shape, computed without building anything:
 // a program compares them with the weight files and the machine's memory
-// before it allocates (examples/llama/main.cpp). The first `layers`
+// before it allocates (tools/llama/main.cpp). The first `layers`
 // decoder layers are listed (they all have the same shapes). Counts
 // beyond 2^62 saturate.
 struct ParameterShape {
@@ -183,4 +184,4 @@ std::string hf_name(const LlamaConfig& c, const std::string& pipeline_name);
 // The last stage's loss: mean float32 cross-entropy of logits [B,T,V] against labels [B,T].
 at::Tensor pipeline_loss(const at::Tensor& logits, const at::Tensor& labels);
 
-}  // namespace zero_examples::llama
+}  // namespace zero::llama

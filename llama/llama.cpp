@@ -1,4 +1,8 @@
-#include "llama/llama.h"
+// The Llama family (zero/llama.h): config.json read and checked, the
+// parameter shapes it implies, and the modules in transformers' order.
+// One concept over 400 lines: one model family, its config and its modules,
+// read top to bottom as transformers' modeling_llama.py is.
+#include "zero/llama.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,14 +16,16 @@
 
 #include <nlohmann/json.hpp>
 
-namespace zero_examples::llama {
+#include "zero/error.h"
+
+namespace zero::llama {
 
 namespace {
 
 using nlohmann::json;
 
 [[noreturn]] void refuse(const std::string& where, const std::string& message) {
-  throw std::invalid_argument(where + ": " + message);  // not a zero::Error: the example model's own input
+  throw ConfigError(where + ": " + message);
 }
 
 int64_t positive(const json& j, const char* key, const std::string& where) {
@@ -141,13 +147,13 @@ LlamaConfig LlamaConfig::from_file(const std::string& path) {
   // a config's size only (not a zero::Error: the example model's own input).
   std::error_code error;
   const auto status = std::filesystem::status(path, error);
-  if (error) throw std::invalid_argument("cannot read " + path + " (" + error.message() + ")");
+  if (error) throw ConfigError("cannot read " + path + " (" + error.message() + ")");
   if (!std::filesystem::is_regular_file(status))
-    throw std::invalid_argument("cannot read " + path + ": it is not a regular file (a config.json is one)");
+    throw ConfigError("cannot read " + path + ": it is not a regular file (a config.json is one)");
   if (std::filesystem::file_size(path, error) > (uint64_t{64} << 20))
-    throw std::invalid_argument("cannot read " + path + ": over 64 MiB, no config.json is that large");
+    throw ConfigError("cannot read " + path + ": over 64 MiB, no config.json is that large");
   std::ifstream in(path);
-  if (!in) throw std::invalid_argument("cannot read " + path);
+  if (!in) throw ConfigError("cannot read " + path);
   std::stringstream text;
   text << in.rdbuf();
   return from_json_text(text.str(), path);
@@ -324,10 +330,12 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, zero::tp::Group tp) : confi
 }
 
 at::Tensor LlamaModelImpl::forward(const at::Tensor& tokens) {
-  TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kLong, "Llama: tokens must be [batch, time] int64");
+  if (tokens.dim() != 2 || tokens.scalar_type() != torch::kLong) throw EngineError("Llama: tokens must be [batch, time] int64");
   const int64_t B = tokens.size(0), T = tokens.size(1);
-  TORCH_CHECK(T <= config_.max_position_embeddings, "Llama: ", T, " positions exceed max_position_embeddings ",
-              config_.max_position_embeddings);
+  if (T > config_.max_position_embeddings) {
+    throw EngineError("Llama: " + std::to_string(T) + " positions exceed max_position_embeddings " +
+                      std::to_string(config_.max_position_embeddings));
+  }
   at::Tensor x = vocab_embed ? vocab_embed(tokens) : embed_tokens(tokens);
   const auto [cos, sin] = rope_cos_sin(inv_freq_, B, T, x.scalar_type(), x.device());
   for (size_t i = 0; i < layers->size(); ++i) x = layer(i)->call(x, cos, sin);
@@ -412,4 +420,4 @@ at::Tensor pipeline_loss(const at::Tensor& logits, const at::Tensor& labels) {
   return torch::nn::functional::cross_entropy(l.reshape({-1, l.size(-1)}), labels.reshape({-1}));
 }
 
-}  // namespace zero_examples::llama
+}  // namespace zero::llama

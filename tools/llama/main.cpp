@@ -44,13 +44,13 @@
 #include <string>
 #include <vector>
 
-#include "llama/llama.h"
+#include "zero/llama.h"
 #include "zero/zero.h"
 
 namespace {
 
-using zero_examples::llama::LlamaConfig;
-using zero_examples::llama::LlamaForCausalLM;
+using zero::llama::LlamaConfig;
+using zero::llama::LlamaForCausalLM;
 
 const char* const kUsage =
     "usage: zero-llama eval --hf-dir DIR --tokens FILE [--tokens-dtype uint16|uint32] [--ctx T] [--config DS_CONFIG]\n"
@@ -137,8 +137,8 @@ struct Trained {
       auto mesh = std::make_shared<zero::Mesh>(world, static_cast<int>(ds.parallelism.tensor_parallel()),
                                                static_cast<int>(ds.parallelism.pipeline_parallel()));
       zero::pipe::PipelineOptions options;
-      options.loss = zero_examples::llama::pipeline_loss;
-      pipe = std::make_shared<zero::pipe::PipelineModule>(zero_examples::llama::pipeline_layers(config), mesh, options);
+      options.loss = zero::llama::pipeline_loss;
+      pipe = std::make_shared<zero::pipe::PipelineModule>(zero::llama::pipeline_layers(config), mesh, options);
       zero::InitOptions init;
       init.group = world;
       init.mesh = mesh;
@@ -161,7 +161,7 @@ struct Trained {
   }
   void load_weights(const LlamaConfig& config, const std::string& dir) {
     zero::WeightsLoadOptions o;
-    if (pipe) o.name_in_files = [config](const std::string& name) { return zero_examples::llama::hf_name(config, name); };
+    if (pipe) o.name_in_files = [config](const std::string& name) { return zero::llama::hf_name(config, name); };
     engine->load_weights(dir, o);
   }
   zero::comm::ProcessGroup& dp() { return *engine->mesh().dp_group(); }
@@ -213,12 +213,12 @@ std::string gigabytes(double bytes) {
 // empty (a checkpoint is loaded instead). `split`: tp x pp, the ways each
 // rank's share of the model is cut.
 void check_model_size(const LlamaConfig& config, const std::string& hf_dir, bool weights, int64_t split) {
-  using zero_examples::llama::elements;
-  using zero_examples::llama::parameter_count;
+  using zero::llama::elements;
+  using zero::llama::parameter_count;
   const std::string where = hf_dir + "/config.json";
   if (weights) {
     const auto files = zero::weight_shapes(hf_dir);
-    for (const auto& p : zero_examples::llama::parameter_shapes(config, 2)) {
+    for (const auto& p : zero::llama::parameter_shapes(config, 2)) {
       const auto it = files.find(p.name);
       if (it == files.end() || it->second == p.shape) continue;  // a missing tensor: load_weights names it
       throw std::invalid_argument(where + ": " + p.keys + " make " + p.name + " " + shape_text(p.shape) +
@@ -235,7 +235,7 @@ void check_model_size(const LlamaConfig& config, const std::string& hf_dir, bool
   // The key to look at: the largest tensor's, or the layer count's when the layers weigh more.
   std::string keys;
   int64_t largest = 0, layer = 0;
-  for (const auto& p : zero_examples::llama::parameter_shapes(config, 1)) {
+  for (const auto& p : zero::llama::parameter_shapes(config, 1)) {
     if (p.name.rfind("model.layers.", 0) == 0) layer += elements(p.shape);
     if (elements(p.shape) > largest) largest = elements(p.shape), keys = p.keys + " (" + p.name + " " + shape_text(p.shape) + ")";
   }
