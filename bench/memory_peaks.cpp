@@ -161,6 +161,9 @@ int main(int argc, char** argv) {
       outside_blocks -= block;
     }
     in.unit_params = std::max(in.unit_params, outside_blocks);
+    in.root_params = outside_blocks;  // kept gathered at stage 3; bounds its buckets
+    in.stage3_param_persistence_threshold = engine.config().zero_optimization.stage3_param_persistence_threshold;
+    for (const auto& p : model->parameters()) in.largest_tensor = std::max(in.largest_tensor, zero::gathered_numel(p));
     const zero::MemoryEstimate est = zero::estimate_memory(in);
 
     if (rank == 0) {

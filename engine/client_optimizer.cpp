@@ -1,6 +1,9 @@
 // A client optimizer and LR scheduler (Note [Client optimizer] in client_optimizer.h).
 #include "engine/client_optimizer.h"
 
+#include <string>
+#include <vector>
+
 #include "optim/client_optimizer.h"
 #include "zero/error.h"
 

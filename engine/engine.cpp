@@ -105,10 +105,11 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
   log::info("engine", "stage " + std::to_string(z.stage) + ", " + c10::toString(s.dtype) + ", " +
                           std::to_string(s.pg->size()) + " rank(s)" + layout + ", " + std::to_string(s.sharded->numel()) +
                           " trainable parameters in " + std::to_string(s.sharded->num_buckets()) +
-                          " bucket(s); this rank holds " + memory_report().describe());
+                          " bucket(s); this rank holds " + memory_report().describe() +
+                          (s.optimizer->state_names().empty() ? "" : "; the optimizer's states come at its first step"));
   if (const std::string advice = heap::advice(); !advice.empty()) log::info("engine", advice);
   if (const std::string advice = blas::advice(); !advice.empty()) log::warn("engine", advice);
-  s.telemetry->forward_starts(s.steps.global_steps);
+  s.telemetry->forward_starts(s.steps.global_steps, s.sharded->gathered_param_bytes());
 }
 
 Engine::~Engine() = default;
@@ -161,7 +162,7 @@ void Engine::backward(const at::Tensor& loss) {
                    "engine.step() after each backward to count each as a micro-step (warned once)");
   }
   if (!loss.requires_grad()) throw EngineError("engine.backward: the loss does not require grad (was it computed under no_grad or eval?)");
-  s.telemetry->backward_starts(loss);
+  s.telemetry->backward_starts(loss, s.sharded->gathered_param_bytes());
   const bool boundary = is_gradient_accumulation_boundary();
   s.sharded->begin_backward(boundary);
   try {
@@ -177,7 +178,8 @@ void Engine::backward(const at::Tensor& loss) {
   s.sharded->end_backward();
   s.backward_pending = true;
   s.telemetry->backward_ends(reduce_start);
-  if (!boundary) s.telemetry->forward_starts(s.steps.global_steps);  // the next micro-step's; at the boundary after the step
+  // The next micro-step's forward; at the boundary it starts after the step.
+  if (!boundary) s.telemetry->forward_starts(s.steps.global_steps, s.sharded->gathered_param_bytes());
 }
 
 void Engine::step() {
@@ -259,7 +261,7 @@ void Engine::Impl::optimizer_step(std::optional<double> agreed_loss) {
   sync_buffers();
   telemetry->step_done(record);
   boundary->after_step(record, agreed_loss);
-  telemetry->forward_starts(steps.global_steps);
+  telemetry->forward_starts(steps.global_steps, sharded->gathered_param_bytes());
 }
 
 double Engine::train_batch(const std::function<Batch()>& next_batch) {

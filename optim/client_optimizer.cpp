@@ -3,6 +3,8 @@
 
 #include <c10/util/Type.h>
 
+#include <string>
+#include <tuple>
 #include <typeinfo>
 
 #include "zero/error.h"

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "zero/error.h"
 
@@ -79,9 +80,12 @@ void validate(const EstimateInput& in) {
   require(in.state_bytes_per_element >= 0 && in.state_bytes_per_element <= 16,
           "state_bytes_per_element must be in [0, 16]; got " + std::to_string(in.state_bytes_per_element));
   require(in.reduce_bucket_size >= 1, "reduce_bucket_size must be positive");
+  require(in.root_params >= -1, "root_params must be -1 (unknown) or a number of parameters");
+  require(in.largest_tensor >= 0, "largest_tensor must not be negative");
   require(in.stage3_max_live_parameters >= 0, "stage3_max_live_parameters must not be negative");
   require(in.stage3_max_reuse_distance >= 0, "stage3_max_reuse_distance must not be negative");
   require(in.stage3_prefetch_bucket_size >= 0, "stage3_prefetch_bucket_size must not be negative");
+  require(in.stage3_param_persistence_threshold >= 0, "stage3_param_persistence_threshold must not be negative");
   require(in.unit_params >= 0, "unit_params must not be negative");
   require(in.hpz_partition_size >= 1 && in.world_size % in.hpz_partition_size == 0,
           "zero_hpz_partition_size " + std::to_string(in.hpz_partition_size) + " must divide the data-parallel size " +
@@ -115,6 +119,17 @@ int64_t gathered_bound(const EstimateInput& in) {
   return std::min(in.params, std::max(running, kept + (prefetched ? u : 0)));
 }
 
+// Stages 2-3: the largest bucket, in elements (estimate.h, B), and whether
+// there is more than one.
+std::pair<int64_t, bool> largest_bucket(const EstimateInput& in, int64_t p) {
+  int64_t largest = std::min(in.reduce_bucket_size, p);
+  if (in.stage == 3 && in.unit_params > 0 && in.root_params >= 0) {
+    largest = std::min(largest, std::max(std::min(in.unit_params, p), std::min(in.root_params, p)));
+  }
+  largest = std::max(largest, std::min(in.largest_tensor, p));  // a tensor is never split between buckets
+  return {largest, largest < p};
+}
+
 // Without offload, everything lives on the device.
 void on_device(const EstimateInput& in, MemoryEstimate& m) {
   const int64_t n = in.world_size, b = in.dtype_bytes, k = in.state_bytes_per_element;
@@ -125,17 +140,26 @@ void on_device(const EstimateInput& in, MemoryEstimate& m) {
   const bool sharded = in.stage >= 1;
   const int64_t held = sharded ? s : p;   // elements of master and optimizer states a rank holds
   MemoryBytes& d = m.device;
-  d.params = (in.stage == 3 ? s : p) * b;
+  // Stage 3: parameters outside every unit stay gathered (whole on every
+  // rank), and so does every bucket below the persistence threshold: all of
+  // them when the largest is (partition/sharded_params.cpp).
+  const int64_t root = in.stage == 3 && in.root_params > 0 ? std::min(in.root_params, p) : 0;
+  const int64_t root_gathered = root - root / n;
+  const bool all_persistent = in.stage == 3 && largest_bucket(in, p).first < in.stage3_param_persistence_threshold;
+  d.params = (in.stage == 3 && !all_persistent ? s + root_gathered : p) * b;
   if (in.stage >= 2) {
-    m.reduce_buffer_count = in.overlap_comm ? 2 : 1;
-    m.reduce_buffers = m.reduce_buffer_count * std::min(in.reduce_bucket_size, p) * b;
+    // The engine's pool (partition/grad_reducer.cpp): one buffer of the
+    // largest bucket, two with overlap_comm once a second bucket exists.
+    const auto [largest, several] = largest_bucket(in, p);
+    m.reduce_buffer_count = in.overlap_comm && several ? 2 : 1;
+    m.reduce_buffers = m.reduce_buffer_count * largest * b;
     d.gradients = s * b + m.reduce_buffers;
   } else {
     d.gradients = p * b;
   }
   d.fp32_master = in.mixed_precision ? held * 4 : 0;
   d.optimizer_states = held * k;
-  if (in.stage == 3) m.gathered_params_max = gathered_bound(in) * b;
+  if (in.stage == 3 && !all_persistent) m.gathered_params_max = gathered_bound(in) * b;
   if (in.stage == 3 && in.hpz_partition_size > 1) {
     const int64_t l = in.hpz_partition_size;
     m.secondary_params_max = (p + l - 1) / l * b;
@@ -160,7 +184,7 @@ void optimizer_offloaded(const EstimateInput& in, MemoryEstimate& m) {
   // With an accelerator, the CPU optimizer writes each bucket's updated
   // shard into one of two page-locked staging buffers on its way there
   // (without one, straight into the parameters).
-  if (in.accelerator && off > 0) m.host.params += 2 * ((std::min(in.reduce_bucket_size, p) + owners - 1) / owners) * b;
+  if (in.accelerator && off > 0) m.host.params += 2 * ((largest_bucket(in, p).first + owners - 1) / owners) * b;
   d.fp32_master = in.mixed_precision ? (s - off) * 4 : 0;
   d.optimizer_states = (s - off) * k;
   // The offloaded share's gradients leave the device partition (the
@@ -182,7 +206,7 @@ void params_offloaded(const EstimateInput& in, MemoryEstimate& m) {
   MemoryBytes& d = m.device;
   MemoryBytes& to = in.offload_param == OffloadDevice::cpu ? m.host : m.nvme;
   to.params += s * b;
-  d.params = 0;
+  d.params -= s * b;  // what stays is the parameters outside every unit, gathered
 }
 
 

@@ -16,10 +16,22 @@
 // This is a lower bound of the engine's padding (each bucket adds its own).
 //
 // Bytes held per rank, without offload:
-//   params       stages 0-2: P*b            stage 3: S*b
+//   params       stages 0-2: P*b            stage 3: S*b, and with R known
+//                                           (root_params) R*(N-1)/N more: the
+//                                           parameters outside every unit
+//                                           stay gathered; P*b when every
+//                                           bucket is below
+//                                           stage3_param_persistence_threshold
+//                                           (B below it: each stays gathered)
 //   gradients    stages 0-1: P*b            stages 2-3: S*b + the reduce buffers,
-//                                           min(reduce_bucket_size, P)*b each:
-//                                           one, two with overlap_comm
+//                                           each the largest bucket B*b: one,
+//                                           two with overlap_comm when there
+//                                           is more than one bucket
+// B = min(reduce_bucket_size, P); at stage 3 buckets also end where units
+// do, so with the largest unit U and the parameters outside every unit R
+// known (unit_params, root_params), B = min(reduce_bucket_size, max(U, R)).
+// A bucket holds whole tensors: B is at least the largest tensor, when
+// known (largest_tensor).
 //   fp32 master  mixed precision only:      stage 0: P*4, stages 1-3: S*4
 //   optimizer    stage 0: P*K               stages 1-3: S*K
 // Mixed-precision Adam, Ψ divisible by N, reduce buffers left out: 16Ψ, 4Ψ + 12Ψ/N,
@@ -98,7 +110,10 @@ struct EstimateInput {
   int64_t stage3_max_live_parameters = 1000000000;  // elements
   int64_t stage3_max_reuse_distance = 1000000000;   // elements
   int64_t stage3_prefetch_bucket_size = 50000000;   // elements
+  int64_t stage3_param_persistence_threshold = 100000;  // elements: a bucket below it stays gathered
   int64_t unit_params = 0;  // stage 3: the largest unit's parameters, when known (0: unknown)
+  int64_t root_params = -1; // stage 3: the parameters outside every unit, when known (-1: unknown)
+  int64_t largest_tensor = 0;  // the largest parameter's elements, when known (0: unknown)
   int64_t hpz_partition_size = 1;  // stage 3: zero_hpz_partition_size, the ranks of a node (1: no hpZ)
   OffloadDevice offload_optimizer = OffloadDevice::none;
   double offload_optimizer_ratio = 1.0;    // partial offload ("cpu"): the share on the host
@@ -130,9 +145,9 @@ struct MemoryEstimate {
   MemoryBytes host;            // host memory for one rank (pinned when offloading)
   MemoryBytes nvme;            // NVMe space for one rank
   // Stages 2-3: the reduce buffers inside device.gradients, each the size
-  // of a bucket, min(reduce_bucket_size, P)*b.
+  // of the largest bucket, B*b (above).
   int64_t reduce_buffers = 0;       // bytes, all of them
-  int reduce_buffer_count = 0;      // 1, or 2 with overlap_comm
+  int reduce_buffer_count = 0;      // 1, or 2 with overlap_comm and more than one bucket
   // Stage 3: up to this many more device bytes for the parameters of the
   // units being gathered (see above); not in device.
   int64_t gathered_params_max = 0;

@@ -203,6 +203,10 @@ class ReduceScatterPerBucket final : public GradReducer {
       if (!off_device(k)) partition_numel_ += layout.buckets()[k].shard_numel;
     }
     partition_ = empty_with_huge_pages(partition_numel_, options.grad_options).zero_();
+    // The pool's buffers are made now (DeepSpeed makes its reduce buffers at
+    // initialize too), so the memory report before the first backward is the
+    // one training holds: one, two with overlap_comm and a second bucket.
+    while (pool_buffers_ < std::min(pool_limit(), n)) grow();
   }
 
   at::Tensor shard_grad(size_t k) override { return off_device(k) ? at::Tensor() : partition_slice(k); }
@@ -230,6 +234,12 @@ class ReduceScatterPerBucket final : public GradReducer {
     return partition_.slice(0, start, start + layout_.buckets()[k].shard_numel);
   }
   void acquire(size_t k);
+  size_t pool_limit() const { return options_.overlap_comm ? 2 : 1; }
+  void grow() {
+    pool_.push_back(torch::empty({layout_.max_bucket_numel()}, options_.grad_options));
+    pool_bytes_ += pool_.back().nbytes();
+    ++pool_buffers_;
+  }
 
   HostGrads* host_;
   at::Tensor partition_;                   // this rank's reduced gradients, but off-device buckets'
@@ -275,13 +285,7 @@ void ReduceScatterPerBucket::land(size_t k) {
 // buffer, so how many buffers there are does not depend on when reductions
 // complete: the memory report is the same in every run.
 void ReduceScatterPerBucket::acquire(size_t k) {
-  const size_t limit = options_.overlap_comm ? 2 : 1;
-  const auto grow = [&] {
-    pool_.push_back(torch::empty({layout_.max_bucket_numel()}, options_.grad_options));
-    pool_bytes_ += pool_.back().nbytes();
-    ++pool_buffers_;
-  };
-  if (pool_.empty() && pool_buffers_ < limit) grow();
+  if (pool_.empty() && pool_buffers_ < pool_limit()) grow();
   while (pool_.empty()) {
     for (size_t other = 0; other < works_.size(); ++other) {
       if (works_[other] && works_[other]->is_completed()) finish(other);

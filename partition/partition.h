@@ -155,6 +155,7 @@ class ShardedParams {
   size_t num_buckets() const { return layout_.buckets().size(); }
   int64_t param_bytes() const { return storage_.bytes(); }
   int64_t gathered_param_peak() const { return storage_.gathered_peak(); }  // stage 3's units, since construction
+  int64_t gathered_param_bytes() const { return storage_.gathered_bytes(); }  // stage 3's units, now
   double gather_wait_seconds() const { return storage_.wait_seconds(); }    // stage 3's units, since construction
   int64_t grad_bytes() const { return reducer_->bytes(); }
 

@@ -16,16 +16,18 @@ Totals Totals::since(const Totals& mark) const {
   return d;
 }
 
-void StepTimer::forward_starts() {
+void StepTimer::forward_starts(int64_t gathered) {
   last_end_ = Clock::now();
   allocated_at_forward_ = activations::allocated_bytes(model_device_);
+  gathered_at_forward_ = gathered;
 }
 
-void StepTimer::backward_starts() {
+void StepTimer::backward_starts(int64_t gathered) {
   backward_start_ = Clock::now();
   total_.forward += std::chrono::duration<double>(backward_start_ - last_end_).count();
   if (const int64_t now = activations::allocated_bytes(model_device_); now >= 0 && allocated_at_forward_ >= 0) {
-    activations_peak_ = std::max(activations_peak_, now - allocated_at_forward_);
+    // Units forward left gathered (stage3_max_reuse_distance) are not activations.
+    activations_peak_ = std::max(activations_peak_, now - allocated_at_forward_ - (gathered - gathered_at_forward_));
   }
 }
 

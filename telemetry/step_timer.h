@@ -48,9 +48,11 @@ class StepTimer {
 
   // The core's events, in order: forward_starts, then backward_starts and
   // backward_ends around each backward (or a pipeline's batch), then
-  // step_done after each optimizer step.
-  void forward_starts();
-  void backward_starts();
+  // step_done after each optimizer step. `gathered`: the bytes of stage 3's
+  // units gathered now, which a forward leaves allocated but are parameters,
+  // not activations (MemoryReport::gathered_params_peak counts them).
+  void forward_starts(int64_t gathered);
+  void backward_starts(int64_t gathered);
   void backward_ends(Clock::time_point reduce_start);
   void pipeline_batch_done(const PipelineTimes& times);
   void step_done(const StepRecord& record);
@@ -69,6 +71,7 @@ class StepTimer {
   Clock::time_point backward_start_ = Clock::now();
   double gather_wait_mark_ = 0;
   int64_t allocated_at_forward_ = -1;  // bytes allocated on the model's device as forward started; -1: unknown
+  int64_t gathered_at_forward_ = 0;    // of them, stage 3's gathered units
   int64_t activations_peak_ = 0;
 };
 

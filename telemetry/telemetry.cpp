@@ -31,13 +31,13 @@ Telemetry::~Telemetry() {
   comm::configure_comms_logger({});  // this engine turned it on
 }
 
-void Telemetry::forward_starts(int64_t global_steps) {
-  timer_.forward_starts();
+void Telemetry::forward_starts(int64_t global_steps, int64_t gathered) {
+  timer_.forward_starts(gathered);
   profile_.forward_starts(global_steps, timer_.total());
 }
 
-void Telemetry::backward_starts(const at::Tensor& loss) {
-  timer_.backward_starts();
+void Telemetry::backward_starts(const at::Tensor& loss, int64_t gathered) {
+  timer_.backward_starts(gathered);
   profile_.backward_starts();
   const at::Tensor detached = loss.detach().to(at::kFloat).reshape({});
   progress_.add_loss(detached);

@@ -38,9 +38,10 @@ class Telemetry {
   // The core's events, in order: forward_starts (at initialize, after a
   // backward that is not at the boundary, after each step), backward_starts
   // and backward_ends around each backward, step_done after each optimizer
-  // step; a pipeline's batch instead of the backwards.
-  void forward_starts(int64_t global_steps);
-  void backward_starts(const at::Tensor& loss);
+  // step; a pipeline's batch instead of the backwards. `gathered`: the
+  // bytes of stage 3's units gathered at that moment (StepTimer).
+  void forward_starts(int64_t global_steps, int64_t gathered);
+  void backward_starts(const at::Tensor& loss, int64_t gathered);
   void backward_ends(Clock::time_point reduce_start);
   // `agreed_loss`: the batch's loss, already the same on every rank.
   void pipeline_batch_done(const PipelineTimes& times, double agreed_loss);

@@ -97,7 +97,8 @@ struct MemoryReport {
   int64_t gathered_params_peak = 0;
   // Measured, not estimated: the most bytes a forward left allocated on the
   // model's device for its backward (the activations autograd keeps, the
-  // loss), since initialize; 0 before the first backward or where the
+  // loss), since initialize, less stage 3's units it left gathered (those
+  // are gathered_params_peak's); 0 before the first backward or where the
   // allocator cannot be read. Not part of total().
   int64_t activations_peak = 0;
   int64_t total() const { return params + gradients + fp32_master + optimizer_states + buffers + offload_buffers; }

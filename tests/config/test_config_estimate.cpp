@@ -57,6 +57,7 @@ TEST(ConfigEstimate, MixedPrecisionAdamGivesDeepSpeedsFigures) {
 
 TEST(ConfigEstimate, BucketAndGatheredParamsAreBoundedByTheModel) {
   EstimateInput in = mixed_adam(1000, 4, 3);
+  in.stage3_param_persistence_threshold = 0;  // the bucket is released between uses (ReleasedBuckets below: not)
   MemoryEstimate m = zero::estimate_memory(in);
   EXPECT_EQ(m.reduce_buffers, 1000 * 2);         // min(reduce_bucket_size, P) * b
   EXPECT_EQ(m.gathered_params_max, 1000 * 2);    // min(Ψ, stage3_max_live_parameters) * b
@@ -80,6 +81,38 @@ TEST(ConfigEstimate, BucketAndGatheredParamsAreBoundedByTheModel) {
   EXPECT_EQ(m.device.gradients, int64_t{4000000000} * 2);
 }
 
+// The engine's pool of reduce buffers (partition/grad_reducer.cpp): each
+// the largest bucket, one, two with overlap_comm only once there is a second
+// bucket; at stage 3 buckets end at units, so with the model's units known
+// the largest is the larger of a unit and what is outside every unit, and
+// never smaller than the largest tensor. Every bucket below
+// stage3_param_persistence_threshold stays gathered.
+TEST(ConfigEstimate, ReduceBuffersAreTheEnginesPool) {
+  EstimateInput in = mixed_adam(1000000, 2, 2);
+  in.overlap_comm = true;
+  in.reduce_bucket_size = 500000000;  // larger than the model: one bucket, one buffer
+  MemoryEstimate m = zero::estimate_memory(in);
+  EXPECT_EQ(m.reduce_buffer_count, 1);
+  EXPECT_EQ(m.reduce_buffers, 1000000 * 2);
+  in.reduce_bucket_size = 300000;     // four buckets: two buffers
+  m = zero::estimate_memory(in);
+  EXPECT_EQ(m.reduce_buffer_count, 2);
+  EXPECT_EQ(m.reduce_buffers, 2 * 300000 * 2);
+  in.largest_tensor = 400000;         // a tensor is not split: its bucket is the largest
+  m = zero::estimate_memory(in);
+  EXPECT_EQ(m.reduce_buffers, 2 * 400000 * 2);
+  // Stage 3: units of 200000, 200000 outside them (kept whole on each rank).
+  in.stage = 3, in.largest_tensor = 0, in.reduce_bucket_size = 500000000;
+  in.unit_params = 200000, in.root_params = 200000;
+  m = zero::estimate_memory(in);
+  EXPECT_EQ(m.reduce_buffers, 2 * 200000 * 2);
+  EXPECT_EQ(m.device.params, (500000 + 100000) * 2);  // the shard and the other half of the root
+  in.stage3_param_persistence_threshold = 200001;       // every bucket below it: all stay gathered
+  m = zero::estimate_memory(in);
+  EXPECT_EQ(m.device.params, 1000000 * 2);
+  EXPECT_EQ(m.gathered_params_max, 0);
+}
+
 TEST(ConfigEstimate, PadsToAMultipleOfTheWorldSize) {
   // Ψ = 10 on 4 ranks: P = 12, S = 3.
   const int64_t p = 12, s = 3, b = 2;
@@ -90,7 +123,9 @@ TEST(ConfigEstimate, PadsToAMultipleOfTheWorldSize) {
   EXPECT_EQ(m.device.gradients, p * b);
   EXPECT_EQ(m.device.fp32_master, s * 4);
   EXPECT_EQ(m.device.optimizer_states, s * 8);
-  m = zero::estimate_memory(mixed_adam(10, 4, 3));
+  EstimateInput released = mixed_adam(10, 4, 3);
+  released.stage3_param_persistence_threshold = 0;
+  m = zero::estimate_memory(released);
   EXPECT_EQ(m.device.params, s * b);
   EXPECT_EQ(m.device.gradients, s * b + p * b);   // the bucket holds all of P
   // Stage 0 shards nothing, so pads nothing (Note [Flat layout]: one owner).
@@ -629,6 +664,7 @@ TEST(ConfigEstimateTool, SaysWhetherStage3PeaksAboveStage2) {
     EstimateInput in;
     in.params = psi, in.world_size = 2, in.stage = stage, in.dtype_bytes = 4, in.state_bytes_per_element = 8;
     in.overlap_comm = true, in.accelerator = false, in.unit_params = unit;
+    in.root_params = psi - 6 * unit, in.largest_tensor = 50257 * 768;  // the embeddings; GPT-2's token embedding
     in.stage3_max_reuse_distance = reuse;
     in.stage3_prefetch_bucket_size = 50000000;
     MemoryEstimate m = zero::device_as_host(zero::estimate_memory(in));

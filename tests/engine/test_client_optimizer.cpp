@@ -11,6 +11,11 @@
 
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "world_main.h"
 #include "zero/zero.h"

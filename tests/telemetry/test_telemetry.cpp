@@ -59,9 +59,9 @@ TEST(StepTimer, SplitsTheStepAsTheRecordsSay) {
   StepTimer timer(at::Device(at::kCPU));
   const auto start = Clock::now();
   for (int64_t step = 1; step <= 2; ++step) {
-    timer.forward_starts();
+    timer.forward_starts(/*gathered=*/0);
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    timer.backward_starts();
+    timer.backward_starts(/*gathered=*/0);
     const auto reduce_start = Clock::now();
     timer.backward_ends(reduce_start);
     timer.step_done(record_of(step));

@@ -54,6 +54,7 @@ EstimateSetup estimate_setup(const zero::Config& c, int64_t params, int world_si
   in.stage3_max_live_parameters = z.stage3_max_live_parameters;
   in.stage3_max_reuse_distance = z.stage3_max_reuse_distance;
   in.stage3_prefetch_bucket_size = z.stage3_prefetch_bucket_size;
+  in.stage3_param_persistence_threshold = z.stage3_param_persistence_threshold;
   in.hpz_partition_size = z.zero_hpz_partition_size;
   in.sub_group_size = z.sub_group_size;
   in.offload_optimizer_buffer_count = z.offload_optimizer.buffer_count;
@@ -202,9 +203,12 @@ int run_estimate(const Options& o) {
   if (!o.json)
     for (const auto& w : warnings) std::cerr << "zero-config: warning: " << w << "\n";
   setup.base.accelerator = !o.cpu_ranks;
-  if (o.shape) {  // a GPT block is a unit
+  if (o.shape) {  // a GPT block is a unit; the embeddings and the final norm are outside every unit
     const int64_t w = o.activations.width;
     setup.base.unit_params = 12 * w * w + 13 * w;
+    setup.base.root_params = std::max<int64_t>(-1, setup.base.params - o.activations.depth * setup.base.unit_params);
+    // The token embedding or the MLP's first weight (4w x w), whichever is larger.
+    setup.base.largest_tensor = std::max(o.activations.vocab * w, 4 * w * w);
   }
   std::vector<zero::EstimateInput> inputs;
   std::vector<zero::MemoryEstimate> rows;
