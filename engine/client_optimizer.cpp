@@ -64,14 +64,14 @@ std::unique_ptr<ClientOptimizer> ClientOptimizer::take(Config& config, InitOptio
 }
 
 std::unique_ptr<optim::MasterOptimizer> ClientOptimizer::wrap(partition::ShardedParams& params,
-                                                              const std::vector<size_t>& user_group) {
+                                                              const std::vector<size_t>& user_group, const Config& config) {
   const auto& by_group = params.masters().by_group();
   std::vector<std::vector<at::Tensor>> tensors(optimizer_->param_groups().size());
   for (size_t g = 0; g < by_group.size(); ++g) {
     auto& mine = tensors.at(user_group.at(g));
     mine.insert(mine.end(), by_group[g].begin(), by_group[g].end());
   }
-  return optim::wrap_client_optimizer(optimizer_, tensors);
+  return optim::wrap_client_optimizer(optimizer_, config.optimizer, tensors);
 }
 
 double ClientOptimizer::lr() const { return optimizer_->param_groups()[0].options().get_lr(); }

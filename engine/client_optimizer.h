@@ -46,7 +46,9 @@ class ClientOptimizer {
 
   // The object over the master partition: its group u gets the masters of
   // the engine's groups that came from it (user_group[g] == u).
-  std::unique_ptr<optim::MasterOptimizer> wrap(partition::ShardedParams& params, const std::vector<size_t>& user_group);
+  // `config`: the config take() filled.
+  std::unique_ptr<optim::MasterOptimizer> wrap(partition::ShardedParams& params, const std::vector<size_t>& user_group,
+                                               const Config& config);
 
   // False: the object's own rates stand (the config has no "scheduler").
   bool engine_schedules() const { return engine_schedules_; }

@@ -94,7 +94,7 @@ void Engine::Impl::build_params(InitOptions& options, const std::shared_ptr<part
       if (at::isFloatingType(b.scalar_type())) b.set_data(b.to(dtype));
     }
   }
-  optimizer = client ? client->wrap(*sharded, model_params.user_group)
+  optimizer = client ? client->wrap(*sharded, model_params.user_group, config)
                      : engine::master_optimizer(config, *sharded, model_params.weight_decays, dp, params_on_host);
   if (pipeline) pipeline->find_tied_buckets(*sharded);
 }

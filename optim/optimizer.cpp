@@ -3,7 +3,6 @@
 
 #include <algorithm>
 
-#include "optim/client_optimizer.h"
 #include "optim/host_optimizer.h"
 #include "optim/lamb.h"
 #include "optim/lr_schedule.h"
@@ -192,6 +191,26 @@ class LambOptimizer final : public MasterOptimizer {
   std::unique_ptr<Lamb> lamb_;
 };
 
+// The states torch::optim keeps per tensor for Adam, AdamW, SGD and Adagrad
+// (MasterOptimizer::state_names).
+std::vector<std::string> torch_state_names(const OptimizerConfig& config) {
+  const auto& p = config.params;
+  switch (*config.kind()) {
+  case OptimizerKind::adam:
+  case OptimizerKind::adamw:
+    if (p.amsgrad) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+    return {"exp_avg", "exp_avg_sq"};
+  case OptimizerKind::sgd:
+    if (p.momentum != 0) return {"momentum_buffer"};
+    return {};
+  case OptimizerKind::adagrad:
+    return {"sum"};
+  case OptimizerKind::lamb:
+    break;
+  }
+  throw EngineError("internal: torch_state_names for optimizer type " + config.type);
+}
+
 template <typename Options>
 std::vector<torch::optim::OptimizerParamGroup> param_groups(const std::vector<OptimizerGroup>& groups,
                                                             const Options& base) {
@@ -296,32 +315,25 @@ std::unique_ptr<MasterOptimizer> make_lamb(const OptimizerConfig& config, const 
 }  // namespace
 
 std::unique_ptr<MasterOptimizer> wrap_client_optimizer(std::shared_ptr<torch::optim::Optimizer> client,
+                                                       const OptimizerConfig& config,
                                                        const std::vector<std::vector<at::Tensor>>& group_tensors) {
   using namespace torch::optim;
-  // Refuses what the engine cannot honour, before anything changes.
-  const OptimizerConfig config = client_optimizer_config(*client);
   auto& groups = client->param_groups();
   if (groups.size() != group_tensors.size()) {
     throw EngineError("internal: " + std::to_string(group_tensors.size()) + " master groups for a client optimizer of " +
                       std::to_string(groups.size()) + " groups");
   }
   for (size_t g = 0; g < groups.size(); ++g) groups[g].params() = group_tensors[g];
-  const auto& p = config.params;
+  std::vector<std::string> names = torch_state_names(config);
   switch (*config.kind()) {
   case OptimizerKind::adam:
-  case OptimizerKind::adamw: {
-    std::vector<std::string> names = {"exp_avg", "exp_avg_sq"};
-    if (p.amsgrad) names.push_back("max_exp_avg_sq");
+  case OptimizerKind::adamw:
     if (config.decoupled_weight_decay()) {
       return std::make_unique<TorchOptimizer<AdamWOptions, AdamWParamState>>(std::move(client), names, nullptr);
     }
     return std::make_unique<TorchOptimizer<AdamOptions, AdamParamState>>(std::move(client), names, nullptr);
-  }
-  case OptimizerKind::sgd: {
-    std::vector<std::string> names;
-    if (p.momentum != 0) names.push_back("momentum_buffer");
+  case OptimizerKind::sgd:
     return std::make_unique<TorchOptimizer<SGDOptions, SGDParamState>>(std::move(client), names, nullptr);
-  }
   case OptimizerKind::adagrad: {
     // torch::optim::Adagrad made a sum for each whole parameter as it was
     // built: the partition's replace them, filled as its constructor fills them.
@@ -335,7 +347,7 @@ std::unique_ptr<MasterOptimizer> wrap_client_optimizer(std::shared_ptr<torch::op
         client->state()[optimizer_state_key(t)] = std::move(state);
       }
     }
-    return std::make_unique<TorchOptimizer<AdagradOptions, AdagradParamState>>(std::move(client), std::vector<std::string>{"sum"}, nullptr);
+    return std::make_unique<TorchOptimizer<AdagradOptions, AdagradParamState>>(std::move(client), names, nullptr);
   }
   case OptimizerKind::lamb:
     break;
@@ -355,8 +367,7 @@ std::unique_ptr<MasterOptimizer> make_optimizer(const OptimizerConfig& config, c
   switch (*kind) {
   case OptimizerKind::adam:
   case OptimizerKind::adamw: {
-    std::vector<std::string> names = {"exp_avg", "exp_avg_sq"};
-    if (p.amsgrad) names.push_back("max_exp_avg_sq");
+    const std::vector<std::string> names = torch_state_names(config);
     if (config.decoupled_weight_decay()) {
       AdamWOptions o(p.lr);
       o.betas({p.betas[0], p.betas[1]}).eps(p.eps).amsgrad(p.amsgrad);
@@ -369,14 +380,12 @@ std::unique_ptr<MasterOptimizer> make_optimizer(const OptimizerConfig& config, c
   case OptimizerKind::sgd: {
     SGDOptions o(p.lr);
     o.momentum(p.momentum).dampening(p.dampening).nesterov(p.nesterov);
-    std::vector<std::string> names;
-    if (p.momentum != 0) names.push_back("momentum_buffer");
-    return torch_optimizer<SGD, SGDOptions, SGDParamState>(groups, o, names);
+    return torch_optimizer<SGD, SGDOptions, SGDParamState>(groups, o, torch_state_names(config));
   }
   case OptimizerKind::adagrad: {
     AdagradOptions o(p.lr);
     o.lr_decay(p.lr_decay).eps(p.eps).initial_accumulator_value(p.initial_accumulator_value);
-    return torch_optimizer<Adagrad, AdagradOptions, AdagradParamState>(groups, o, {"sum"});
+    return torch_optimizer<Adagrad, AdagradOptions, AdagradParamState>(groups, o, torch_state_names(config));
   }
   case OptimizerKind::lamb:
     return make_lamb(config, groups, layout);

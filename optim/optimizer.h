@@ -99,11 +99,12 @@ struct HostStep {
 std::unique_ptr<MasterOptimizer> make_optimizer(const OptimizerConfig& config, const std::vector<OptimizerGroup>& groups,
                                                 const ShardLayout& layout, const HostStep& host = {});
 
-// A client optimizer (optim/client_optimizer.h) over the master tensors:
-// its param group g's params become group_tensors[g] (the partition of the
-// engine's group g), its options stay. Refuses what
-// client_optimizer_config refuses.
+// A client optimizer over the master tensors: its param group g's params
+// become group_tensors[g] (the partition of the engine's group g), its
+// options stay. `config`: what client_optimizer_config
+// (optim/client_optimizer.h) said of it, which refuses what cannot be honoured.
 std::unique_ptr<MasterOptimizer> wrap_client_optimizer(std::shared_ptr<torch::optim::Optimizer> client,
+                                                       const OptimizerConfig& config,
                                                        const std::vector<std::vector<at::Tensor>>& group_tensors);
 
 }  // namespace zero::optim
