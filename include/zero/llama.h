@@ -18,7 +18,9 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zero/error.h"
