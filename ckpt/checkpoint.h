@@ -94,13 +94,21 @@ struct FileInfo {
 // Size and XXH3-64 of the file at `path` as it is on disk (name = path);
 // throws CheckpointError naming the path when it cannot be read.
 FileInfo hash_file(const std::string& path);
-// Replaces `path` with `content` durably and atomically: "<path>.tmp", fsync,
-// rename, fsync of the directory; on failure the temporary is removed, an
-// existing `path` is untouched and CheckpointError names the path and errno.
+// Replaces `path` with `content` durably and atomically: a staging file
+// beside it (staging_name_for), fsync, rename, fsync of the directory; on
+// failure the staging file is removed, an existing `path` is untouched and
+// CheckpointError names the path and errno.
 void write_file_durably(const std::string& path, const std::string& content);
+// The staging file of one durable write of `path`: "<path>.<16 hex
+// digits>.tmp", drawn anew for each write, so that two processes replacing
+// one file (two saves' `latest`) never touch each other's.
+std::string staging_name_for(const std::string& path);
+// Whether `file_name` (in the folder of a file named `target_name`) is a
+// staging file of it: a write in progress, or what a killed one left.
+bool is_staging_name_for(const std::string& file_name, const std::string& target_name);
 
-// Writes `tensors` as one safetensors file at `path`, durably: to
-// "<path>.tmp", fsync, rename, fsync of the directory. Hashes while writing.
+// Writes `tensors` as one safetensors file at `path`, durably: to a staging
+// file beside it (staging_name_for), fsync, rename, fsync of the directory. Hashes while writing.
 // On any failure (ENOSPC, EIO, short write) removes the temporary file and
 // throws CheckpointError naming the path and errno's text; an existing file
 // at `path` is untouched until the rename. Returns the size and checksum, with

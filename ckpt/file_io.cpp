@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include <xxhash.h>
@@ -55,13 +57,30 @@ std::string hint_for(int e) {
 
 // ---- AtomicWriter --------------------------------------------------------------
 
-// The staging file is made anew (O_EXCL, O_NOFOLLOW) after removing any
-// leftover of that name: a symlink planted at <path>.tmp would otherwise
-// carry the write into a file outside the checkpoint. The destination must
+std::string staging_name_for(const std::string& path) {
+  static thread_local std::mt19937_64 draw{std::random_device{}() ^ (uint64_t(::getpid()) << 32)};
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(draw()));
+  return path + "." + hex + ".tmp";
+}
+
+bool is_staging_name_for(const std::string& file_name, const std::string& target_name) {
+  const size_t digits = 16, size = target_name.size() + 1 + digits + 4;
+  if (file_name.size() != size || file_name.compare(0, target_name.size() + 1, target_name + ".") != 0 ||
+      file_name.compare(size - 4, 4, ".tmp") != 0)
+    return false;
+  return std::all_of(file_name.begin() + static_cast<std::ptrdiff_t>(target_name.size() + 1),
+                     file_name.end() - 4, [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; });
+}
+
+// The staging file has a name of its own (staging_name_for) and is made
+// anew (O_EXCL, O_NOFOLLOW): two writers of one file (two saves' `latest`)
+// never write into or rename each other's, and nothing planted in the
+// folder can carry the write into a file outside it. The destination must
 // be a regular file or absent: the rename would replace a device node or a
 // FIFO given as an output path (as root, /dev/null itself).
 AtomicWriter::AtomicWriter(std::string path, uint64_t total)
-    : path_(std::move(path)), tmp_(path_ + ".tmp"), total_(total) {
+    : path_(std::move(path)), tmp_(staging_name_for(path_)), total_(total) {
   struct stat st {};
   if (::lstat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) {
     fail(path_ + " exists and is not a regular file (" +
@@ -71,17 +90,11 @@ AtomicWriter::AtomicWriter(std::string path, uint64_t total)
                                                                               : "a special file") +
          "); write to a file path instead; nothing was changed");
   }
-  if (::unlink(tmp_.c_str()) != 0 && errno != ENOENT) {
-    int e = errno;
-    fail(errno_text(e) + " removing the leftover staging file " + tmp_ + " to write " + path_ + hint_for(e) +
-         "; an existing " + path_ + " is untouched");
-  }
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd_ < 0) {
     int e = errno;
-    fail(errno_text(e) + " creating " + tmp_ + " to write " + path_ + hint_for(e) +
-         (e == EEXIST ? " (another process created it meanwhile: is a second save writing here?)" : "") +
-         "; an existing " + path_ + " is untouched");
+    fail(errno_text(e) + " creating " + tmp_ + " to write " + path_ + hint_for(e) + "; an existing " + path_ +
+         " is untouched");
   }
 }
 

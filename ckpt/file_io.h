@@ -15,8 +15,9 @@ namespace zero::ckpt {
 // hashed just before it is written, while it is still in cache.
 constexpr size_t kChunk = size_t(16) << 20;
 
-// Writes a file as "<path>.tmp" then renames it over `path`. Any failure
-// before the rename removes the temporary and leaves `path` as it was.
+// Writes a file as a staging file of its own (staging_name_for) then renames
+// it over `path`. Any failure before the rename removes the staging file and
+// leaves `path` as it was.
 class AtomicWriter {
  public:
   AtomicWriter(std::string path, uint64_t total);  // total: the bytes commit() expects

@@ -328,7 +328,12 @@ void save_checkpoint(TrainingParts& s, const std::string& dir, const std::string
     try {
       fs::create_directories(root);
       if (lock.acquire(root)) {
-        fs::remove_all(saving_root);  // what killed saves left: no other save is in progress
+        // What killed saves left, their folders and their `latest` staging
+        // files: no other save is in progress.
+        fs::remove_all(saving_root);
+        for (const auto& entry : fs::directory_iterator(root)) {
+          if (ckpt::is_staging_name_for(entry.path().filename().string(), "latest")) fs::remove(entry.path());
+        }
         lock.share();
       }
       std::error_code ec;

@@ -44,9 +44,11 @@ void move_into_place(const fs::path& staging, const fs::path& final_dir, const f
 // job while the old one is still finishing, a mistake). Each save stages in
 // a folder of its own, <dir>/.saving/<id>/<tag>, and what a killed save
 // left in .saving is removed only by a save that runs alone: rank 0 holds
-// a shared flock on <dir> for the whole save and clears .saving only while
-// it holds the lock exclusively (no other save in progress), before it
-// makes its own folder. Before, every save removed all of .saving first,
+// a shared flock on <dir> for the whole save and clears .saving (and the
+// staging files of `latest` killed saves left, ckpt::is_staging_name_for)
+// only while it holds the lock exclusively (no other save in progress),
+// before it makes its own folder. Each write of `latest` stages under a
+// name of its own, so two saves finishing together both land it whole. Before, every save removed all of .saving first,
 // so a save's folder could vanish under it: its manifest was then written
 // into a fresh folder without the rank files and moved into place, or the
 // old checkpoint of its tag moved away (tests/ckpt/concurrent_saver.sh).

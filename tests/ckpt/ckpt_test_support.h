@@ -50,6 +50,16 @@ inline void flip_byte(const std::string& path, uint64_t offset) {
   spit(path, b);
 }
 
+// Whether a durable write of `path` left a staging file beside it
+// (zero::ckpt::is_staging_name_for).
+inline bool staging_left(const std::string& path) {
+  const fs::path p(path);
+  for (const auto& entry : fs::directory_iterator(p.parent_path())) {
+    if (zero::ckpt::is_staging_name_for(entry.path().filename().string(), p.filename().string())) return true;
+  }
+  return false;
+}
+
 // The message of the CheckpointError `f` throws ("" when it throws nothing).
 inline std::string error_of(const std::function<void()>& f) {
   try {

@@ -130,7 +130,7 @@ TEST_F(CkptTest, EveryDtypeRoundTripsByteForByte) {
   const std::string path = dir_ + "/all.safetensors";
   FileInfo info = write_safetensors(path, ts, {{"format", "pt"}, {"note", "ünïcode"}});
   EXPECT_EQ(info.name, "all.safetensors");
-  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_FALSE(staging_left(path));
 
   // The returned size and hash are those of the file on disk.
   const std::string bytes = slurp(path);
@@ -312,7 +312,7 @@ TEST_F(CkptTest, InvalidTensorsAreRejectedBeforeWriting) {
                   "twice");
   EXPECT_CONTAINS(error_of([&] { write_safetensors(path, {{"a", DType::F32, {-1}, x, 4}}); }), "negative");
   EXPECT_FALSE(fs::exists(path));
-  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_FALSE(staging_left(path));
   EXPECT_CONTAINS(error_of([&] { write_safetensors(dir_ + "/no/such/dir/x.safetensors", {{"a", DType::F32, {1}, x, 4}}); }),
                   dir_ + "/no/such/dir/x.safetensors");
 }
@@ -335,7 +335,7 @@ TEST_F(CkptTest, FailedWriteLeavesThePreviousFileIntactAndNoTmp) {
   EXPECT_CONTAINS(error, "wrote 65536 of");
   EXPECT_CONTAINS(error, "intact");
   EXPECT_EQ(slurp(path), old_bytes);
-  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_FALSE(staging_left(path));
   SafetensorsFile(path).verify(before);
 
   // write_file_durably (manifest, latest) behaves the same.
@@ -346,7 +346,7 @@ TEST_F(CkptTest, FailedWriteLeavesThePreviousFileIntactAndNoTmp) {
   }
   EXPECT_CONTAINS(error, dir_ + "/m.json");
   EXPECT_EQ(slurp(dir_ + "/m.json"), "old");
-  EXPECT_FALSE(fs::exists(dir_ + "/m.json.tmp"));
+  EXPECT_FALSE(staging_left(dir_ + "/m.json"));
 }
 
 // write_safetensors with `fetch`: each tensor's bytes are asked for once, in
@@ -386,7 +386,7 @@ TEST_F(CkptTest, FetchedTensorsAreAskedForInOrderAndWrittenAsBorrowedOnes) {
   });
   EXPECT_CONTAINS(e, "NVMe read failed for p3");
   EXPECT_EQ(slurp(path), before);
-  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_FALSE(staging_left(path));
   EXPECT_CONTAINS(error_of([&] { write_safetensors(path, fetched); }), "no data pointer");
 }
 
@@ -415,7 +415,7 @@ TEST_F(CkptTest, ManifestRoundTripsThroughJson) {
   EXPECT_EQ(rank_file_name(3), "rank00003.safetensors");
   EXPECT_EQ(tag_dir("/a/b/", "t"), "/a/b/t");
   EXPECT_EQ(manifest_path("/a/b", "t"), "/a/b/t/manifest.json");
-  EXPECT_FALSE(fs::exists(manifest_path(dir_, "global_step7") + ".tmp"));
+  EXPECT_FALSE(staging_left(manifest_path(dir_, "global_step7")));
 }
 
 TEST(Manifest, UnknownVersionNamesTheFileAndTheVersions) {
@@ -557,10 +557,10 @@ TEST_F(CkptTest, WriteLatestKeepsTheOldTagUntilTheRename) {
   }
   EXPECT_CONTAINS(error, dir_ + "/latest");
   EXPECT_EQ(read_latest(dir_), "global_step1");
-  EXPECT_FALSE(fs::exists(dir_ + "/latest.tmp"));
+  EXPECT_FALSE(staging_left(dir_ + "/latest"));
   write_latest(dir_, "global_step2");
   EXPECT_EQ(read_latest(dir_), "global_step2");
-  EXPECT_FALSE(fs::exists(dir_ + "/latest.tmp"));
+  EXPECT_FALSE(staging_left(dir_ + "/latest"));
 }
 
 // The folder a manifest is in is the checkpoint, whatever its "tag" says.

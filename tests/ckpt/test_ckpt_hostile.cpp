@@ -8,24 +8,28 @@
 #include <deque>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/file_io.h"
 #include "tests/ckpt/ckpt_test_support.h"
 
 using namespace ckpt_test;
 
 namespace {
 
-// Outputs that cannot be redirected: a symlink planted at the staging name
-// (<file>.tmp) is replaced, not written through, and a device node or FIFO
-// given as the output is refused and left as it is.
+// Outputs that cannot be redirected: each write stages under a name drawn
+// anew (staging_name_for), so a symlink planted where a staging file might
+// be (the old fixed <file>.tmp, or a name of the pattern) is never written
+// through; a device node or FIFO given as the output is refused and left
+// as it is.
 TEST_F(CkptTest, AStagingSymlinkOrASpecialFileCannotRedirectAWrite) {
   const std::string outside = dir_ + "/outside.txt";
   spit(outside, "keep me");
   const std::string target = dir_ + "/latest";
   ASSERT_EQ(::symlink(outside.c_str(), (target + ".tmp").c_str()), 0);
+  ASSERT_EQ(::symlink(outside.c_str(), (target + ".0000000000000000.tmp").c_str()), 0);
   write_file_durably(target, "global_step7");
   EXPECT_EQ(slurp(target), "global_step7");
   EXPECT_EQ(slurp(outside), "keep me");
-  EXPECT_FALSE(fs::exists(fs::symlink_status(target + ".tmp")));
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(target + ".tmp"))) << "a file that is not its own is left alone";
 
   const std::string fifo = dir_ + "/out.safetensors";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
@@ -33,6 +37,29 @@ TEST_F(CkptTest, AStagingSymlinkOrASpecialFileCannotRedirectAWrite) {
   EXPECT_TRUE(fs::is_fifo(fifo));
   EXPECT_CONTAINS(error_of([&] { write_file_durably("/dev/null", "x"); }),
                   "/dev/null exists and is not a regular file (a character device)");
+}
+
+// Two processes replacing one file (two saves' `latest`), their writes
+// interleaved: each stages under a name of its own, so neither writes into
+// or renames the other's; both succeed, the last rename wins whole, and no
+// staging file is left. (With one shared <file>.tmp the second writer
+// removed the first's, whose rename then failed.)
+TEST_F(CkptTest, TwoWritersOfOneFileDoNotTouchEachOthersStaging) {
+  const std::string target = dir_ + "/latest";
+  zero::ckpt::AtomicWriter first(target, 12), second(target, 12);
+  first.write("global_step1", 12, nullptr);
+  second.write("global_step2", 12, nullptr);
+  first.commit();
+  EXPECT_EQ(slurp(target), "global_step1");
+  second.commit();
+  EXPECT_EQ(slurp(target), "global_step2");
+  EXPECT_FALSE(staging_left(target));
+  EXPECT_NE(zero::ckpt::staging_name_for(target), zero::ckpt::staging_name_for(target));
+  EXPECT_TRUE(zero::ckpt::is_staging_name_for("latest.0123456789abcdef.tmp", "latest"));
+  for (const std::string other : {"latest.tmp", "latest.0123456789abcdeg.tmp", "latest2.0123456789abcdef.tmp",
+                                  "latest.0123456789abcdef.tmpx", "latest.0123456789abcde.tmp"}) {
+    EXPECT_FALSE(zero::ckpt::is_staging_name_for(other, "latest")) << other;
+  }
 }
 
 // A FIFO where `latest`, a manifest or a rank file belongs: refused at
