@@ -1,7 +1,6 @@
 // Step time and bytes communicated per ZeRO stage, against stage 0 and
 // against a plain single-process LibTorch loop (torch::optim::AdamW) of the
-// same model and per-rank micro batch, and against PyTorch DDP, measured in
-// the same script run.
+// same model and per-rank micro batch, and against PyTorch DDP, measured in the same script run.
 //
 //   zero-run --nproc N bench_step_time --mode engine --stage S --out st.jsonl   (one stage; --overlap 0: reductions in series)
 //   zero-run --nproc N bench_step_time --mode engine --config ds.json --label L  (the ds_config file instead of

@@ -359,7 +359,7 @@ std::string load_checkpoint(TrainingParts& s, const std::string& dir, const std:
 
   if (plan.training) {
     restore_counters(s, record, options, plan.mid_accumulation);
-    if (s.client) s.client->restore(client_scheduler_steps, client_lrs, where);
+    if (s.client) s.client->restore(client_scheduler_steps, client_lrs);
     s.loaded_positions = record.data_loaders;
     s.loaded_from = where;
     for (size_t i = 0; i < s.data_loaders.size(); ++i) restore_loader(s, i);

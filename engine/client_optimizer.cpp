@@ -109,8 +109,7 @@ void ClientOptimizer::check_loadable(int64_t scheduler_steps, const std::vector<
   }
 }
 
-void ClientOptimizer::restore(int64_t scheduler_steps, const std::vector<double>& saved_lrs, const std::string& where) {
-  check_loadable(scheduler_steps, saved_lrs, where);
+void ClientOptimizer::restore(int64_t scheduler_steps, const std::vector<double>& saved_lrs) {
   if (scheduler_) {
     set_lrs(*optimizer_, initial_lrs_);
     for (int64_t i = 0; i < scheduler_steps; ++i) scheduler_->step();

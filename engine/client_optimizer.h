@@ -61,9 +61,9 @@ class ClientOptimizer {
   // or `scheduler_steps` is beyond a run's, or when the checkpoint saved
   // the rates of another number of groups.
   void check_loadable(int64_t scheduler_steps, const std::vector<double>& saved_lrs, const std::string& where) const;
-  // After a load: the scheduler at `scheduler_steps`, then the saved rates
-  // (none saved: the rates the scheduler leaves).
-  void restore(int64_t scheduler_steps, const std::vector<double>& saved_lrs, const std::string& where);
+  // After a load that check_loadable passed: the scheduler at
+  // `scheduler_steps`, then the saved rates (none saved: the rates the scheduler leaves).
+  void restore(int64_t scheduler_steps, const std::vector<double>& saved_lrs);
 
  private:
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
