@@ -132,7 +132,7 @@ struct DeepSpeedCheckpoint::RankLayout {
           continue;
         }
         if (v->kind != Value::Kind::Tensor) continue;  // hyperparameters kept per state (none in Adam's)
-        const TensorRef& t = v->tensor;
+        const TensorRef& t = *v->tensor;
         if (t.numel() < fp32[g].numel() || t.shape.size() != 1 || !t.contiguous())
           fail(gw + "." + kind + " has " + std::to_string(t.numel()) + " elements, fewer than the group's master weights (" +
                std::to_string(fp32[g].numel()) + "), or is not flat");

@@ -47,7 +47,7 @@ int64_t numel_of(const std::vector<int64_t>& shape, const std::string& what) {
 int64_t step_count(const TorchSaveFile& file, const Value& v, const std::string& what) {
   if (v.kind == Value::Kind::Float && v.real >= 0 && v.real == std::floor(v.real)) return static_cast<int64_t>(v.real);
   if (v.kind == Value::Kind::Tensor) {
-    const TensorRef& t = v.tensor;
+    const TensorRef& t = *v.tensor;
     if (t.numel() != 1) fail(what + ": a step count tensor of " + std::to_string(t.numel()) + " elements");
     std::vector<uint8_t> bytes = file.read(t);
     double value = 0;

@@ -56,23 +56,16 @@ void Machine::step(uint8_t op) {
     case POP: pop(); return;
     case POP_MARK: pop_mark(); return;
     case DUP: push(top()); return;
-    case NONE: push(make(Value::Kind::None)); return;
+    case NONE: push(shared(Value::Kind::None)); return;
     case NEWTRUE:
-    case NEWFALSE: {
-      Value* b = make(Value::Kind::Bool);
-      b->boolean = op == NEWTRUE;
-      push(b);
-      return;
-    }
+    case NEWFALSE: push(shared(Value::Kind::Bool, op == NEWTRUE)); return;
     case BININT: push(make_int(static_cast<int32_t>(le(4)))); return;
     case BININT1: push(make_int(le(1))); return;
     case BININT2: push(make_int(le(2))); return;
     case INT: {
       const std::string s = line();
       if (s == "00" || s == "01") {
-        Value* b = make(Value::Kind::Bool);
-        b->boolean = s == "01";
-        push(b);
+        push(shared(Value::Kind::Bool, s == "01"));
         return;
       }
       push(make_int(parse_int(s)));
@@ -130,13 +123,12 @@ void Machine::step(uint8_t op) {
     }
     case APPEND: {
       Value* v = pop();
-      list_target("APPEND")->items.push_back(v);
+      append(list_target("APPEND"), {v});
       return;
     }
     case APPENDS: {
       std::vector<Value*> items = pop_mark();
-      Value* l = list_target("APPENDS");
-      l->items.insert(l->items.end(), items.begin(), items.end());
+      append(list_target("APPENDS"), items);
       return;
     }
     case EMPTY_SET: push(make(Value::Kind::Set)); return;
@@ -144,7 +136,7 @@ void Machine::step(uint8_t op) {
       std::vector<Value*> items = pop_mark();
       Value* s = top();
       if (s->kind != Value::Kind::Set) fail("ADDITEMS into a " + std::string(Value::kind_name(s->kind)));
-      s->items.insert(s->items.end(), items.begin(), items.end());
+      append(s, items);
       return;
     }
     case FROZENSET: {
@@ -259,9 +251,10 @@ uint64_t Machine::parse_index(const std::string& s) {
   return static_cast<uint64_t>(v);
 }
 
-std::unique_ptr<Pickle> Pickle::read(const uint8_t* data, size_t size, const std::string& what) {
+std::unique_ptr<Pickle> Pickle::read(const uint8_t* data, size_t size, const std::string& what,
+                                     size_t stored_size) {
   auto pickle = std::make_unique<Pickle>();
-  Machine machine(data, size, what, *pickle);
+  Machine machine(data, size, stored_size == 0 ? size : stored_size, what, *pickle);
   pickle->root_ = machine.run();
   check_shape(pickle->root_, what);
   return pickle;

@@ -11,11 +11,22 @@
 // DeepSpeed's LossScaler -> Object, a record of its class name and state).
 // Any other global is refused with an error that names it, before anything
 // else happens. Out-of-band buffers and the extension registry are refused
-// too. Hostile input cannot make it allocate more than the input's size
-// suggests, recurse without bound or loop: lengths are checked against the
-// bytes left, memo references share nodes instead of copying them, and a
-// value that contains itself (a recursive pickle) or nests deeper than
-// kMaxPickleDepth is refused once the pickle is read.
+// too. Hostile input cannot make it recurse without bound or loop: lengths
+// are checked against the bytes left, memo references share nodes instead
+// of copying them, and a value that contains itself (a recursive pickle) or
+// nests deeper than kMaxPickleDepth is refused once the pickle is read.
+//
+// Nor can it allocate more than its size allows. Every opcode that creates
+// or grows an object charges what it allocates (a value, a string's bytes,
+// an item, a dict entry and its index, a memo slot, a tensor's shape) to a
+// budget of kMaxHeldPerInputByte bytes per byte the input took where it was
+// stored, plus kHeldFloorBytes. The basis is the stored size, not the
+// inflated one, so that a deflated data.pkl of repeated opcodes (2.5 KB
+// inflating to megabytes of `]0`) is measured against its 2.5 KB. None,
+// True and False are shared, as in Python, so the one-byte opcodes that
+// make them allocate nothing. What is not charged is bounded by the input
+// by construction: the stack and the marks hold at most one pointer per
+// input byte.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -29,6 +40,11 @@
 namespace zero::torchsave {
 
 constexpr int kMaxPickleDepth = 200;
+// The machine's memory budget (Note [Restricted pickle]). The most a real
+// pickle needs is about 40 bytes a byte (many small tensors); 512 leaves
+// room for a data.pkl deflated 10:1.
+constexpr size_t kMaxHeldPerInputByte = 512;
+constexpr size_t kHeldFloorBytes = size_t{1} << 20;
 
 // One storage of a torch.save file (a persistent id ('storage', type, key,
 // location, numel)): `numel` elements of `dtype` in the file's data/<key>.
@@ -61,8 +77,8 @@ struct Value {
   std::vector<std::pair<Value*, Value*>> entries;   // Dict, in insertion order
   Value* state = nullptr;                           // Object and Dict: what BUILD set (attributes)
   std::string member;                               // Object made by getattr(class, member): an enum member
-  TensorRef tensor;                                 // Tensor
-  StorageRef storage;                               // Storage
+  std::unique_ptr<TensorRef> tensor;                // Tensor (held apart: most values are not tensors)
+  std::unique_ptr<StorageRef> storage;              // Storage
 
   bool is_none() const { return kind == Kind::None; }
   bool is_string() const { return kind == Kind::String; }
@@ -85,9 +101,14 @@ struct Value {
 class Pickle {
  public:
   // `what` names the input in errors (e.g. "ckpt/x.pt: data.pkl").
-  // Throws zero::CheckpointError.
-  static std::unique_ptr<Pickle> read(const uint8_t* data, size_t size, const std::string& what);
+  // `stored_size` is the bytes the input took where it was kept (a zip
+  // entry's compressed size), the basis of the memory budget; 0 means
+  // `size`. Throws zero::CheckpointError.
+  static std::unique_ptr<Pickle> read(const uint8_t* data, size_t size, const std::string& what,
+                                      size_t stored_size = 0);
   const Value& root() const { return *root_; }
+  // The bytes the machine charged to its budget while reading.
+  size_t held_bytes() const { return held_bytes_; }
   // Every storage the pickle names, each key once.
   const std::vector<StorageRef>& storages() const { return storages_; }
 
@@ -96,6 +117,7 @@ class Pickle {
   std::vector<std::unique_ptr<Value>> nodes_;
   std::vector<StorageRef> storages_;
   Value* root_ = nullptr;
+  size_t held_bytes_ = 0;
 };
 
 // Throws CheckpointError when a value contains itself or nests deeper than

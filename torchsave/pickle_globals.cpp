@@ -39,6 +39,7 @@ Value* Machine::global(std::string module, const std::string& name) {
   const std::string full = module + "." + name;
   if (find_allowed(full) == nullptr) refuse(full);
   Value* g = make(Value::Kind::Global);
+  charge_string(full.size());
   g->text = full;
   return g;
 }
@@ -83,6 +84,8 @@ Value* Machine::call(Value* callable, Value* args) {
           x[1]->kind != Value::Kind::String)
         fail("getattr is allowed only as getattr(<an allowed enum class>, \"<member>\")");
       Value* o = make(Value::Kind::Object);
+      charge_string(x[0]->text.size());
+      charge_string(x[1]->text.size());
       o->text = x[0]->text;
       o->member = x[1]->text;
       return o;
@@ -107,6 +110,7 @@ Value* Machine::call(Value* callable, Value* args) {
       arity(1, 2);
       if (x[0]->kind != Value::Kind::String) fail(who + " of a " + Value::kind_name(x[0]->kind));
       Value* s = make(Value::Kind::String);
+      charge_string(x[0]->text.size() + 21);
       s->text = x[0]->text + (x.size() == 2 ? ":" + std::to_string(x[1]->as_int(what_ + ": torch.device")) : "");
       return s;
     }
@@ -116,10 +120,7 @@ Value* Machine::call(Value* callable, Value* args) {
     case Role::RebuildParameterWithState: {
       arity(3, 4);
       if (x[0]->kind != Value::Kind::Tensor) fail(who + " of a " + Value::kind_name(x[0]->kind));
-      Value* t = make(Value::Kind::Tensor);
-      t->tensor = x[0]->tensor;
-      t->tensor.parameter = true;
-      return t;
+      return parameter(x[0]);
     }
     case Role::RebuildFromType: {
       arity(4, 4);
@@ -132,12 +133,12 @@ Value* Machine::call(Value* callable, Value* args) {
         fail(who + " of " + x[0]->text + ", which does not rebuild a tensor");
       if (x[2]->kind != Value::Kind::Tuple) fail(who + " with arguments that are not a tuple");
       Value* t = call(x[0], x[2]);
-      if (x[1]->text == "torch.nn.parameter.Parameter") t->tensor.parameter = true;
-      return t;
+      return x[1]->text == "torch.nn.parameter.Parameter" ? parameter(t) : t;
     }
     case Role::Record: {
       copied(x.size());
       Value* o = make(Value::Kind::Object);
+      charge_string(who.size());
       o->text = who;
       o->items = x;
       return o;
@@ -145,6 +146,8 @@ Value* Machine::call(Value* callable, Value* args) {
     case Role::Enum: {  // ZeroStageEnum(2)
       arity(1, 1);
       Value* o = make(Value::Kind::Object);
+      charge_string(who.size());
+      charge(kItemBytes);
       o->text = who;
       o->items = x;
       return o;
@@ -158,6 +161,7 @@ Value* Machine::call(Value* callable, Value* args) {
 
 Value* Machine::latin1(const std::string& utf8) {
   Value* b = make(Value::Kind::Bytes);
+  charge_string(utf8.size());
   for (size_t i = 0; i < utf8.size();) {
     const uint8_t c = static_cast<uint8_t>(utf8[i]);
     if (c < 0x80) {
@@ -181,8 +185,11 @@ Value* Machine::tensor(const std::vector<Value*>& x, bool v2) {
     fail(std::string(who) + " with sizes and strides that do not match");
   if (x[2]->items.size() > 64) fail(std::string(who) + " with more than 64 dimensions");
   Value* t = make(Value::Kind::Tensor);
-  TensorRef& r = t->tensor;
-  r.storage = x[0]->storage;
+  charge(heap(sizeof(TensorRef)) + heap(x[0]->storage->key.size()) + heap(x[0]->storage->location.size()) +
+         2 * heap(sizeof(int64_t) * x[2]->items.size()));
+  t->tensor = std::make_unique<TensorRef>();
+  TensorRef& r = *t->tensor;
+  r.storage = *x[0]->storage;
   r.offset = x[1]->integer;
   int64_t numel = 1, last = r.offset;  // the last element the view reaches
   for (size_t d = 0; d < x[2]->items.size(); ++d) {
@@ -237,17 +244,28 @@ Value* Machine::persistent(Value* pid) {
     fail("a storage of " + std::to_string(s.numel) + " elements, more bytes than int64 holds");
   if (s.key.empty() || s.key.find('/') != std::string::npos || s.key.find("..") != std::string::npos)
     fail("a storage key \"" + s.key + "\" that is not a plain name");
-  bool seen = false;
-  for (const StorageRef& known : out_.storages_)
-    if (known.key == s.key) {
-      if (known.dtype != s.dtype || known.numel != s.numel)
-        fail("the storage \"" + s.key + "\" named twice with different types or sizes");
-      seen = true;
-    }
-  if (!seen) out_.storages_.push_back(s);
+  if (auto known = storage_index_.find(s.key); known != storage_index_.end()) {
+    const StorageRef& k = out_.storages_[known->second];
+    if (k.dtype != s.dtype || k.numel != s.numel)
+      fail("the storage \"" + s.key + "\" named twice with different types or sizes");
+  } else {
+    charge(kNodeBytes + 2 * sizeof(StorageRef) + 3 * (heap(s.key.size()) + heap(s.location.size())));
+    storage_index_.emplace(s.key, out_.storages_.size());
+    out_.storages_.push_back(s);
+  }
   Value* v = make(Value::Kind::Storage);
-  v->storage = s;
+  charge(heap(sizeof(StorageRef)) + heap(s.key.size()) + heap(s.location.size()));
+  v->storage = std::make_unique<StorageRef>(std::move(s));
   return v;
+}
+
+Value* Machine::parameter(const Value* tensor) {
+  Value* t = make(Value::Kind::Tensor);
+  charge(heap(sizeof(TensorRef)) + heap(tensor->tensor->storage.key.size()) +
+         heap(tensor->tensor->storage.location.size()) + 2 * heap(sizeof(int64_t) * tensor->tensor->shape.size()));
+  t->tensor = std::make_unique<TensorRef>(*tensor->tensor);
+  t->tensor->parameter = true;
+  return t;
 }
 
 void Machine::build(Value* target, Value* state) {

@@ -18,8 +18,9 @@ namespace zero::torchsave {
 // The stack machine. One instance reads one pickle.
 class Machine {
  public:
-  Machine(const uint8_t* data, size_t size, const std::string& what, Pickle& out)
-      : p_(data), end_(data + size), begin_(data), what_(what), out_(out) {}
+  Machine(const uint8_t* data, size_t size, size_t stored_size, const std::string& what, Pickle& out)
+      : p_(data), end_(data + size), begin_(data), what_(what), out_(out),
+        budget_(kMaxHeldPerInputByte * stored_size + kHeldFloorBytes), stored_size_(stored_size) {}
 
   Value* run();
 
@@ -57,16 +58,50 @@ class Machine {
     return s;
   }
 
+  // ---- the memory budget (Note [Restricted pickle]) ----
+  // Each allocation is charged before it is made, at its worst case (a
+  // vector that doubles holds up to twice its items).
+  void charge(size_t bytes) {
+    out_.held_bytes_ += bytes;
+    if (out_.held_bytes_ > budget_)
+      fail("the pickle builds more than " + std::to_string(budget_) + " bytes of values from " +
+           std::to_string(stored_size_) + " stored bytes (zero allows " + std::to_string(kMaxHeldPerInputByte) +
+           " a byte, plus " + std::to_string(kHeldFloorBytes) + "), which no pickle torch.save or DeepSpeed "
+           "wrote does: the file is built to exhaust memory");
+  }
+  // What malloc takes for n bytes: its header, rounded to 16.
+  static constexpr size_t heap(size_t n) { return (n + 8 + 15) / 16 * 16; }
+  static constexpr size_t kItemBytes = 2 * sizeof(Value*);
+  static constexpr size_t kEntryBytes = 2 * sizeof(std::pair<Value*, Value*>);
+  // A hash-map node and its bucket, for the memo and the dict index.
+  static constexpr size_t kNodeBytes = 64;
+  void charge_string(size_t n) { charge(n > 15 ? heap(n + 1) : 0); }  // beyond the small-string buffer
+
   // ---- values ----
   Value* make(Value::Kind k) {
+    charge(heap(sizeof(Value)) + kItemBytes);  // the node and its slot in nodes_
     out_.nodes_.push_back(std::make_unique<Value>());
     out_.nodes_.back()->kind = k;
     return out_.nodes_.back().get();
   }
+  // None, True and False are one object each, as in Python.
+  Value* shared(Value::Kind k, bool b = false) {
+    Value*& v = k == Value::Kind::None ? none_ : b ? true_ : false_;
+    if (v == nullptr) {
+      v = make(k);
+      v->boolean = b;
+    }
+    return v;
+  }
   Value* make_string(Value::Kind k, const uint8_t* b, size_t n) {
     Value* v = make(k);
+    charge_string(n);
     v->text.assign(reinterpret_cast<const char*>(b), n);
     return v;
+  }
+  void append(Value* list, const std::vector<Value*>& items) {
+    charge(items.size() * kItemBytes);
+    list->items.insert(list->items.end(), items.begin(), items.end());
   }
   Value* make_int(int64_t i) {
     Value* v = make(Value::Kind::Int);
@@ -84,16 +119,19 @@ class Machine {
     if (stack_.empty() || (!marks_.empty() && stack_.size() == marks_.back())) fail("the stack is empty");
     return stack_.back();
   }
+  // The items above the last MARK, charged: they become a container's.
   std::vector<Value*> pop_mark() {
     if (marks_.empty()) fail("no MARK on the stack");
     const size_t from = marks_.back();
     marks_.pop_back();
+    charge((stack_.size() - from) * sizeof(Value*));
     std::vector<Value*> items(stack_.begin() + from, stack_.end());
     stack_.resize(from);
     return items;
   }
   void memo_put(uint64_t index) {
     if (stack_.empty()) fail("memo store with an empty stack");
+    charge(kNodeBytes);
     memo_[index] = stack_.back();
   }
   Value* memo_get(uint64_t index) {
@@ -107,6 +145,7 @@ class Machine {
     return t;
   }
   Value* pop_tuple_n(int n) {
+    charge(n * sizeof(Value*));
     std::vector<Value*> items(n);
     for (int i = n; i-- > 0;) items[i] = pop();
     return tuple_of(std::move(items));
@@ -134,6 +173,7 @@ class Machine {
       case Value::Kind::Bool: key = "i" + std::to_string(k->boolean ? 1 : 0); break;
       default: key = "p" + std::to_string(reinterpret_cast<uintptr_t>(k)); break;
     }
+    charge(kNodeBytes + key.size() + kEntryBytes);
     auto [it, added] = dict_index_[d].emplace(std::move(key), d->entries.size());
     if (!added) {
       d->entries[it->second].second = v;
@@ -145,6 +185,7 @@ class Machine {
   // copy one large memoized list again and again: a real pickle copies no
   // more than it holds.
   void copied(size_t n) {
+    charge(n * kItemBytes);
     copied_ += n;
     if (copied_ > 4 * static_cast<size_t>(end_ - begin_) + 4096)
       fail("calls that copy more elements than the pickle could hold");
@@ -163,6 +204,9 @@ class Machine {
   // its storage.
   Value* tensor(const std::vector<Value*>& x, bool v2);
   static std::string shape_text(const std::vector<int64_t>& s);
+
+  // torch._utils._rebuild_parameter and friends: the tensor, as a Parameter.
+  Value* parameter(const Value* tensor);
 
   // BINPERSID: torch.save's ('storage', <StorageType>, key, location, numel).
   Value* persistent(Value* pid);
@@ -184,7 +228,13 @@ class Machine {
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, Value*> memo_;
   std::unordered_map<const Value*, std::unordered_map<std::string, size_t>> dict_index_;
+  std::unordered_map<std::string, size_t> storage_index_;  // key -> out_.storages_ slot
   size_t copied_ = 0;
+  Value* none_ = nullptr;
+  Value* true_ = nullptr;
+  Value* false_ = nullptr;
+  const size_t budget_;
+  const size_t stored_size_;
 };
 
 }  // namespace zero::torchsave

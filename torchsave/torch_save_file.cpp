@@ -125,7 +125,13 @@ TorchSaveFile::TorchSaveFile(const std::string& path) : path_(path) {
                               std::string(order.begin(), order.end()) + "\"); zero reads little-endian files");
     }
     const std::vector<uint8_t> pickle = read_whole(record_ + "/data.pkl", kMaxPickleBytes);
-    pickle_ = Pickle::read(pickle.data(), pickle.size(), path + ": " + record_ + "/data.pkl");
+    // The machine's budget counts the bytes data.pkl takes in the file:
+    // a deflated pickle is held to its compressed size (Note [Restricted pickle]).
+    zip_stat_t pkl;
+    entry(record_ + "/data.pkl", pkl);
+    const size_t stored = (pkl.valid & ZIP_STAT_COMP_SIZE) ? static_cast<size_t>(pkl.comp_size) : pickle.size();
+    pickle_ = Pickle::read(pickle.data(), pickle.size(), path + ": " + record_ + "/data.pkl",
+                           std::max<size_t>(std::min(stored, pickle.size()), 1));
 
     for (const StorageRef& s : pickle_->storages()) {
       const std::string name = record_ + "/data/" + s.key;

@@ -77,7 +77,7 @@ const std::string& Value::as_string(const std::string& what) const {
 
 const TensorRef& Value::as_tensor(const std::string& what) const {
   if (kind != Kind::Tensor) throw CheckpointError(what + ": expected a tensor, found a " + kind_name(kind));
-  return tensor;
+  return *tensor;
 }
 
 // Refuses a value that contains itself or nests deeper than kMaxPickleDepth:

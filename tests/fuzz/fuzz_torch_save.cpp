@@ -47,9 +47,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<const Value*> found;
     tensors(file.root(), seen, found);
     for (const Value* t : found) {
-      const uint64_t bytes = static_cast<uint64_t>(t->tensor.numel()) * zero::ckpt::dtype_size(t->tensor.storage.dtype);
+      const uint64_t bytes = static_cast<uint64_t>(t->tensor->numel()) * zero::ckpt::dtype_size(t->tensor->storage.dtype);
       if (bytes > size) std::abort();  // a tensor larger than the file passed the checks
-      file.read(t->tensor);
+      file.read(*t->tensor);
     }
   } catch (const zero::CheckpointError&) {
   }

@@ -4,8 +4,11 @@
 // must equal, byte for byte, what torch.load found in the same file (the
 // fixtures' reference/ safetensors files); values written by formula must
 // read back as the formula says; hostile pickles and archives must fail
-// with an error that names what is wrong, and nothing is ever run.
+// with an error that names what is wrong, and nothing is ever run; and the
+// heap a pickle can take is bounded by its stored size, measured by malloc.
+#include <malloc.h>
 #include <sys/stat.h>
+#include <zip.h>
 
 #include <gtest/gtest.h>
 
@@ -40,7 +43,7 @@ const fs::path kFixtures = ZERO_FIXTURES "/deepspeed";
 void walk(const Value& v, const std::string& path, std::map<std::string, TensorRef>& out) {
   auto join = [&](const std::string& k) { return path.empty() ? k : path + "/" + k; };
   switch (v.kind) {
-    case Value::Kind::Tensor: out[path] = v.tensor; break;
+    case Value::Kind::Tensor: out[path] = *v.tensor; break;
     case Value::Kind::Dict:
       for (const auto& [k, x] : v.entries) {
         std::string key = k->kind == Value::Kind::Int ? std::to_string(k->integer) : k->text;
@@ -216,7 +219,7 @@ TEST(TorchSave, HostilePicklesFailWithTheirReason) {
   std::string fits = view;
   fits[fits.find("K\x04")+1] = '\x0a';
   const auto ok = read_pickle(fits);
-  EXPECT_EQ(ok->root().tensor.shape, (std::vector<int64_t>{10}));
+  EXPECT_EQ(ok->root().tensor->shape, (std::vector<int64_t>{10}));
   EXPECT_EQ(ok->storages().size(), 1u);
 }
 
@@ -241,6 +244,161 @@ TEST(TorchSave, DamagedArchivesFailWithTheirReason) {
   // A whole, valid archive still opens.
   EXPECT_NO_THROW(TorchSaveFile f(write("whole.pt", whole)));
   fs::remove_all(dir);
+}
+
+// The heap in use by glibc's count (small blocks and mmapped ones); a
+// sanitizer's allocator keeps no such count (heap_is_counted says).
+int64_t heap_in_use() {
+  const struct mallinfo2 m = mallinfo2();
+  return static_cast<int64_t>(m.uordblks + m.hblkhd);
+}
+
+bool heap_is_counted() {
+  const int64_t before = heap_in_use();
+  std::vector<char> probe(1 << 20, 1);
+  const int64_t grew = heap_in_use() - before;
+  return probe[7] == 1 && grew >= (1 << 20);
+}
+
+// A pickle of `n` copies of `unit` between `head` and `tail`.
+std::string repeated(const std::string& head, const std::string& unit, size_t n, const std::string& tail) {
+  std::string p = "\x80\x02" + head;
+  for (size_t i = 0; i < n; ++i) p += unit;
+  return p + tail;
+}
+
+// Distinct keys: SHORT_BINUNICODE of 8 hex digits, then BININT1 0.
+std::string dict_items(size_t n) {
+  std::string p;
+  char key[16];
+  for (size_t i = 0; i < n; ++i) {
+    std::snprintf(key, sizeof key, "%08x", static_cast<unsigned>(i));
+    p += std::string("\x8c\x08") + key + std::string("K\x00", 2);
+  }
+  return p;
+}
+
+TEST(TorchSave, PickleHeapIsBoundedByItsStoredSize) {
+  // The opcodes that create or grow the most per input byte, each as a
+  // whole pickle: what the machine charges a byte is the amplification
+  // ratio, held under the budget's kMaxHeldPerInputByte, and the heap the
+  // read keeps (malloc's own count) is no more than what it charged.
+  struct Case {
+    const char* name;
+    std::function<std::string(size_t)> pickle;
+  };
+  const std::vector<Case> cases = {
+      {"EMPTY_LIST POP", [](size_t n) { return repeated("", "]0", n, "N."); }},
+      {"EMPTY_DICT POP", [](size_t n) { return repeated("", "}0", n, "N."); }},
+      {"ints into a LIST", [](size_t n) { return repeated("(", std::string("K\x00", 2), n, "l."); }},
+      {"APPEND", [](size_t n) { return repeated("]", std::string("K\x01" "a", 3), n, "."); }},
+      {"a dict of distinct keys", [](size_t n) { return "\x80\x02}(" + dict_items(n) + "u."; }},
+      {"memo slots", [](size_t n) {
+         std::string p = "\x80\x02N";
+         for (uint32_t i = 0; i < n; ++i) p += std::string("r") + std::string(reinterpret_cast<const char*>(&i), 4);
+         return p + ".";
+       }},
+      {"long strings", [](size_t n) { return repeated("", std::string("\x8c\x10") + "0123456789abcdef" + "0", n, "N."); }},
+      {"DUP into a LIST", [](size_t n) { return repeated("(N", "2", n, "l."); }},
+  };
+  const bool counted = heap_is_counted();
+  double worst = 0;
+  for (const Case& c : cases) {
+    const std::string small = c.pickle(2000);
+    const int64_t before = heap_in_use();
+    auto kept = read_pickle(small);
+    const int64_t held_heap = heap_in_use() - before;
+    const double ratio = static_cast<double>(kept->held_bytes()) / small.size();
+    worst = std::max(worst, ratio);
+    std::printf("%-24s %8zu bytes: charged %9zu (%.0f a byte), heap %9lld\n", c.name, small.size(),
+                kept->held_bytes(), ratio, static_cast<long long>(held_heap));
+    EXPECT_LE(ratio, static_cast<double>(zero::torchsave::kMaxHeldPerInputByte)) << c.name;
+    if (counted) {
+      EXPECT_LE(held_heap, static_cast<int64_t>(kept->held_bytes()) + (16 << 10)) << c.name;
+    }
+  }
+  EXPECT_LT(worst, zero::torchsave::kMaxHeldPerInputByte / 4.0) << "the budget leaves room for real pickles";
+  if (!counted) std::printf("malloc keeps no count of bytes in use here (a sanitizer's allocator): heap not compared\n");
+  std::printf("the most charged per input byte: %.0f (budget %zu)\n", worst, zero::torchsave::kMaxHeldPerInputByte);
+}
+
+TEST(TorchSave, PickleBudgetRefusesAnAmplifyingPickleByName) {
+  // 600 000 empty lists, each popped: 1.2 MB of pickle that would keep 600 000
+  // values. Read as it is stored, it fits (the budget is 512 a byte); held
+  // to a 2.5 KB stored size (what deflate makes of it), it is refused.
+  const std::string bomb = repeated("", "]0", 600'000, "N.");
+  EXPECT_EQ(message_of([&] { read_pickle(bomb); }), "(no error)");
+  const int64_t before = heap_in_use();
+  const std::string m = message_of([&] {
+    Pickle::read(reinterpret_cast<const uint8_t*>(bomb.data()), bomb.size(), "test pickle", 2500);
+  });
+  EXPECT_NE(m.find("built to exhaust memory"), std::string::npos) << m;
+  EXPECT_NE(m.find("from 2500 stored bytes"), std::string::npos) << m;
+  if (heap_is_counted()) {
+    EXPECT_LT(heap_in_use() - before, 1 << 20);
+  }
+  // None is shared, as in Python: a million NONE POP pairs charge one value.
+  const std::string nones = repeated("", "N0", 1'000'000, "N.");
+  auto p = Pickle::read(reinterpret_cast<const uint8_t*>(nones.data()), nones.size(), "test pickle", 2500);
+  EXPECT_LT(p->held_bytes(), 4096u);
+  EXPECT_TRUE(p->root().is_none());
+}
+
+TEST(TorchSave, DeflatedPickleBombIsRefusedByItsCompressedSize) {
+  // The hostile .pt of the report: a deflated data.pkl of repeated opcodes,
+  // a few kilobytes in the file, megabytes inflated.
+  const fs::path dir = fs::temp_directory_path() / ("zero_torchsave_bomb_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string path = (dir / "bomb.pt").string();
+  const std::string pickle = repeated("", "]0", 1'250'000, "N.");
+  int error = 0;
+  zip_t* z = zip_open(path.c_str(), ZIP_CREATE | ZIP_TRUNCATE, &error);
+  ASSERT_NE(z, nullptr);
+  zip_source_t* src = zip_source_buffer(z, pickle.data(), pickle.size(), 0);
+  const zip_int64_t index = zip_file_add(z, "bomb/data.pkl", src, ZIP_FL_ENC_UTF_8);
+  ASSERT_GE(index, 0);
+  ASSERT_EQ(zip_set_file_compression(z, index, ZIP_CM_DEFLATE, 9), 0);
+  ASSERT_EQ(zip_close(z), 0);
+  const auto stored = fs::file_size(path);
+  EXPECT_LT(stored, 16u << 10) << "deflate should shrink " << pickle.size() << " bytes of one pattern";
+  const int64_t before = heap_in_use();
+  const std::string m = message_of([&] { TorchSaveFile f(path); });
+  EXPECT_NE(m.find("built to exhaust memory"), std::string::npos) << m;
+  EXPECT_NE(m.find("bomb/data.pkl"), std::string::npos) << m;
+  if (heap_is_counted()) {
+    EXPECT_LT(heap_in_use() - before, 1 << 20);
+  }
+  fs::remove_all(dir);
+}
+
+TEST(TorchSave, RealPicklesChargeFarLessThanTheBudget) {
+  // Every DeepSpeed fixture: what its pickle charges per stored byte, against
+  // the budget's 512 (the margin that lets a re-zipped, deflated file read).
+  size_t files = 0;
+  double worst = 0;
+  for (const auto& e : fs::recursive_directory_iterator(kFixtures)) {
+    if (e.path().extension() != ".pt") continue;
+    if (message_of([&] { TorchSaveFile f(e.path().string()); }) != "(no error)") continue;  // the hostile ones
+    ++files;
+    zip_t* z = zip_open(e.path().c_str(), ZIP_RDONLY, nullptr);
+    ASSERT_NE(z, nullptr) << e.path();
+    for (zip_int64_t i = 0; i < zip_get_num_entries(z, 0); ++i) {
+      const std::string name = zip_get_name(z, i, 0);
+      if (name.size() < 9 || name.compare(name.size() - 9, 9, "/data.pkl") != 0) continue;
+      zip_stat_t st;
+      zip_stat_index(z, i, 0, &st);
+      std::vector<uint8_t> bytes(st.size);
+      zip_file_t* zf = zip_fopen_index(z, i, 0);
+      ASSERT_EQ(zip_fread(zf, bytes.data(), bytes.size()), static_cast<zip_int64_t>(bytes.size()));
+      zip_fclose(zf);
+      const auto p = Pickle::read(bytes.data(), bytes.size(), name);
+      worst = std::max(worst, static_cast<double>(p->held_bytes()) / bytes.size());
+    }
+    zip_discard(z);
+  }
+  ASSERT_GT(files, 0u);
+  std::printf("%zu fixture files, the most a real pickle charged: %.1f bytes a byte\n", files, worst);
+  EXPECT_LT(worst, zero::torchsave::kMaxHeldPerInputByte / 8.0);
 }
 
 }  // namespace
