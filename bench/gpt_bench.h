@@ -39,12 +39,13 @@ class Flags {
     }
   }
   std::string str(const std::string& key) const { return values_.at(key); }
-  int64_t num(const std::string& key) const {
+  int64_t num(const std::string& key) const { return static_cast<int64_t>(real(key)); }
+  double real(const std::string& key) const {
     const std::string& v = values_.at(key);
     char* end = nullptr;
     const double d = std::strtod(v.c_str(), &end);
     if (v.empty() || *end != '\0') throw std::invalid_argument("--" + key + " must be a number; got '" + v + "'");
-    return static_cast<int64_t>(d);
+    return d;
   }
 
  private:

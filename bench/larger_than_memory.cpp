@@ -6,7 +6,11 @@
 // bench/run_larger_than_memory.sh measures the disk with fio and runs it:
 //
 //   zero-run --nproc 2 bench_larger_than_memory --state-vs-ram 2 --steps 3 --nvme DIR
-//       --disk-read-bps B --disk-write-bps B
+//       --disk-read-bps B --disk-write-bps B [--clip 1.0] [--super-offload 0]
+//
+// --super-offload 1 with --clip 0 updates each sub-group inside backward,
+// its NVMe reads and writes beside the backward's compute (Note [Updates
+// in backward]); with clipping the update waits for the step.
 //
 // The model is sized from /proc/meminfo (or --ram-bytes) and refused, with
 // the bytes it needs and the bytes free, when the disk under --nvme cannot
@@ -95,12 +99,15 @@ GPTOptions sized(int64_t params, int64_t context) {
   return o;
 }
 
-std::string ds_config(const std::string& nvme, int64_t micro, int64_t bucket, int64_t prefetch, double lr) {
+std::string ds_config(const std::string& nvme, int64_t micro, int64_t bucket, int64_t prefetch, double lr, double clip,
+                      bool super_offload) {
   json offload = {{"device", "nvme"}, {"nvme_path", nvme}};
+  json offload_optimizer = offload;
+  offload_optimizer["super_offload"] = super_offload;  // in backward when nothing clips (Note [Updates in backward])
   json c = {{"train_micro_batch_size_per_gpu", micro},
             {"gradient_accumulation_steps", 1},
             {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", lr}, {"weight_decay", 0.0}}}}},
-            {"gradient_clipping", 1.0},
+            {"gradient_clipping", clip},
             {"steps_per_print", 1000000000},
             {"activation_checkpointing", {{"checkpoint_every", 1}}},
             {"zero_optimization",
@@ -113,7 +120,7 @@ std::string ds_config(const std::string& nvme, int64_t micro, int64_t bucket, in
               // DeepSpeed's default keeps the last 5e8 elements gathered into backward.
               {"stage3_max_reuse_distance", 0},
               {"offload_param", offload},
-              {"offload_optimizer", offload}}}};
+              {"offload_optimizer", offload_optimizer}}}};
   return c.dump();
 }
 
@@ -145,7 +152,8 @@ int main(int argc, char** argv) {
                                    {"context", "64"}, {"micro", "1"}, {"bucket", "50000000"},
                                    {"disk-read-bps", "0"}, {"disk-write-bps", "0"}, {"out", ""},
                                    {"config-out", ""}, {"checkpoint", ""},
-                                   {"prefetch", "50000000"}, {"lr", "1e-4"}});
+                                   {"prefetch", "50000000"}, {"lr", "1e-4"}, {"clip", "1.0"},
+                                   {"super-offload", "0"}});
     auto world = zero::comm::init_process_group();
     const int rank = world->rank(), ranks = world->size();
     at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks));
@@ -182,7 +190,8 @@ int main(int argc, char** argv) {
                    static_cast<long long>(options.width), 16e-9 * params, 16.0 * params / ram, 1e-9 * ram, 1e-9 * needed,
                    1e-9 * free_bytes);
     }
-    const std::string config_text = ds_config(nvme, micro, flags.num("bucket"), flags.num("prefetch"), std::stod(flags.str("lr")));
+    const std::string config_text = ds_config(nvme, micro, flags.num("bucket"), flags.num("prefetch"), std::stod(flags.str("lr")),
+                                                flags.real("clip"), flags.num("super-offload") != 0);
     const zero::Config config = zero::Config::from_json(config_text);
     // For `zero-config FILE --estimate` to predict this run from.
     if (rank == 0 && !flags.str("config-out").empty()) std::ofstream(flags.str("config-out")) << config_text << "\n";
@@ -300,8 +309,9 @@ int main(int argc, char** argv) {
       std::printf("  held by rank 0: %s\n", report.describe().c_str());
       std::printf("  per rank (most of any): host %.2f GB beyond the process before the model, NVMe files %.2f GB\n",
                   1e-9 * held[0].item<double>(), 1e-9 * held[1].item<double>());
-      std::printf("  step %.1f s (median of %lld); bound %.1f s (compute %.1f s, I/O %.1f s); step/bound %.2f\n", step_s,
-                  static_cast<long long>(steps), bound_s, compute_s, io_s, bound_s > 0 ? step_s / bound_s : 0.0);
+      std::printf("  step %.1f s (median of %lld); bound %.1f s (compute %.1f s, I/O %.1f s: %s bounds it); "
+                  "step/bound %.2f\n", step_s, static_cast<long long>(steps), bound_s, compute_s, io_s,
+                  compute_s >= io_s ? "compute" : "I/O", bound_s > 0 ? step_s / bound_s : 0.0);
       std::printf("  NVMe per step: read %.2f GB, written %.2f GB; peak RSS per rank %.2f GB\n", 1e-9 * read_per_step,
                   1e-9 * written_per_step, 1e-9 * peak.item<double>());
       const json result = {{"params", params},
@@ -310,6 +320,14 @@ int main(int argc, char** argv) {
                            {"peak_rss_per_rank", static_cast<int64_t>(peak.item<double>())},
                            {"step_s", step_s},
                            {"bound_s", bound_s},
+                           {"compute_s", compute_s},
+                           {"io_s", io_s},
+                           // 1: the smaller side hidden entirely behind the larger; 0: in series.
+                           {"overlap", std::min(compute_s, io_s) > 0
+                                           ? (compute_s + io_s - step_s) / std::min(compute_s, io_s) : 0.0},
+                           {"bound_by", compute_s >= io_s ? "compute" : "io"},
+                           {"gradient_clipping", flags.real("clip")},
+                           {"super_offload", flags.num("super-offload") != 0},
                            {"nvme_read_bytes_per_step", static_cast<int64_t>(read_per_step)},
                            {"nvme_write_bytes_per_step", static_cast<int64_t>(written_per_step)},
                            {"loss_first", losses.empty() ? 0.0 : losses.front()},

@@ -5,7 +5,7 @@
 //   zero-run --nproc 2 bench_offload_step [--dtype bf16|fp32|both] [--nvme DIR]
 //       [--depth 4] [--width 768] [--heads 12] [--context 64] [--micro 2]
 //       [--warmup 2] [--steps 10] [--rounds 1] [--bucket 5e6] [--sub-group 2e6]
-//       [--aio-block 1048576] [--aio-depth 8] [--threads 0 = cores / ranks]
+//       [--clip 1.0: gradient_clipping] [--aio-block 1048576] [--aio-depth 8] [--threads 0 = cores / ranks]
 //       [--variants all | comma-separated names, e.g. s2,s2-opt-cpu]
 //       [--out FILE: rank 0 also appends the markdown tables to FILE]
 //
@@ -20,6 +20,10 @@
 //   s3-opt-cpu             stage 3, offload_optimizer cpu
 //   s3-opt-nvme            stage 3, offload_optimizer nvme
 //   s3-opt-nvme-param-nvme stage 3, offload_optimizer nvme + offload_param nvme
+//   s2-opt-cpu-super, s3-opt-cpu-super, s3-opt-nvme-super, s3-opt-nvme-param-nvme-super
+//                          the same with offload_optimizer.super_offload: the
+//                          update runs inside backward (Note [Updates in
+//                          backward]) when nothing clips: run with --clip 0
 //
 // Figures: `warmup` steps, then `steps` measured steps, per variant and
 // round; with --rounds R the whole list of variants runs R times over (fresh
@@ -93,12 +97,15 @@ struct Variant {
   int stage;
   const char* offload_optimizer;  // none | cpu | nvme
   const char* offload_param;      // none | cpu | nvme
+  bool super_offload = false;     // offload_optimizer.super_offload: the update inside backward
 };
 
 const Variant kVariants[] = {
     {"s2", 2, "none", "none"},         {"s2-opt-cpu", 2, "cpu", "none"},   {"s3", 3, "none", "none"},
     {"s3-opt-cpu", 3, "cpu", "none"},  {"s3-opt-nvme", 3, "nvme", "none"}, {"s3-opt-nvme-param-nvme", 3, "nvme", "nvme"},
     {"s3-param-nvme", 3, "none", "nvme"},
+    {"s2-opt-cpu-super", 2, "cpu", "none", true}, {"s3-opt-cpu-super", 3, "cpu", "none", true},
+    {"s3-opt-nvme-super", 3, "nvme", "none", true}, {"s3-opt-nvme-param-nvme-super", 3, "nvme", "nvme", true},
 };
 
 // Per step, in seconds: the columns of the table.
@@ -129,7 +136,7 @@ std::string ds_config(const zero_bench::Flags& flags, const Variant& v, const st
             {"sub_group_size", flags.num("sub-group")}};
   const std::string opt = v.offload_optimizer, par = v.offload_param;
   if (opt != "none") {
-    z["offload_optimizer"] = {{"device", opt}};
+    z["offload_optimizer"] = {{"device", opt}, {"super_offload", v.super_offload}};
     if (opt == "nvme") z["offload_optimizer"]["nvme_path"] = nvme_dir;
   }
   if (par != "none") {
@@ -141,7 +148,7 @@ std::string ds_config(const zero_bench::Flags& flags, const Variant& v, const st
             {"optimizer",
              {{"type", "AdamW"},
               {"params", {{"lr", 3e-4}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.01}}}}},
-            {"gradient_clipping", 1.0},
+            {"gradient_clipping", flags.real("clip")},
             {"fp16", {{"enabled", false}}},
             {"bf16", {{"enabled", dtype == "bf16"}}},
             {"steps_per_print", 1000000000},
@@ -309,11 +316,12 @@ std::string table(const zero_bench::Flags& flags, const std::string& dtype, int 
   std::string out;
   add(out, "\n## %s: GPT %.1f M parameters (depth %lld, width %lld, heads %lld), %d ranks x %d thread(s), AdamW, "
               "micro batch %lld x context %lld, reduce_bucket_size %lld, overlap_comm on, sub_group_size %lld, "
-              "aio block %lld x depth %lld; %lld round(s) of %lld steps after %lld warm-up; nvme_path %s\n\n",
+              "gradient_clipping %g, aio block %lld x depth %lld; %lld round(s) of %lld steps after %lld warm-up; "
+              "nvme_path %s\n\n",
               dtype.c_str(), psi / 1e6, (long long)flags.num("depth"), (long long)flags.num("width"),
               (long long)flags.num("heads"), N, threads, (long long)flags.num("micro"),
               (long long)flags.num("context"), (long long)flags.num("bucket"), (long long)flags.num("sub-group"),
-              (long long)flags.num("aio-block"), (long long)flags.num("aio-depth"), (long long)flags.num("rounds"),
+              flags.real("clip"), (long long)flags.num("aio-block"), (long long)flags.num("aio-depth"), (long long)flags.num("rounds"),
       (long long)flags.num("steps"),
               (long long)flags.num("warmup"), nvme_dir.c_str());
   add(out, "| variant | stage | offload opt / param | ms/step mean | median | per round | x ref (median) | forward | backward "
@@ -443,6 +451,7 @@ int main(int argc, char** argv) {
                              {"rounds", "1"},
                              {"bucket", "5e6"},
                              {"sub-group", "2e6"},
+                             {"clip", "1.0"},
                              {"aio-block", "1048576"},
                              {"aio-depth", "8"},
                              {"threads", "0"}});

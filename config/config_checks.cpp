@@ -31,6 +31,16 @@ void check_offload(const Config& c) {
     throw ConfigError("zero_optimization.offload_optimizer.nvme_path is required when device is \"nvme\"");
   if (par.device == "nvme" && par.nvme_path.empty())
     throw ConfigError("zero_optimization.offload_param.nvme_path is required when device is \"nvme\"");
+  if (opt.super_offload && opt.device == "none")
+    throw ConfigError("zero_optimization.offload_optimizer.super_offload runs the offloaded optimizer during "
+                      "backward, but offload_optimizer.device is \"none\"; set it to \"cpu\" or \"nvme\"");
+  if (opt.super_offload && z.stage < 2)
+    throw ConfigError("zero_optimization.offload_optimizer.super_offload updates each gradient bucket as its "
+                      "reduction completes in backward, which stages 2 and 3 do (" + stage +
+                      ": its gradients are reduced after backward); set stage 2 or 3");
+  if (opt.super_offload && opt.ratio < 1.0)
+    throw ConfigError("zero_optimization.offload_optimizer.super_offload updates every bucket on the host; ratio " +
+                      std::to_string(opt.ratio) + " keeps some on the accelerator: set ratio 1");
   // The host optimizer has kernels for these (offload/cpu_optimizer.h).
   const std::optional<OptimizerKind> kind = c.optimizer.kind();
   if (opt.device == "none" || !kind) return;

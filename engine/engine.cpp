@@ -96,6 +96,7 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
   s.schedule = std::make_unique<LrSchedule>(LrSchedule::from_config(s.config.scheduler, opt));
   if (s.config.fp16.enabled) s.scaler = std::make_unique<LossScaler>(s.config.fp16);
   s.steps.lr = s.next_lr();
+  s.choose_updates_in_backward();
 
   const MeshShape& shape = s.mesh->shape();
   const std::string layout = shape.tp * shape.pp > 1 ? " (tp " + std::to_string(shape.tp) + " x dp " +
@@ -162,16 +163,32 @@ void Engine::backward(const at::Tensor& loss) {
                    "engine.step() after each backward to count each as a micro-step (warned once)");
   }
   if (!loss.requires_grad()) throw EngineError("engine.backward: the loss does not require grad (was it computed under no_grad or eval?)");
+  if (s.sharded->step_in_progress()) {
+    throw EngineError("engine.backward was called twice before engine.step() at an accumulation boundary with "
+                      "super_offload: the first backward has already updated the parameters whose gradients it "
+                      "completed (Note [Updates in backward]), so a second cannot add to them; call engine.step() "
+                      "after each backward, or drop offload_optimizer.super_offload to sum losses this way");
+  }
   s.telemetry->backward_starts(loss, s.sharded->gathered_param_bytes());
   const bool boundary = is_gradient_accumulation_boundary();
   s.sharded->begin_backward(boundary);
+  auto failed = [&s] {
+    s.sharded->end_backward();
+    s.sharded->abandon_update_in_backward();
+  };
   try {
+    if (boundary && s.updates_in_backward && s.config.gradient_clipping == 0) {  // set_gradient_clipping may change it
+      s.set_step_hyperparameters();
+      auto arena = std::make_shared<tbb::task_arena>(std::max(1, at::get_num_threads()));
+      s.sharded->update_in_backward(*s.optimizer, 1.0 / s.loss_scale(),
+                                    [arena](const std::function<void()>& f) { arena->execute(f); });
+    }
     (loss * (s.loss_scale() / static_cast<double>(s.gas))).backward();
   } catch (const c10::Error& e) {
-    s.sharded->end_backward();
+    failed();
     throw EngineError("engine.backward: LibTorch raised: " + torch_message(e, s.dtype));
   } catch (...) {
-    s.sharded->end_backward();
+    failed();
     throw;
   }
   const auto reduce_start = telemetry::Clock::now();
@@ -232,9 +249,8 @@ void Engine::Impl::sync_buffers() {
 void Engine::Impl::optimizer_step(std::optional<double> agreed_loss) {
   const auto start = telemetry::Clock::now();
   if (pipeline) pipeline->reduce_tied_grads(*sharded);
-  const int64_t taken = steps.scheduler_steps();  // optimizer steps the schedule has seen
   const double lr = next_lr();
-  if (!client || client->engine_schedules()) optimizer->set_hyperparameters(lr, schedule->momentum_at(taken));
+  set_step_hyperparameters();
   partition::StepRequest request;
   request.loss_scale = loss_scale();
   request.skip_if_not_finite = scaler != nullptr;
@@ -262,6 +278,11 @@ void Engine::Impl::optimizer_step(std::optional<double> agreed_loss) {
   telemetry->step_done(record);
   boundary->after_step(record, agreed_loss);
   telemetry->forward_starts(steps.global_steps, sharded->gathered_param_bytes());
+}
+
+void Engine::Impl::set_step_hyperparameters() {
+  const int64_t taken = steps.scheduler_steps();  // optimizer steps the schedule has seen
+  if (!client || client->engine_schedules()) optimizer->set_hyperparameters(next_lr(), schedule->momentum_at(taken));
 }
 
 double Engine::train_batch(const std::function<Batch()>& next_batch) {

@@ -1,6 +1,7 @@
 // The training core's construction (engine_impl.h): the partition and the
-// optimizer over the model's parameters, activation checkpointing, and the
-// memory report of what it built.
+// optimizer over the model's parameters, activation checkpointing, whether
+// super_offload's update can run in backward, and the memory report of
+// what it built.
 #include <torch/torch.h>
 
 #include <sstream>
@@ -195,6 +196,35 @@ MemoryReport Engine::Impl::memory() const {
   }
   for (const auto& b : module->buffers()) r.buffers += b.nbytes();
   return r;
+}
+
+// Only an update that needs no global norm first runs early (Note
+// [Updates in backward] in partition/step.cpp); otherwise super_offload's
+// update waits for step(), as it would without it, and the log says why.
+void Engine::Impl::choose_updates_in_backward() {
+  if (!config.zero_optimization.offload_optimizer.super_offload) return;
+  std::string waits;
+  if (scaler) {
+    waits = "fp16's loss scale skips a step whose gradients overflow on any rank";
+  } else if (pipeline) {
+    waits = "a pipeline's train_batch runs its own backward schedule";
+  } else if (!optimizer->per_bucket()) {
+    throw EngineError("zero::initialize: offload_optimizer.super_offload updates bucket by bucket in backward, but "
+                      "this optimizer updates every tensor at once (torch_adam, Lamb or a client optimizer); set "
+                      "torch_adam false or drop super_offload");
+  }
+  if (!waits.empty()) {
+    log::info("engine", "super_offload: the update waits for engine.step(): " + waits +
+                            " (DeepSpeed's SuperOffload would update early and roll back)");
+    return;
+  }
+  updates_in_backward = true;
+  log::info("engine", config.gradient_clipping > 0
+                          ? "super_offload: the update waits for engine.step() while gradient_clipping is set: it "
+                            "needs the global gradient norm before any update (DeepSpeed's SuperOffload would update "
+                            "early and roll back)"
+                          : "super_offload: each gradient bucket is updated in the accumulation boundary's backward "
+                            "as soon as it is reduced");
 }
 
 }  // namespace zero

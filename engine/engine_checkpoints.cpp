@@ -19,12 +19,18 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag, con
                              const SaveOptions& options) {
   impl_->check_thread("engine.save_checkpoint", /*binds=*/false);
   impl_->check_loaded("engine.save_checkpoint");
+  if (impl_->sharded->step_in_progress()) {
+    throw EngineError("engine.save_checkpoint between a boundary's engine.backward() and its engine.step() with "
+                      "super_offload: part of the step's update is done (Note [Updates in backward]); call "
+                      "engine.step() first, then save");
+  }
   impl_->boundary->flush();  // the curves reach at least the checkpoint
   engine::save_checkpoint(*impl_, dir, tag, client_state, options);
 }
 
 std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag, const LoadOptions& options) {
   impl_->check_thread("engine.load_checkpoint", /*binds=*/false);
+  impl_->sharded->abandon_update_in_backward();  // the checkpoint replaces what it updated
   std::string client_state = engine::load_checkpoint(*impl_, dir, tag, options);
   impl_->backward_pending = false;  // the micro-step restarts from the checkpoint's
   return client_state;

@@ -40,6 +40,11 @@ struct Engine::Impl : engine::TrainingParts {
   bool backward_pending = false;
   std::optional<std::thread::id> training_thread;
   bool broadcast_buffers = true;  // InitOptions::broadcast_buffers
+  // Note [Updates in backward] (partition/step.cpp): super_offload, and
+  // nothing that always needs the global norm before the update (fp16's
+  // overflow check); gradient_clipping, which set_gradient_clipping may
+  // change, is asked at each boundary.
+  bool updates_in_backward = false;
   ~Impl();
 
   // Construction (engine_build.cpp).
@@ -50,6 +55,11 @@ struct Engine::Impl : engine::TrainingParts {
   // The optimizer step and its bookkeeping, shared by step() and
   // train_batch(): `agreed_loss` is a pipeline's loss.
   void optimizer_step(std::optional<double> agreed_loss);
+  // The optimizer's rate and momentum for the next step, from the schedule
+  // (or the client's own).
+  void set_step_hyperparameters();
+  // super_offload: whether the update can run in backward, or why not.
+  void choose_updates_in_backward();
   double loss_scale() const { return scaler ? scaler->scale() : 1.0; }
   // Throws EngineError naming `what` while a failed load left the parameters partly loaded.
   void check_loaded(const char* what) const;

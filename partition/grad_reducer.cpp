@@ -58,6 +58,7 @@ void GradReducer::launch_ready() {
     launched_[k] = true;
     start(k);
     if (!options_.overlap_comm) finish(k);
+    if (on_launch_) on_launch_(k);
   }
 }
 

@@ -16,6 +16,7 @@
 // (bucket) order whatever order its gradients complete in.
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -55,6 +56,13 @@ class GradReducer {
   // waits for all reductions.
   void end_backward();
   bool reduced(size_t k) const { return launched_[k]; }
+  // Called with each bucket's index just after its reduction starts (it
+  // has completed too without overlap_comm), in bucket order on every
+  // rank, however the gradients arrive (Note [Updates in backward] in
+  // partition/step.cpp); empty: none.
+  void on_launch(std::function<void(size_t)> callback) { on_launch_ = std::move(callback); }
+  // Waits for bucket k's reduction (started) and lands it.
+  void wait_reduced(size_t k) { finish(k); }
 
   // This rank's reduced gradient of bucket k for the step, in the training
   // dtype (the whole bucket at stage 0); undefined when it lives only in
@@ -110,6 +118,7 @@ class GradReducer {
   std::vector<bool> fired_;     // per parameter
   std::vector<bool> written_;   // per parameter: its slot holds a value (Note [First gradient copies])
   size_t next_launch_ = 0;
+  std::function<void(size_t)> on_launch_;
 };
 
 }  // namespace zero::partition

@@ -16,6 +16,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -110,6 +111,22 @@ class ShardedParams {
   // gradients are cleared after it, skipped or not.
   StepResult step(BucketOptimizer& optimizer, const StepRequest& request);
 
+  // Note [Updates in backward] (step.cpp): the next backward, a boundary's,
+  // updates each bucket as soon as its reduction is complete; step() then
+  // does the rest. Only for an update that needs no global norm: the
+  // caller has checked that nothing clips or skips. `grad_scale`: what
+  // begin_step() gets; `on_host_threads` runs the host kernels where the
+  // step would (the rank's threads). Throws PartitionError when the
+  // optimizer updates all tensors at once or some buckets stay on the
+  // accelerator (partial offload).
+  using HostThreads = std::function<void(const std::function<void()>&)>;
+  void update_in_backward(BucketOptimizer& optimizer, double grad_scale, HostThreads on_host_threads);
+  // An update in backward has begun and step() has not finished it.
+  bool step_in_progress() const { return early_ != nullptr; }
+  // After a failed backward: waits for the reads and writes in flight and
+  // forgets the update in backward (the buckets updated stay updated).
+  void abandon_update_in_backward() noexcept;
+
   // The fp32 tensors the optimizer updates, per bucket this rank's shard
   // (all of it at stage 0), and their way back to the parameters.
   MasterStore& masters() { return masters_; }
@@ -171,12 +188,18 @@ class ShardedParams {
   at::Device device_of(const at::Tensor& param) const;  // where it was built (zero::Init leaves no memory behind it)
   // step(): each master tensor's gradient and its squares, and their removal.
   void attach_master_grads(bool widen);
+  void attach_bucket(size_t k, bool widen);
   void detach_master_grads();
   double global_squares();
   // step(): the per-bucket optimizer's loop over the buckets.
+  class UpdateRun;
   void update_buckets(BucketOptimizer& optimizer, StepResult& result);
   void update_bucket(BucketOptimizer& optimizer, size_t k);
-  void update_swapped(BucketOptimizer& optimizer, const std::vector<size_t>& buckets, StepResult& result);
+  // Note [Updates in backward].
+  struct EarlyStep;
+  void attach_through(size_t buckets);  // attach, then update what is whole
+  StepResult finish_early_step(const StepRequest& request);
+  std::unique_ptr<EarlyStep> early_;
   std::shared_ptr<comm::ProcessGroup> pg_;
   Options options_;
   FlatLayout layout_;

@@ -8,6 +8,7 @@
 #include "zero/error.h"
 #include "partition/construction.h"
 #include "partition/partition.h"
+#include "partition/update_run.h"
 
 namespace zero::partition {
 
@@ -154,6 +155,7 @@ at::Device ShardedParams::device_of(const at::Tensor& param) const {
 }
 
 ShardedParams::~ShardedParams() {
+  abandon_update_in_backward();
   for (auto* unit : units_) unit->detach();
   if (reducer_) reducer_->settle();  // an error was raised already, if any
 }

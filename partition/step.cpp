@@ -39,6 +39,35 @@
 //    parameters are whole again.
 // 7. Clear: the master tensors drop their gradients, the reducer's buffers
 //    start the next accumulation from zero.
+//
+// Note [Updates in backward]: with offload_optimizer's super_offload (as
+// DeepSpeed's SuperOffload) the update of step 5 runs inside the boundary's
+// backward, bucket by bucket as the reductions complete, so that the host
+// kernels, and with "nvme" the reads and writes of the optimizer's
+// sub-groups, run while backward computes and communicates. It is the same
+// step, bit for bit: only an update that needs no global norm first may
+// run early, so the engine arms it only without gradient_clipping and
+// without fp16's dynamic loss scale (with either, DeepSpeed's SuperOffload
+// speculates and rolls back; zero waits for step() instead, and says so
+// at initialize). The order of everything that adds up stays as in step():
+// buckets are attached (gradient and squares, steps 1-2) in bucket order,
+// and updated in bucket order. The dependencies:
+// - Bucket k is attached when bucket k + 1's reduction starts (with
+//   overlap_comm: one reduction stays in flight beside the update; without,
+//   when k's own has ended). The reducer calls back at each start, in bucket
+//   order on every rank, so the all-gathers that send updated buckets
+//   (stage 2, stage 3's persistent buckets) come in the same order
+//   everywhere, between the same reductions.
+// - A bucket's parameters are not read again in this backward once its
+//   gradients are complete: every node that used them has run (that is
+//   what completes the gradient), so writing them in place is safe. Stage 3
+//   has released them already.
+// - With "nvme", sub-group 0's read starts when the backward begins, s + 1's
+//   when s is updated, and s's write is waited for after s + 1's update.
+// - step() attaches what is left, all-reduces the squares (the norm is
+//   reported, not used), updates the rest and publishes as usual. A second
+//   backward before step() is refused by the engine (the update has begun),
+//   as is a checkpoint between them.
 #include <torch/torch.h>
 
 #include <chrono>
@@ -47,6 +76,8 @@
 
 #include "core/fault.h"
 #include "partition/partition.h"
+#include "partition/update_run.h"
+#include "zero/error.h"
 
 namespace zero::partition {
 
@@ -56,6 +87,7 @@ double seconds_since(Clock::time_point start) { return std::chrono::duration<dou
 }  // namespace
 
 StepResult ShardedParams::step(BucketOptimizer& optimizer, const StepRequest& request) {
+  if (early_) return finish_early_step(request);
   StepResult result;
   attach_master_grads(/*widen=*/!optimizer.reads_training_dtype());
   const double squares = global_squares();
@@ -97,53 +129,151 @@ void ShardedParams::update_buckets(BucketOptimizer& optimizer, StepResult& resul
       host.push_back(k);
     }
   }
-  if (masters_.nvme_store()) return update_swapped(optimizer, host, result);
-  const auto start = Clock::now();
-  for (size_t k : host) update_bucket(optimizer, k);
-  result.host_update_seconds += seconds_since(start);
+  UpdateRun run(*this, optimizer, host);
+  run.finish(result);
 }
 
-// offload_optimizer "nvme": the host buckets in sub-groups of about
-// sub_group_numel elements, read one ahead and written one behind.
-void ShardedParams::update_swapped(BucketOptimizer& optimizer, const std::vector<size_t>& buckets,
-                                   StepResult& result) {
-  if (buckets.empty()) return;
-  offload::SwappedTensors& store = *masters_.nvme_store();
-  std::vector<std::vector<size_t>> sub_groups(1);
+ShardedParams::UpdateRun::UpdateRun(ShardedParams& owner, BucketOptimizer& optimizer,
+                                    const std::vector<size_t>& buckets)
+    : owner_(owner), optimizer_(optimizer), store_(owner.masters_.nvme_store()) {
   int64_t filled = 0;
   for (size_t k : buckets) {
-    const int64_t numel = masters_.tensors()[k].numel();
-    if (filled > 0 && filled + numel > options_.sub_group_numel) {
-      sub_groups.emplace_back();
+    const int64_t numel = owner_.masters_.tensors()[k].numel();
+    if (sub_groups_.empty() || !store_ || (filled > 0 && filled + numel > owner_.options_.sub_group_numel)) {
+      sub_groups_.emplace_back();
       filled = 0;
     }
-    sub_groups.back().push_back(k);
+    sub_groups_.back().push_back(k);
     filled += numel;
   }
-  auto ids_of = [&](size_t s) {
-    std::vector<int> ids;
-    for (size_t k : sub_groups[s]) ids.insert(ids.end(), masters_.nvme_ids(k).begin(), masters_.nvme_ids(k).end());
-    return ids;
-  };
-  auto wait = Clock::now();
-  store.swap_in(ids_of(0));
-  result.nvme_wait_seconds += seconds_since(wait);
-  for (size_t s = 0; s < sub_groups.size(); ++s) {
-    wait = Clock::now();
-    if (s + 1 < sub_groups.size()) store.swap_in(ids_of(s + 1));
-    store.wait_in(ids_of(s));
-    result.nvme_wait_seconds += seconds_since(wait);
+}
+
+std::vector<int> ShardedParams::UpdateRun::ids_of(size_t s) const {
+  std::vector<int> ids;
+  for (size_t k : sub_groups_[s]) {
+    const auto& of = owner_.masters_.nvme_ids(k);
+    ids.insert(ids.end(), of.begin(), of.end());
+  }
+  return ids;
+}
+
+void ShardedParams::UpdateRun::read_ahead() {
+  if (!store_ || reading_ || next_ >= sub_groups_.size()) return;
+  store_->swap_in(ids_of(next_));
+  reading_ = true;
+}
+
+void ShardedParams::UpdateRun::advance(size_t attached, StepResult& result) {
+  while (next_ < sub_groups_.size() && sub_groups_[next_].back() < attached) {
+    const size_t s = next_;
+    auto wait = Clock::now();
+    if (store_) {
+      read_ahead();  // s itself, when nothing read it ahead
+      if (s + 1 < sub_groups_.size()) store_->swap_in(ids_of(s + 1));
+      store_->wait_in(ids_of(s));
+      result.nvme_wait_seconds += seconds_since(wait);
+    }
     const auto start = Clock::now();
-    for (size_t k : sub_groups[s]) update_bucket(optimizer, k);
+    for (size_t k : sub_groups_[s]) owner_.update_bucket(optimizer_, k);
     result.host_update_seconds += seconds_since(start);
-    wait = Clock::now();
-    store.swap_out(ids_of(s));
-    if (s > 0) store.wait_out(ids_of(s - 1));
+    ++next_;
+    reading_ = store_ && next_ < sub_groups_.size();
+    if (store_) {
+      wait = Clock::now();
+      store_->swap_out(ids_of(s));
+      if (writing_ >= 0) store_->wait_out(ids_of(static_cast<size_t>(writing_)));
+      writing_ = static_cast<long>(s);
+      result.nvme_wait_seconds += seconds_since(wait);
+    }
+  }
+}
+
+void ShardedParams::UpdateRun::finish(StepResult& result) {
+  advance(owner_.num_buckets(), result);
+  if (store_ && writing_ >= 0) {
+    const auto wait = Clock::now();
+    store_->wait_out(ids_of(static_cast<size_t>(writing_)));
+    writing_ = -1;
     result.nvme_wait_seconds += seconds_since(wait);
   }
-  wait = Clock::now();
-  store.wait_out(ids_of(sub_groups.size() - 1));
-  result.nvme_wait_seconds += seconds_since(wait);
+}
+
+void ShardedParams::UpdateRun::settle() noexcept {
+  if (!store_) return;
+  try {
+    if (reading_) {
+      store_->wait_in(ids_of(next_));
+      store_->drop(ids_of(next_));
+      reading_ = false;
+    }
+    if (writing_ >= 0) store_->wait_out(ids_of(static_cast<size_t>(writing_)));
+    writing_ = -1;
+  } catch (...) {  // an error was raised already
+  }
+}
+
+void ShardedParams::update_in_backward(BucketOptimizer& optimizer, double grad_scale, HostThreads on_host_threads) {
+  if (early_) throw PartitionError("internal: an update in backward began twice before step()");
+  if (!optimizer.per_bucket()) {
+    throw PartitionError("super_offload updates bucket by bucket in backward; this optimizer updates every tensor "
+                         "at once (torch::optim or Lamb): set torch_adam false or drop super_offload");
+  }
+  for (size_t k = 0; k < num_buckets(); ++k) {
+    if (options_.offload_optimizer && !masters_.on_host(k)) {
+      throw PartitionError("super_offload updates every bucket on the host; with offload_optimizer ratio " +
+                           std::to_string(options_.offload_ratio) + " some stay on the accelerator: set ratio 1");
+    }
+  }
+  auto e = std::make_unique<EarlyStep>();
+  e->optimizer = &optimizer;
+  e->on_host_threads = std::move(on_host_threads);
+  e->widen = !optimizer.reads_training_dtype();
+  std::vector<size_t> all(num_buckets());
+  for (size_t k = 0; k < all.size(); ++k) all[k] = k;
+  e->run = std::make_unique<UpdateRun>(*this, optimizer, all);
+  squares_.reset();
+  optimizer.begin_step(grad_scale);  // a per-bucket optimizer only keeps the factor
+  e->run->read_ahead();  // sub-group 0's states come while the backward computes
+  early_ = std::move(e);
+  reducer_->on_launch([this](size_t k) { attach_through(options_.overlap_comm ? k : k + 1); });
+}
+
+void ShardedParams::attach_through(size_t buckets) {
+  EarlyStep& e = *early_;
+  if (buckets <= e.attached) return;
+  e.on_host_threads([&] {
+    if (host_grads_) host_grads_->wait();  // copies started during backward land before the host reads them
+    for (; e.attached < buckets; ++e.attached) {
+      reducer_->wait_reduced(e.attached);
+      attach_bucket(e.attached, e.widen);
+    }
+    e.run->advance(e.attached, e.result);
+  });
+}
+
+StepResult ShardedParams::finish_early_step(const StepRequest& request) {
+  reducer_->on_launch(nullptr);
+  EarlyStep& e = *early_;
+  if (host_grads_) host_grads_->wait();
+  for (; e.attached < num_buckets(); ++e.attached) attach_bucket(e.attached, e.widen);
+  StepResult result = e.result;
+  result.norm = std::sqrt(global_squares()) / request.loss_scale;  // reported; the update did not need it
+  e.run->finish(result);
+  early_.reset();
+  detach_master_grads();
+  const auto publish_start = Clock::now();
+  masters_.publish();
+  result.publish_seconds = seconds_since(publish_start);
+  zero_grads();
+  return result;
+}
+
+void ShardedParams::abandon_update_in_backward() noexcept {
+  if (!early_) return;
+  reducer_->on_launch(nullptr);
+  early_->run->settle();
+  early_.reset();
+  detach_master_grads();
 }
 
 // Each bucket's gradient is attached and its squares added once per step
@@ -151,35 +281,37 @@ void ShardedParams::update_swapped(BucketOptimizer& optimizer, const std::vector
 void ShardedParams::attach_master_grads(bool widen) {
   squares_.reset();
   if (host_grads_) host_grads_->wait();  // copies started during backward land before the host reads them
-  for (size_t k = 0; k < num_buckets(); ++k) {
-    const double weight = layout_.buckets()[k].norm_weight;
-    if (host_grads_ && host_grads_->off_device(k)) {  // its host copy is complete
-      masters_.tensors()[k].mutable_grad() = host_grads_->for_step(k);
-      if (host_grads_->device_squares(k).defined()) {
-        squares_.add_device_sum(host_grads_->device_squares(k), weight);
-      } else {
-        squares_.add(masters_.tensors()[k].grad(), weight);
-      }
-      continue;
+  for (size_t k = 0; k < num_buckets(); ++k) attach_bucket(k, widen);
+}
+
+void ShardedParams::attach_bucket(size_t k, bool widen) {
+  const double weight = layout_.buckets()[k].norm_weight;
+  if (host_grads_ && host_grads_->off_device(k)) {  // its host copy is complete
+    masters_.tensors()[k].mutable_grad() = host_grads_->for_step(k);
+    if (host_grads_->device_squares(k).defined()) {
+      squares_.add_device_sum(host_grads_->device_squares(k), weight);
+    } else {
+      squares_.add(masters_.tensors()[k].grad(), weight);
     }
-    at::Tensor grad = reducer_->shard_grad(k);
-    if (options_.offload_optimizer) {
-      // The host optimizer reads the gradient in the training dtype (Note
-      // [Offload copies]); stages 2-3 copied it when the bucket was reduced.
-      // A bucket updated on the accelerator (Note [Partial offload]) keeps it
-      // there, in the training dtype too. Squared where it was reduced.
-      squares_.add(grad, weight);
-      if (host_grads_->copied(k)) {
-        if (!host_grads_->holds(k)) host_grads_->copy_from(k, grad, /*non_blocking=*/false);
-        grad = host_grads_->copy(k);
-      }
-      masters_.tensors()[k].mutable_grad() = grad;
-      continue;
-    }
-    if (widen && grad.scalar_type() != at::kFloat) grad = grad.to(at::kFloat);
-    masters_.tensors()[k].mutable_grad() = grad;
-    squares_.add(grad, weight);
+    return;
   }
+  at::Tensor grad = reducer_->shard_grad(k);
+  if (options_.offload_optimizer) {
+    // The host optimizer reads the gradient in the training dtype (Note
+    // [Offload copies]); stages 2-3 copied it when the bucket was reduced.
+    // A bucket updated on the accelerator (Note [Partial offload]) keeps it
+    // there, in the training dtype too. Squared where it was reduced.
+    squares_.add(grad, weight);
+    if (host_grads_->copied(k)) {
+      if (!host_grads_->holds(k)) host_grads_->copy_from(k, grad, /*non_blocking=*/false);
+      grad = host_grads_->copy(k);
+    }
+    masters_.tensors()[k].mutable_grad() = grad;
+    return;
+  }
+  if (widen && grad.scalar_type() != at::kFloat) grad = grad.to(at::kFloat);
+  masters_.tensors()[k].mutable_grad() = grad;
+  squares_.add(grad, weight);
 }
 
 void ShardedParams::detach_master_grads() {

@@ -69,6 +69,11 @@ struct OffloadOptimizerConfig {
   bool pipeline_write = false;
   bool fast_init = false;
   double ratio = 1.0;            // share of the partition offloaded (partial offload), whole buckets
+  // DeepSpeed's SuperOffload: the boundary's backward updates each bucket
+  // as soon as its gradient is reduced (Note [Updates in backward] in
+  // partition/step.cpp); with gradient_clipping or fp16 the update waits
+  // for step(), as without it.
+  bool super_offload = false;
   // `device` as zero/choices.h's enum; a spelling outside the set (set in
   // code, never checked) is a ConfigError naming this key.
   OffloadDevice where() const;
