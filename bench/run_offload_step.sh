@@ -29,7 +29,9 @@ start=$(date +%s)
   echo "# Offload step"
   echo
   echo "Measured $(date -u +%Y-%m-%d) on $(nproc) core(s), $(( $(date +%s) - start )) s in all (load average"
-  echo "before: $load_before; after: $(cut -d' ' -f1-3 /proc/loadavg)), with:"
+  echo "before: $load_before; after: $(cut -d' ' -f1-3 /proc/loadavg)); CPU:$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-);"
+  echo "the fused optimizer's kernels: $(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || echo AVX2) (chosen at run time"
+  echo "for this CPU, the same in every variant); with:"
   echo
   echo '```sh'
   echo "bash bench/run_offload_step.sh $build${*:+ $*}"

@@ -6,7 +6,8 @@
 #                                           #   format, fuzz corpora), a few minutes; what CI runs
 #   bash tools/sanitize.sh address --hardening  # ASan + UBSan over the bad-input tests: checkpoints
 #                                           #   (hostile, killed, concurrent, full disk), launcher and
-#                                           #   launch configs, checked collectives, monitors (build-asan)
+#                                           #   launch configs, checked collectives, monitors, the token
+#                                           #   file, zero-llama's inputs, DeepSpeed imports (build-asan)
 #   bash tools/sanitize.sh thread           # TSan: comm thread, NVMe swapper, stage-3 prefetch (build-tsan)
 #
 # Extra arguments go to ctest (e.g. -R zero.). Any sanitizer report fails
@@ -44,8 +45,9 @@ case "$kind" in
     hardening_targets=(zero-run zero-ckpt zero-config launcher_probe test_launcher test_launch_config test_launch_env
                        accelerate_train test_config test_ckpt_format test_checkpoint ckpt_killed_save ckpt_concurrent_saver
                        test_torchsave test_interop test_monitor_writer test_monitors test_comms_logger test_full_disk
-                       full_disk_probe test_progress test_env_settings test_collectives comm_faults fuzz_replay)
-    hardening_tests='^(config\.|core\.(Progress|LogRanks|LogLevel|FaultHook)\.|ckpt\.|torchsave\.|interop\.(ImportDeepSpeed|ExportDeepSpeed|ExportHf)\.|monitor\.(MonitorWriter\.|monitors|comms_logger|full_disk)|launcher\.|accelerate\.|comm\.(collectives\.gloo|faults\.gloo\.checked|launch_env)|fuzz\.)'
+                       full_disk_probe test_progress test_env_settings test_collectives comm_faults fuzz_replay
+                       zero-llama test_data)
+    hardening_tests='^(config\.|core\.(Progress|LogRanks|LogLevel|FaultHook)\.|ckpt\.|torchsave\.|interop\.(ImportDeepSpeed|ExportDeepSpeed|ExportHf)\.|monitor\.(MonitorWriter\.|monitors|comms_logger|full_disk)|launcher\.|accelerate\.|comm\.(collectives\.gloo|faults\.gloo\.checked|launch_env)|fuzz\.|data\.TokenDataset\.|llama\.bad_input|interop\.import_counts_beyond_a_run)'
     quick_tests='^(config\.|ckpt\.(CkptTest|Manifest|Dtypes|WeightFilesTest|python_reader)|torchsave\.|interop\.(ImportDeepSpeed|ExportDeepSpeed|ExportHf)\.|monitor\.MonitorWriter\.|core\.(LogRanks|LogLevel|FaultHook)\.|fuzz\.)'
     ;;
   thread)
