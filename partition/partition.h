@@ -116,9 +116,8 @@ class ShardedParams {
   // does the rest. Only for an update that needs no global norm: the
   // caller has checked that nothing clips or skips. `grad_scale`: what
   // begin_step() gets; `on_host_threads` runs the host kernels where the
-  // step would (the rank's threads). Throws PartitionError when the
-  // optimizer updates all tensors at once or some buckets stay on the
-  // accelerator (partial offload).
+  // step would (the rank's threads). The optimizer must update bucket by
+  // bucket, and every bucket be on the host (no partial offload).
   using HostThreads = std::function<void(const std::function<void()>&)>;
   void update_in_backward(BucketOptimizer& optimizer, double grad_scale, HostThreads on_host_threads);
   // An update in backward has begun and step() has not finished it.

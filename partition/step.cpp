@@ -213,19 +213,14 @@ void ShardedParams::UpdateRun::settle() noexcept {
 }
 
 void ShardedParams::update_in_backward(BucketOptimizer& optimizer, double grad_scale, HostThreads on_host_threads) {
-  if (early_) throw PartitionError("internal: an update in backward began twice before step()");
-  if (!optimizer.per_bucket()) {
-    throw PartitionError("super_offload updates bucket by bucket in backward; this optimizer updates every tensor "
-                         "at once (torch::optim or Lamb): set torch_adam false or drop super_offload");
-  }
-  for (size_t k = 0; k < num_buckets(); ++k) {
-    if (options_.offload_optimizer && !masters_.on_host(k)) {
-      throw PartitionError("super_offload updates every bucket on the host; with offload_optimizer ratio " +
-                           std::to_string(options_.offload_ratio) + " some stay on the accelerator: set ratio 1");
-    }
+  // The engine and the config refuse what cannot (Note [Updates in backward]).
+  bool all_on_host = true;
+  for (size_t k = 0; k < num_buckets(); ++k) all_on_host = all_on_host && (!options_.offload_optimizer || masters_.on_host(k));
+  if (early_ || !optimizer.per_bucket() || !all_on_host) {
+    throw PartitionError("internal: an update in backward needs a per-bucket optimizer, every bucket on the host and "
+                         "no update in backward begun before");
   }
   auto e = std::make_unique<EarlyStep>();
-  e->optimizer = &optimizer;
   e->on_host_threads = std::move(on_host_threads);
   e->widen = !optimizer.reads_training_dtype();
   std::vector<size_t> all(num_buckets());

@@ -43,7 +43,6 @@ class ShardedParams::UpdateRun {
 
 // An update in backward (Note [Updates in backward]) from its start to step().
 struct ShardedParams::EarlyStep {
-  BucketOptimizer* optimizer = nullptr;
   HostThreads on_host_threads;
   std::unique_ptr<UpdateRun> run;
   size_t attached = 0;  // buckets [0, attached) hold their gradients and squares
