@@ -124,14 +124,21 @@ TorchSaveFile::TorchSaveFile(const std::string& path) : path_(path) {
         throw CheckpointError(path + ": written on a big-endian machine (byteorder \"" +
                               std::string(order.begin(), order.end()) + "\"); zero reads little-endian files");
     }
-    const std::vector<uint8_t> pickle = read_whole(record_ + "/data.pkl", kMaxPickleBytes);
-    // The machine's budget counts the bytes data.pkl takes in the file:
-    // a deflated pickle is held to its compressed size (Note [Restricted pickle]).
+    // The machine's budget counts the bytes data.pkl takes in the file: a
+    // deflated pickle is held to its compressed size (Note [Restricted
+    // pickle]), and one that would inflate past that budget is refused
+    // before it is inflated (no pickle torch.save or DeepSpeed wrote
+    // compresses 512:1).
     zip_stat_t pkl;
-    entry(record_ + "/data.pkl", pkl);
-    const size_t stored = (pkl.valid & ZIP_STAT_COMP_SIZE) ? static_cast<size_t>(pkl.comp_size) : pickle.size();
+    if (!entry(record_ + "/data.pkl", pkl)) throw CheckpointError(path + ": no entry " + record_ + "/data.pkl");
+    const uint64_t stored = (pkl.valid & ZIP_STAT_COMP_SIZE) ? pkl.comp_size : pkl.size;
+    if (pkl.size > kMaxHeldPerInputByte * stored + kHeldFloorBytes)
+      throw CheckpointError(path + ": " + record_ + "/data.pkl inflates from " + std::to_string(stored) + " to " +
+                            std::to_string(pkl.size) + " bytes, more than the " + std::to_string(kMaxHeldPerInputByte) +
+                            " a byte zero allows a pickle: the file is built to exhaust memory");
+    const std::vector<uint8_t> pickle = read_whole(record_ + "/data.pkl", kMaxPickleBytes);
     pickle_ = Pickle::read(pickle.data(), pickle.size(), path + ": " + record_ + "/data.pkl",
-                           std::max<size_t>(std::min(stored, pickle.size()), 1));
+                           std::max<size_t>(std::min<size_t>(stored, pickle.size()), 1));
 
     for (const StorageRef& s : pickle_->storages()) {
       const std::string name = record_ + "/data/" + s.key;

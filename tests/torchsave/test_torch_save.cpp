@@ -368,6 +368,19 @@ TEST(TorchSave, DeflatedPickleBombIsRefusedByItsCompressedSize) {
   if (heap_is_counted()) {
     EXPECT_LT(heap_in_use() - before, 1 << 20);
   }
+  // 16 MB of NONE POP, which the machine would read charging nothing
+  // (None is shared), deflated to kilobytes: refused before it is inflated.
+  const std::string nones = repeated("", "N0", 8'000'000, "N.");
+  z = zip_open(path.c_str(), ZIP_CREATE | ZIP_TRUNCATE, &error);
+  ASSERT_NE(z, nullptr);
+  const zip_int64_t again = zip_file_add(z, "bomb/data.pkl", zip_source_buffer(z, nones.data(), nones.size(), 0),
+                                         ZIP_FL_ENC_UTF_8);
+  ASSERT_GE(again, 0);
+  ASSERT_EQ(zip_set_file_compression(z, again, ZIP_CM_DEFLATE, 9), 0);
+  ASSERT_EQ(zip_close(z), 0);
+  const std::string inflated = message_of([&] { TorchSaveFile f(path); });
+  EXPECT_NE(inflated.find("inflates from"), std::string::npos) << inflated;
+  EXPECT_NE(inflated.find("built to exhaust memory"), std::string::npos) << inflated;
   fs::remove_all(dir);
 }
 
