@@ -87,24 +87,27 @@ double seconds_since(Clock::time_point start) { return std::chrono::duration<dou
 }  // namespace
 
 StepResult ShardedParams::step(BucketOptimizer& optimizer, const StepRequest& request) {
-  if (early_) return finish_early_step(request);
   StepResult result;
-  attach_master_grads(/*widen=*/!optimizer.reads_training_dtype());
-  const double squares = global_squares();
-  if (request.skip_if_not_finite && !std::isfinite(squares)) {
-    result.skipped = true;
-    detach_master_grads();
-    zero_grads();
-    return result;
+  if (early_) {
+    result = finish_early_step(request);
+  } else {
+    attach_master_grads(/*widen=*/!optimizer.reads_training_dtype());
+    const double squares = global_squares();
+    if (request.skip_if_not_finite && !std::isfinite(squares)) {
+      result.skipped = true;
+      detach_master_grads();
+      zero_grads();
+      return result;
+    }
+    result.norm = std::sqrt(squares) / request.loss_scale;
+    double factor = 1.0 / request.loss_scale;
+    if (request.clip > 0) {
+      const double coef = request.clip / (result.norm + 1e-6);  // as torch::nn::utils::clip_grad_norm_
+      if (coef < 1.0) factor *= coef;
+    }
+    optimizer.begin_step(factor);
+    if (optimizer.per_bucket()) update_buckets(optimizer, result);
   }
-  result.norm = std::sqrt(squares) / request.loss_scale;
-  double factor = 1.0 / request.loss_scale;
-  if (request.clip > 0) {
-    const double coef = request.clip / (result.norm + 1e-6);  // as torch::nn::utils::clip_grad_norm_
-    if (coef < 1.0) factor *= coef;
-  }
-  optimizer.begin_step(factor);
-  if (optimizer.per_bucket()) update_buckets(optimizer, result);
   detach_master_grads();
   const auto publish_start = Clock::now();
   masters_.publish();
@@ -255,12 +258,7 @@ StepResult ShardedParams::finish_early_step(const StepRequest& request) {
   result.norm = std::sqrt(global_squares()) / request.loss_scale;  // reported; the update did not need it
   e.run->finish(result);
   early_.reset();
-  detach_master_grads();
-  const auto publish_start = Clock::now();
-  masters_.publish();
-  result.publish_seconds = seconds_since(publish_start);
-  zero_grads();
-  return result;
+  return result;  // step() publishes and clears, as after any update
 }
 
 void ShardedParams::abandon_update_in_backward() noexcept {
