@@ -12,9 +12,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <exception>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "world_main.h"
 #include "zero/zero.h"
