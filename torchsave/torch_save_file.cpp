@@ -132,7 +132,7 @@ TorchSaveFile::TorchSaveFile(const std::string& path) : path_(path) {
     zip_stat_t pkl;
     if (!entry(record_ + "/data.pkl", pkl)) throw CheckpointError(path + ": no entry " + record_ + "/data.pkl");
     const uint64_t stored = (pkl.valid & ZIP_STAT_COMP_SIZE) ? pkl.comp_size : pkl.size;
-    if (pkl.size > kMaxHeldPerInputByte * stored + kHeldFloorBytes)
+    if (pkl.size > kHeldFloorBytes && (pkl.size - kHeldFloorBytes) / kMaxHeldPerInputByte > stored)  // no wrap
       throw CheckpointError(path + ": " + record_ + "/data.pkl inflates from " + std::to_string(stored) + " to " +
                             std::to_string(pkl.size) + " bytes, more than the " + std::to_string(kMaxHeldPerInputByte) +
                             " a byte zero allows a pickle: the file is built to exhaust memory");
