@@ -72,7 +72,44 @@ SwapFolder::SwapFolder(std::string nvme_path, int rank) : nvme_path_(std::move(n
   }
 }
 
-SwapFolder::~SwapFolder() { remove(); }
+SwapFolder::~SwapFolder() {
+  stop_discarding();
+  remove();
+}
+
+void SwapFolder::discard(const std::string& file) {
+  const std::string moved = path_ + "/discarded" + std::to_string(next_discarded_++) + ".del";
+  if (::rename(file.c_str(), moved.c_str()) != 0) {
+    if (errno != ENOENT) (void)::unlink(file.c_str());  // cannot move it aside: unlinked in line
+    return;  // ENOENT: gone already, nothing to give back
+  }
+  std::lock_guard<std::mutex> lock(discard_mutex_);
+  discarded_.push_back(moved);
+  if (!discarder_.joinable()) {
+    discarder_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(discard_mutex_);
+      while (true) {
+        discard_ready_.wait(lock, [this] { return stopping_ || !discarded_.empty(); });
+        if (discarded_.empty()) return;  // stopping, with nothing left
+        const std::string next = std::move(discarded_.front());
+        discarded_.pop_front();
+        lock.unlock();
+        (void)::unlink(next.c_str());  // a failure leaves it to the folder's removal
+        lock.lock();
+      }
+    });
+  }
+  discard_ready_.notify_one();
+}
+
+void SwapFolder::stop_discarding() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(discard_mutex_);
+    stopping_ = true;
+  }
+  discard_ready_.notify_one();
+  if (discarder_.joinable()) discarder_.join();
+}
 
 void SwapFolder::create(int rank) {
   const std::string& p = nvme_path_;

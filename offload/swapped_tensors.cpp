@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 #include "core/progress.h"
 #include "zero/error.h"
@@ -39,12 +40,27 @@ SwappedTensors::Entry SwappedTensors::entry_for(const at::Tensor& tensor, const 
 
 int SwappedTensors::add(const at::Tensor& tensor, const std::string& key) {
   Entry e = entry_for(tensor, key);
-  // Move the values into aligned memory (O_DIRECT reads and writes use it in place).
-  at::Tensor values = tensor.clone();
+  // Move the values into aligned memory (O_DIRECT reads and writes use it
+  // in place); the old memory goes when `values` does.
+  const at::DataPtr values = tensor.storage().unsafeGetStorageImpl()->set_data_ptr(at::DataPtr(nullptr, at::Device(at::kCPU)));
   allocate(e);
-  std::memcpy(e.tensor.data_ptr(), values.data_ptr(), e.bytes);
+  if (e.bytes > 0) std::memcpy(e.tensor.data_ptr(), values.get(), e.bytes);
   entries_.push_back(std::move(e));
   return static_cast<int>(entries_.size()) - 1;
+}
+
+std::pair<at::Tensor, int> SwappedTensors::add_copy(const at::Tensor& source, at::ScalarType dtype, const std::string& key) {
+  if (!source.is_cpu()) throw OffloadError("NVMe offload of \"" + key + "\": the source must be a host tensor");
+  Entry e;
+  e.key = key;
+  e.bytes = static_cast<size_t>(source.numel()) * c10::elementSize(dtype);
+  e.tensor = at::empty({0}, at::TensorOptions().dtype(dtype));  // its memory: allocate()'s
+  allocate(e);
+  e.tensor.unsafeGetTensorImpl()->set_sizes_contiguous({source.numel()});
+  e.tensor.copy_(source.reshape(-1));
+  at::Tensor tensor = e.tensor;
+  entries_.push_back(std::move(e));
+  return {tensor, static_cast<int>(entries_.size()) - 1};
 }
 
 int SwappedTensors::add_filled(const at::Tensor& tensor, const std::string& key, double value) {

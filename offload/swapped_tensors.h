@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "offload/swapper.h"
@@ -25,8 +26,14 @@ class SwappedTensors {
   ~SwappedTensors();
 
   // Registers a contiguous host tensor that owns its whole storage; its
-  // values go to disk with the next swap_out. Returns its id.
+  // values go to disk with the next swap_out. Returns its id. The values
+  // move into aligned memory (one copy); the tensor keeps its TensorImpl.
   int add(const at::Tensor& tensor, const std::string& key);
+  // Registers a new 1-D tensor of `dtype` with `source`'s values
+  // (flattened, converted), copied once, straight into the aligned memory
+  // that its reads and writes use: what initialize streams to disk makes
+  // no other copy on its way. Returns the tensor and its id.
+  std::pair<at::Tensor, int> add_copy(const at::Tensor& source, at::ScalarType dtype, const std::string& key);
   // Registers a host tensor that holds `value` everywhere (an optimizer
   // state as it starts): its memory is let go now and nothing is written;
   // until its first write, reading it fills `value` instead of reading a

@@ -266,7 +266,7 @@ void NvmeSwapper::Impl::remove(const std::string& key) {
     it = it->second->key == key ? tickets.erase(it) : std::next(it);
   }
   keys.erase(key);
-  (void)::unlink(folder->file_for(key).c_str());  // gone already: nothing to give back
+  folder->discard(folder->file_for(key));  // its blocks given back beside the caller's work
 }
 
 NvmeSwapper::NvmeSwapper(SwapOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}

@@ -155,7 +155,17 @@ void ConstructionParts::take(UnitBase& unit) {
   }
 }
 
-at::Tensor ConstructionParts::gather(const at::Tensor& param, const std::string& name) {
+void ConstructionParts::read_ahead(const std::vector<at::Tensor>& params) {
+  if (!store_) return;
+  std::vector<int> ids;
+  for (const auto& p : params) {
+    auto it = parts_.find(p.unsafeGetTensorImpl());
+    if (it != parts_.end() && it->second.swap_id >= 0) ids.push_back(it->second.swap_id);
+  }
+  store_->swap_in(ids);
+}
+
+void ConstructionParts::gather(const at::Tensor& param, const std::string& name, at::Tensor out) {
   auto it = parts_.find(param.unsafeGetTensorImpl());
   if (it == parts_.end()) throw PartitionError("zero::Init: no part of " + name + " was kept");
   Part& part = it->second;
@@ -169,20 +179,24 @@ at::Tensor ConstructionParts::gather(const at::Tensor& param, const std::string&
     store_->swap_in({part.swap_id});
     store_->wait_in({part.swap_id});
   }
+  if (out.numel() != part.numel || !out.is_contiguous()) {
+    throw PartitionError("internal: " + name + " is gathered into a tensor of " + std::to_string(out.numel()) +
+                         " elements, not its " + std::to_string(part.numel));
+  }
   const int world = group_->size();
-  at::Tensor whole;
   if (world == 1) {
-    whole = part.swap_id >= 0 ? part.values.clone() : part.values;  // the store frees its own memory at drop
-  } else {
-    whole = torch::empty({part.values.numel() * world}, part.values.options());
+    out.copy_(part.values.narrow(0, 0, part.numel));
+  } else if (part.values.numel() * world == part.numel) {
+    group_->all_gather(out, part.values);  // straight into place
+  } else {  // the last part is padded
+    at::Tensor whole = torch::empty({part.values.numel() * world}, part.values.options());
     group_->all_gather(whole, part.values);
+    out.copy_(whole.narrow(0, 0, part.numel));
   }
   if (part.swap_id >= 0) store_->remove({part.swap_id});  // its disk space, for the shards being written
-  const int64_t numel = part.numel;
   bytes_ -= part.values.nbytes();
   parts_.erase(it);
   if (parts_.empty() && g_current != this) store_.reset();  // every part taken: the folder goes
-  return whole.narrow(0, 0, numel);
 }
 
 }  // namespace partition

@@ -58,10 +58,15 @@ class ConstructionParts {
   bool holds(const at::Tensor& param) const;
   at::Device device_of(const at::Tensor& param) const;  // where it was built
   // The whole flattened values of a held parameter, gathered from every
-  // rank's part (a collective: every rank asks for the same parameters in
-  // the same order); its part is let go. Throws PartitionError when the
-  // parameter was written after its unit was built.
-  at::Tensor gather(const at::Tensor& param, const std::string& name);
+  // rank's part into `out` (contiguous, of its numel; a collective: every
+  // rank asks for the same parameters in the same order); its part is let
+  // go. Throws PartitionError when the parameter was written after its unit
+  // was built.
+  void gather(const at::Tensor& param, const std::string& name, at::Tensor out);
+  // remote_device "nvme": starts reading the parts of those of `params`
+  // it holds, so that their gather() finds them read (initialize reads the
+  // next bucket's parts while it lays out this one). Not a collective.
+  void read_ahead(const std::vector<at::Tensor>& params);
   int64_t held() const { return static_cast<int64_t>(parts_.size()); }
   int64_t bytes() const { return bytes_; }  // of the parts this rank keeps
 

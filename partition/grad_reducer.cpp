@@ -7,8 +7,15 @@
 #include "partition/host_grads.h"
 
 namespace zero::partition {
+namespace {
 
-using offload::empty_with_huge_pages;
+at::Tensor zeroed_buffer(int64_t numel, const ReducerOptions& options) {
+  at::Tensor t = options.huge_pages ? offload::empty_with_huge_pages(numel, options.grad_options)
+                                    : torch::empty({numel}, options.grad_options);
+  return t.zero_();
+}
+
+}  // namespace
 
 GradReducer::GradReducer(const FlatLayout& layout, std::shared_ptr<comm::ProcessGroup> pg, const ReducerOptions& options)
     : layout_(layout), pg_(std::move(pg)), options_(options) {
@@ -124,7 +131,7 @@ class BoundaryReducer : public GradReducer {
  public:
   BoundaryReducer(const FlatLayout& layout, std::shared_ptr<comm::ProcessGroup> pg, const ReducerOptions& options)
       : GradReducer(layout, std::move(pg), options),
-        flat_(empty_with_huge_pages(layout.flat_numel(), options.grad_options).zero_()) {}
+        flat_(zeroed_buffer(layout.flat_numel(), options)) {}
 
   void zero() override { set_all_written(false); }
   int64_t bytes() const override { return flat_.nbytes(); }
@@ -203,7 +210,7 @@ class ReduceScatterPerBucket final : public GradReducer {
       partition_offset_.push_back(off_device(k) ? -1 : partition_numel_);
       if (!off_device(k)) partition_numel_ += layout.buckets()[k].shard_numel;
     }
-    partition_ = empty_with_huge_pages(partition_numel_, options.grad_options).zero_();
+    partition_ = zeroed_buffer(partition_numel_, options);
     // The pool's buffers are made now (DeepSpeed makes its reduce buffers at
     // initialize too), so the memory report before the first backward is the
     // one training holds: one, two with overlap_comm and a second bucket.

@@ -35,6 +35,11 @@ struct ReducerOptions {
   // ZeRO++'s qgZ (stages 2-3): reduce-scatters in two levels, int8 across
   // nodes (Note [Quantized gradients]); null: a plain reduce-scatter.
   std::shared_ptr<QuantizedReduceScatter> quantized;
+  // The gradient buffers ask for huge pages (offload/huge_pages.h): the
+  // host optimizer's kernels stream through them each step. Off where the
+  // step waits on the disk instead (offload_optimizer "nvme"): a huge page's
+  // first touch may compact memory first, seconds a gigabyte at initialize.
+  bool huge_pages = true;
 };
 
 class GradReducer {

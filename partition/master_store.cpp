@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
 
 #include "core/torch_compat.h"
 #include "offload/host_tensors.h"
@@ -33,14 +34,16 @@ void MasterStore::add(const at::Tensor& shard_values, bool separate) {
   nvme_ids_.emplace_back();
   at::Tensor m;
   if (on_host_[k]) {
-    // The updated parameters leave through update_target: pageable.
-    m = offload::host_copy(shard_values, at::kFloat, /*pinned=*/false);
     if (nvme_) {
-      // To its file now: the master weights of a partition larger than
-      // memory never are in it at once.
-      const int id = nvme_->add(m, "master" + std::to_string(k));
+      // To its file now, copied once on its way: the master weights of a
+      // partition larger than memory never are in it at once.
+      int id = -1;
+      std::tie(m, id) = nvme_->add_copy(shard_values, at::kFloat, "master" + std::to_string(k));
       nvme_->write_behind(id);
       nvme_ids_.back().push_back(id);
+    } else {
+      // The updated parameters leave through update_target: pageable.
+      m = offload::host_copy(shard_values, at::kFloat, /*pinned=*/false);
     }
   } else {
     m = separate ? shard_values.clone() : storage_.shard(k);

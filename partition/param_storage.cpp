@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <tuple>
 #include <unordered_map>
 
 #include "offload/host_tensors.h"
@@ -96,18 +97,20 @@ void ParamStorage::add(const at::Tensor& full, int64_t shard_start, int64_t shar
     for (const auto& v : b.params) registry.shapes[v.param.unsafeGetTensorImpl()] = v.shape;
   }
   const at::Tensor mine = full.slice(0, shard_start, shard_start + shard_numel);
-  b.shard = persistent ? mine : mine.clone();
-  if (!persistent && options_.offload_param != OffloadDevice::none) {
+  if (persistent) {
+    b.shard = mine;
+  } else if (options_.offload_param == OffloadDevice::nvme) {
+    // To its file now, copied once on its way: a few shards are in memory
+    // while the model is laid out, however large it is.
+    if (!store_) store_ = std::make_unique<offload::SwappedTensors>(options_.swap);
+    std::tie(b.shard, b.swap_id) = store_->add_copy(mine, mine.scalar_type(), "params" + std::to_string(buckets_.size()));
+    store_->write_behind(b.swap_id);
+  } else if (options_.offload_param == OffloadDevice::cpu) {
     // Host tensors copied to the accelerator for every gather are
     // page-locked when the config asks (pin_memory).
-    b.shard = offload::host_copy(b.shard, b.shard.scalar_type(), options_.pin_memory && !full.is_cpu());
-    if (options_.offload_param == OffloadDevice::nvme) {
-      if (!store_) store_ = std::make_unique<offload::SwappedTensors>(options_.swap);
-      b.swap_id = store_->add(b.shard, "params" + std::to_string(buckets_.size()));
-      // To its file now: a few shards are in memory while the model is laid
-      // out, however large it is.
-      store_->write_behind(b.swap_id);
-    }
+    b.shard = offload::host_copy(mine, mine.scalar_type(), options_.pin_memory && !full.is_cpu());
+  } else {
+    b.shard = mine.clone();
   }
   if (!persistent) gathered_now_ += full.numel() * full.element_size();  // gathered until the first release
   gathered_peak_ = std::max(gathered_peak_, gathered_now_);

@@ -97,6 +97,7 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
   reducer.stage = options_.stage;
   reducer.overlap_comm = options_.overlap_comm;
   reducer.quantized = options_.quantized_gradients;
+  reducer.huge_pages = !options_.master_swap;
   const auto device = tensors.empty() ? at::Device(at::kCPU) : device_of(tensors.front());
   reducer.grad_options = torch::TensorOptions().dtype(options_.dtype).device(device);
   reducer_ = GradReducer::for_stage(layout_, pg_, host_grads_.get(), reducer);
@@ -116,18 +117,36 @@ void ShardedParams::hook_grad(int i) {
 // from the model's exact fp32 values.
 void ShardedParams::build_buckets(const std::vector<at::Tensor>& tensors) {
   const bool mixed = options_.dtype != at::kFloat;
+  auto read_parts_ahead = [&](size_t k) {  // remote_device "nvme" (Note [Partitioned construction])
+    if (!options_.parts || k >= layout_.buckets().size()) return;
+    std::vector<at::Tensor> params;
+    for (int i : layout_.buckets()[k].params) params.push_back(tensors[i]);
+    options_.parts->read_ahead(params);
+  };
+  read_parts_ahead(0);
   for (size_t k = 0; k < layout_.buckets().size(); ++k) {
     const LayoutBucket& span = layout_.buckets()[k];
     const auto device = device_of(tensors[span.params.front()]);
-    at::Tensor values = empty_with_huge_pages(span.numel, torch::TensorOptions().dtype(at::kFloat).device(device)).zero_();
+    const bool persistent = options_.stage < 3 || span.unit < 0 || span.numel < options_.persistence_threshold;
+    // Huge pages for what stays: a bucket released below is gathered into
+    // memory of its own at each use, and its first touch here would only
+    // compact memory (offload/huge_pages.h).
+    const auto value_options = torch::TensorOptions().dtype(at::kFloat).device(device);
+    at::Tensor values = persistent ? empty_with_huge_pages(span.numel, value_options) : torch::empty({span.numel}, value_options);
+    const LayoutParam& last = layout_.params()[span.params.back()];
+    values.slice(0, last.offset + last.numel - span.offset).zero_();  // the padding: the parameters fill the rest
     auto in_bucket = [&](const at::Tensor& t, int i) {
       const int64_t start = layout_.params()[i].offset - span.offset;
       return t.slice(0, start, start + layout_.params()[i].numel);
     };
+    read_parts_ahead(k + 1);  // while this bucket is laid out
     for (int i : span.params) {
       const bool parted = options_.parts && options_.parts->holds(tensors[i]);  // Note [Partitioned construction]
-      in_bucket(values, i).copy_(parted ? options_.parts->gather(tensors[i], layout_.params()[i].name)
-                                        : tensors[i].detach().reshape(-1));
+      if (parted) {
+        options_.parts->gather(tensors[i], layout_.params()[i].name, in_bucket(values, i));
+      } else {
+        in_bucket(values, i).copy_(tensors[i].detach().reshape(-1));
+      }
     }
     at::Tensor full = mixed ? empty_with_huge_pages(span.numel, values.options().dtype(options_.dtype)).copy_(values) : values;
     std::vector<ParamView> views;
@@ -140,7 +159,6 @@ void ShardedParams::build_buckets(const std::vector<at::Tensor>& tensors) {
       views.push_back({p, layout_.params()[i].offset - span.offset, p.sizes().vec()});
     }
     const int64_t start = layout_.rank() * span.shard_numel;
-    const bool persistent = options_.stage < 3 || span.unit < 0 || span.numel < options_.persistence_threshold;
     storage_.add(full, start, span.shard_numel, persistent, std::move(views));
     // Mixed-precision master weights, and those of a shard that leaves for
     // the host or disk, are apart from the parameters.

@@ -1,10 +1,14 @@
 // Host tensors on NVMe (offload/swapped_tensors.h): a tensor registered by
 // its value (an optimizer state as it starts) costs no memory and no write
 // and reads back as that value until it is written; a removed tensor gives
-// its memory and its file back and cannot be used again.
+// its memory and its file back and cannot be used again; a tensor made by
+// add_copy holds its source's values, converted, through a round trip.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
+#include <cstdint>
 #include <filesystem>
 #include <string>
 
@@ -70,11 +74,46 @@ TEST(SwappedTensors, ARemovedTensorGivesBackItsMemoryAndFile) {
   store.wait_in({ia});
   store.remove({ia});
   EXPECT_EQ(store.resident_bytes(), 0);
+  for (int i = 0; i < 1000 && files_bytes(folder.path) != both / 2; ++i) usleep(10000);  // unlinked on a thread of its own
   EXPECT_EQ(files_bytes(folder.path), both / 2);
   EXPECT_EQ(store.nvme_bytes(), 4096 * 4);
   EXPECT_THROW(store.swap_in({ia}), zero::OffloadError);
   store.swap_in_all();  // the others still come back
   EXPECT_TRUE(torch::equal(b, torch::ones({4096})));
+}
+
+TEST(SwappedTensors, ACopyHoldsItsSourceConvertedThroughARoundTrip) {
+  Folder folder;
+  SwappedTensors store(folder.options());
+  const at::Tensor source = torch::randn({3, 1000}, torch::kDouble);  // a 2-D source of another dtype
+  auto [copy, id] = store.add_copy(source, at::kFloat, "copy");
+  EXPECT_EQ(store.find(copy), id);
+  EXPECT_EQ(copy.sizes(), at::IntArrayRef({3000}));
+  EXPECT_EQ(copy.scalar_type(), at::kFloat);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(copy.data_ptr()) % zero::offload::kIoAlignment, 0u) << "aligned for O_DIRECT";
+  const at::Tensor expected = source.reshape(-1).to(at::kFloat);
+  EXPECT_TRUE(torch::equal(copy, expected));
+  EXPECT_EQ(store.resident_bytes(), 3000 * 4);
+  store.swap_out({id});
+  store.wait_out({id});
+  EXPECT_EQ(store.resident_bytes(), 0);
+  EXPECT_GE(files_bytes(folder.path), 3000 * 4);
+  store.wait_in({id});
+  EXPECT_TRUE(torch::equal(copy, expected)) << "read back from its file";
+}
+
+TEST(SwappedTensors, AnAddedTensorKeepsItsValuesAndItsTensorImpl) {
+  Folder folder;
+  SwappedTensors store(folder.options());
+  at::Tensor t = torch::arange(10000, torch::kFloat);
+  const auto* impl = t.unsafeGetTensorImpl();
+  const int id = store.add(t, "t");
+  EXPECT_EQ(t.unsafeGetTensorImpl(), impl);
+  EXPECT_TRUE(torch::equal(t, torch::arange(10000, torch::kFloat)));
+  store.swap_out({id});
+  store.wait_out({id});
+  store.wait_in({id});
+  EXPECT_TRUE(torch::equal(t, torch::arange(10000, torch::kFloat)));
 }
 
 }  // namespace
