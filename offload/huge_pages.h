@@ -5,7 +5,11 @@
 // hardware prefetchers stop at the boundary. On the machine of
 // bench/results/cpu_adam.md, 2 MiB pages made the fused AdamW step ~8-10%
 // faster (bench_cpu_adam --huge-pages 1). Many kernels only give huge pages
-// to memory that asks for them (transparent_hugepage "madvise").
+// to memory that asks for them (transparent_hugepage "madvise"). Ask only
+// for memory used again and again: with transparent_hugepage/defrag
+// "madvise" the first touch of advised memory may compact memory first,
+// 0.4 GB/s on the machine of bench/README.md ("Initialize at the disk's
+// speed") against 2-2.5 GB/s for 4 KiB pages.
 #include <cstddef>
 
 namespace zero::offload {
