@@ -232,6 +232,7 @@ int main(int argc, char** argv) {
     const at::Tensor tokens = torch::randint(0, options.vocab_size, {micro, options.context + 1}, gen, torch::kLong);
     std::vector<double> times, losses;
     int64_t read = 0, written = 0;
+    (void)engine->take_step_times();  // the steps' own, below
     for (int64_t step = 0; step < flags.num("steps"); ++step) {
       world->barrier();
       const auto [r0, w0] = io_bytes();
@@ -253,6 +254,13 @@ int main(int argc, char** argv) {
       if (rank == 0) std::fprintf(stderr, "step %lld: %.1f s, loss %.4f\n", static_cast<long long>(step), times.back(), losses.back());
     }
     const int64_t steps = static_cast<int64_t>(times.size());
+    // Where rank 0's steps went (means; wall_clock_breakdown's clocks).
+    const zero::StepTimes parts = engine->take_step_times();
+    const double per = parts.steps > 0 ? 1.0 / static_cast<double>(parts.steps) : 0.0;
+    const json breakdown = {{"forward_s", parts.forward * per},   {"backward_s", parts.backward * per},
+                            {"reduce_s", parts.reduce * per},     {"optimizer_s", parts.step * per},
+                            {"publish_s", parts.gather * per},    {"gather_wait_s", parts.gather_wait * per},
+                            {"host_update_s", parts.host_step * per}, {"nvme_wait_s", parts.nvme_wait * per}};
     std::vector<double> sorted = times;
     std::sort(sorted.begin(), sorted.end());
     const double step_s = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];
@@ -325,6 +333,12 @@ int main(int argc, char** argv) {
                   compute_s >= io_s ? "compute" : "I/O", bound_s > 0 ? step_s / bound_s : 0.0);
       std::printf("  NVMe per step: read %.2f GB, written %.2f GB; peak RSS per rank %.2f GB\n", 1e-9 * read_per_step,
                   1e-9 * written_per_step, 1e-9 * peak.item<double>());
+      std::printf("  rank 0's step: forward %.2f s, backward %.2f s (waiting for units %.2f s), reduce %.2f s, "
+                  "optimizer %.2f s (host update %.2f s, NVMe wait %.2f s), publish %.2f s\n",
+                  breakdown["forward_s"].get<double>(), breakdown["backward_s"].get<double>(),
+                  breakdown["gather_wait_s"].get<double>(), breakdown["reduce_s"].get<double>(),
+                  breakdown["optimizer_s"].get<double>(), breakdown["host_update_s"].get<double>(),
+                  breakdown["nvme_wait_s"].get<double>(), breakdown["publish_s"].get<double>());
       const json result = {{"params", params},
                            {"state_bytes", 16 * params},
                            {"ram_bytes", ram},
@@ -357,6 +371,7 @@ int main(int argc, char** argv) {
                            {"init_io_bound_s", (read_bps > 0 ? init_read / read_bps : 0.0) +
                                                    (write_bps > 0 ? init_written / write_bps : 0.0)},
                            {"checkpoint", checkpoint},
+                           {"breakdown", breakdown},
                            {"model", {{"micro", micro}, {"context", options.context}, {"width", options.width},
                                       {"depth", options.depth}, {"heads", options.heads}, {"vocab", options.vocab_size}}}};
       std::printf("%s\n", result.dump().c_str());
