@@ -126,6 +126,18 @@ std::string ds_config(const std::string& nvme, int64_t micro, int64_t bucket, in
 
 // One block's forward, recompute and backward, alone in memory: the compute
 // of a step per block on this rank.
+void add_times(zero::StepTimes& sum, const zero::StepTimes& t) {
+  sum.steps += t.steps;
+  sum.forward += t.forward;
+  sum.backward += t.backward;
+  sum.reduce += t.reduce;
+  sum.step += t.step;
+  sum.gather += t.gather;
+  sum.gather_wait += t.gather_wait;
+  sum.host_step += t.host_step;
+  sum.nvme_wait += t.nvme_wait;
+}
+
 double block_seconds(const GPTOptions& o, int64_t micro) {
   Block block(o);
   at::Tensor x = torch::randn({micro, o.context, o.width});
@@ -233,6 +245,9 @@ int main(int argc, char** argv) {
     std::vector<double> times, losses;
     int64_t read = 0, written = 0;
     (void)engine->take_step_times();  // the steps' own, below
+    // Where rank 0's steps went (wall_clock_breakdown's clocks): the mean
+    // of the steps after the first, whose optimizer creates its states.
+    zero::StepTimes parts;
     for (int64_t step = 0; step < flags.num("steps"); ++step) {
       world->barrier();
       const auto [r0, w0] = io_bytes();
@@ -251,11 +266,14 @@ int main(int argc, char** argv) {
       losses.push_back(mean_loss.item<double>() / ranks);
       read += static_cast<int64_t>(io[0].item<double>());
       written += static_cast<int64_t>(io[1].item<double>());
-      if (rank == 0) std::fprintf(stderr, "step %lld: %.1f s, loss %.4f\n", static_cast<long long>(step), times.back(), losses.back());
+      const zero::StepTimes own = engine->take_step_times();
+      if (step > 0 || flags.num("steps") == 1) add_times(parts, own);
+      if (rank == 0) {
+        std::fprintf(stderr, "step %lld: %.1f s, loss %.4f (rank 0: forward %.2f s, backward %.2f s, optimizer %.2f s)\n",
+                     static_cast<long long>(step), times.back(), losses.back(), own.forward, own.backward, own.step);
+      }
     }
     const int64_t steps = static_cast<int64_t>(times.size());
-    // Where rank 0's steps went (means; wall_clock_breakdown's clocks).
-    const zero::StepTimes parts = engine->take_step_times();
     const double per = parts.steps > 0 ? 1.0 / static_cast<double>(parts.steps) : 0.0;
     const json breakdown = {{"forward_s", parts.forward * per},   {"backward_s", parts.backward * per},
                             {"reduce_s", parts.reduce * per},     {"optimizer_s", parts.step * per},

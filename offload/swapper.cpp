@@ -8,8 +8,26 @@
 // Tickets on the same key start in order when one of them writes (a write
 // after a read waits for the read; a read after a write waits for the
 // write); tickets on different keys and reads of one key run concurrently.
+//
+// Note [Swapper progress]
+// Only queue_depth chunks are in flight at a time (block_size each: 8 MiB
+// by default), a few milliseconds of a disk's work, while a sub-group's
+// read is hundreds of megabytes. Were the rest issued only inside the
+// caller's calls, the disk would idle while the caller computes between
+// them, and reads and writes would run beside compute only a queue's worth
+// at a time. So each swapper has a progress thread: the kernel signals an
+// eventfd at each completion (io_uring_register_eventfd), and the thread
+// then reaps, issues the next chunks and submits them, under the same mutex
+// as the caller's calls. The caller still pumps and reaps inside its own
+// calls (wait() blocks in the ring while holding the mutex, so the two never
+// reap at once), and the thread only ever adds progress: a failure it meets
+// stays in its ticket for the caller's wait() to report. Without eventfd
+// registration (an old kernel) the swapper works as before, from the
+// caller's calls alone.
 #include "offload/swapper_impl.h"
 
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -27,6 +45,7 @@ NvmeSwapper::Impl::Impl(SwapOptions o) : opt(std::move(o)) {
     folder = std::make_unique<SwapFolder>(opt.nvme_path, opt.rank);
     direct = folder->direct_io();
     init_ring();
+    start_progress_thread();
   } catch (...) {
     shutdown();
     throw;
@@ -76,7 +95,52 @@ void NvmeSwapper::Impl::validate_options() {
   block = static_cast<size_t>(opt.block_size);
 }
 
+void NvmeSwapper::Impl::start_progress_thread() {
+  completions_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (completions_fd < 0 || wake_fd < 0 || io_uring_register_eventfd(&ring, completions_fd) < 0) {
+    zero::log::warn_once("swapper-progress", kLogSubsystem,
+                         "io_uring cannot signal an eventfd here; NVMe transfers progress only while the engine "
+                         "waits for them, not beside its compute");
+    return;
+  }
+  progress_thread = std::thread([this] { run_progress(); });
+}
+
+void NvmeSwapper::Impl::run_progress() noexcept {
+  pollfd fds[2] = {{completions_fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+  uint64_t count = 0;
+  while (true) {
+    (void)::poll(fds, 2, -1);
+    (void)!::read(completions_fd, &count, sizeof count);  // non-blocking: clears the signal
+    (void)!::read(wake_fd, &count, sizeof count);
+    std::lock_guard<std::mutex> lock(mu);
+    if (stopping) return;
+    try {
+      if (inflight > 0) reap(false);
+      pump();
+      submit();
+    } catch (const std::exception& e) {  // the caller's own calls meet it and report it
+      zero::log::debug(kLogSubsystem, std::string("the progress thread stops: ") + e.what());
+      return;
+    }
+  }
+}
+
+void NvmeSwapper::Impl::stop_progress_thread() noexcept {
+  if (progress_thread.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stopping = true;
+    }
+    const uint64_t one = 1;
+    (void)!::write(wake_fd, &one, sizeof one);
+    progress_thread.join();
+  }
+}
+
 void NvmeSwapper::Impl::shutdown() noexcept {
+  stop_progress_thread();
   if (ring_ok) {
     // Requests not yet issued are dropped; the ones in flight are waited
     // for, since the kernel writes into their memory.
@@ -102,6 +166,10 @@ void NvmeSwapper::Impl::shutdown() noexcept {
     for (char* b : bounce) std::free(b);
   }
   bounce.clear();
+  for (int* fd : {&completions_fd, &wake_fd}) {
+    if (*fd >= 0) ::close(*fd);
+    *fd = -1;
+  }
   folder.reset();
 }
 
@@ -272,18 +340,37 @@ void NvmeSwapper::Impl::remove(const std::string& key) {
 NvmeSwapper::NvmeSwapper(SwapOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
 NvmeSwapper::~NvmeSwapper() = default;
 
+// Each call holds the mutex it shares with the progress thread.
+using Lock = std::lock_guard<std::mutex>;
 SwapTicket NvmeSwapper::write(const std::string& key, const void* data, size_t bytes) {
+  Lock lock(impl_->mu);
   return impl_->write(key, data, bytes);
 }
 SwapTicket NvmeSwapper::read(const std::string& key, void* data, size_t bytes) {
+  Lock lock(impl_->mu);
   return impl_->read(key, data, bytes);
 }
-void NvmeSwapper::wait(SwapTicket ticket) { impl_->wait(ticket); }
-void NvmeSwapper::wait_all() { impl_->wait_all(); }
-void NvmeSwapper::remove(const std::string& key) { impl_->remove(key); }
-bool NvmeSwapper::direct_io() const { return impl_->direct; }
+void NvmeSwapper::wait(SwapTicket ticket) {
+  Lock lock(impl_->mu);
+  impl_->wait(ticket);
+}
+void NvmeSwapper::wait_all() {
+  Lock lock(impl_->mu);
+  impl_->wait_all();
+}
+void NvmeSwapper::remove(const std::string& key) {
+  Lock lock(impl_->mu);
+  impl_->remove(key);
+}
+bool NvmeSwapper::direct_io() const { return impl_->direct; }  // fixed at construction
 const std::string& NvmeSwapper::folder() const { return impl_->folder->path(); }
-uint64_t NvmeSwapper::bytes_written() const { return impl_->written_bytes; }
-uint64_t NvmeSwapper::bytes_read() const { return impl_->read_bytes; }
+uint64_t NvmeSwapper::bytes_written() const {
+  Lock lock(impl_->mu);
+  return impl_->written_bytes;
+}
+uint64_t NvmeSwapper::bytes_read() const {
+  Lock lock(impl_->mu);
+  return impl_->read_bytes;
+}
 
 }  // namespace zero::offload

@@ -13,9 +13,9 @@
 // one warning.
 //
 // Threading: a swapper is used from one thread (the engine's). Requests make
-// progress in the kernel while the caller computes; completions are reaped,
-// and chunks that did not fit in the queue are issued, inside write(),
-// read(), wait() and wait_all().
+// progress while the caller computes: the swapper's own thread issues the
+// chunks that did not fit in the queue as the earlier ones complete (Note
+// [Swapper progress] in swapper.cpp).
 //
 // Ordering: requests on the same key take effect in the order they were
 // made (a read after a write of the same key returns what that write wrote,

@@ -9,8 +9,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -83,6 +85,14 @@ struct NvmeSwapper::Impl {
   SwapTicket next_id = 1;
   uint64_t written_bytes = 0, read_bytes = 0;  // logical bytes of finished tickets
 
+  // Note [Swapper progress]: the caller's calls and the progress thread
+  // take `mu` around everything above.
+  std::mutex mu;
+  int completions_fd = -1;  // eventfd the kernel signals at each completion
+  int wake_fd = -1;         // eventfd that wakes the progress thread: new work, or stop
+  bool stopping = false;
+  std::thread progress_thread;
+
   // ---- swapper.cpp -------------------------------------------------------
   explicit Impl(SwapOptions o);
   ~Impl() { shutdown(); }
@@ -103,6 +113,10 @@ struct NvmeSwapper::Impl {
   void wait(SwapTicket id);
   void wait_all();
   void remove(const std::string& key);
+  void start_progress_thread();
+  void stop_progress_thread() noexcept;
+  void run_progress() noexcept;
+  void wake_progress_thread() noexcept;
 
   // ---- swapper_ring.cpp --------------------------------------------------
   void init_ring();

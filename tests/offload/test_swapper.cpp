@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -24,6 +25,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "offload/swapper.h"
@@ -219,6 +221,33 @@ TEST(Swapper, ManyTicketsInFlight) {
   for (size_t n : size) total += n;
   EXPECT_EQ(s.bytes_written(), total);
   EXPECT_EQ(s.bytes_read(), total);
+}
+
+// Note [Swapper progress]: a transfer many queues long finishes while the
+// caller makes no call into the swapper (it would stop after the first
+// queue_depth chunks if only the caller's calls issued the rest), and a
+// read after it, also left alone, returns the bytes written.
+TEST(Swapper, TransfersGoOnWhileTheCallerComputes) {
+  TempDir dir;
+  NvmeSwapper s(options(dir.path, 64 * 1024, 2));
+  const size_t bytes = 16 * kMiB;  // 256 chunks, 2 in flight at a time
+  AlignedBuffer src(bytes), dst(bytes);
+  fill(src.data(), bytes, 11);
+  std::memset(dst.data(), 0, bytes);
+  auto finished = [&](auto counter) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (counter() < bytes && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the caller's "compute"
+    }
+    return counter() == bytes;
+  };
+  const SwapTicket w = s.write("long", src.data(), bytes);
+  EXPECT_TRUE(finished([&] { return s.bytes_written(); })) << "the write stalled without the caller's calls";
+  s.wait(w);
+  const SwapTicket r = s.read("long", dst.data(), bytes);
+  EXPECT_TRUE(finished([&] { return s.bytes_read(); })) << "the read stalled without the caller's calls";
+  s.wait(r);
+  EXPECT_EQ(first_difference(src.data(), dst.data(), bytes), -1);
 }
 
 TEST(Swapper, RewriteAndOrderingOnOneKey) {
