@@ -119,7 +119,15 @@ Engine& Engine::operator=(Engine&&) noexcept = default;
 
 bool Engine::is_gradient_accumulation_boundary() const { return (impl_->steps.micro_steps + 1) % impl_->gas == 0; }
 
+void Engine::Impl::check_stopped(const char* what) const {
+  if (stopped.empty()) return;
+  throw EngineError(std::string(what) + ": this engine stopped at " + stopped +
+                    "; its parameters and optimizer states are partly updated: create a new engine "
+                    "(zero::initialize) and load the last checkpoint into it");
+}
+
 void Engine::Impl::check_loaded(const char* what) const {
+  check_stopped(what);
   if (partly_loaded.empty()) return;
   throw EngineError(std::string(what) + ": the parameters are partly loaded (" + partly_loaded +
                     "); load the weights or a checkpoint again before training or saving");
@@ -257,7 +265,12 @@ void Engine::Impl::optimizer_step(std::optional<double> agreed_loss) {
   request.clip = config.gradient_clipping;
   partition::StepResult result;
   tbb::task_arena rank_threads(std::max(1, at::get_num_threads()));
-  rank_threads.execute([&] { result = sharded->step(*optimizer, request); });
+  try {
+    rank_threads.execute([&] { result = sharded->step(*optimizer, request); });
+  } catch (const OffloadError& e) {  // every rank raises it (Note [A failed transfer in the step])
+    stopped = "optimizer step " + std::to_string(steps.global_steps + 1) + " (" + e.what() + ")";
+    throw;
+  }
   if (result.skipped) {  // fp16 overflow on some rank: every rank skipped it
     scaler->update(true);  // logs the new scale; throws at min_loss_scale
     ++steps.skipped_steps;

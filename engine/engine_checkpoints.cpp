@@ -30,6 +30,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag, con
 
 std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag, const LoadOptions& options) {
   impl_->check_thread("engine.load_checkpoint", /*binds=*/false);
+  impl_->check_stopped("engine.load_checkpoint");
   impl_->sharded->abandon_update_in_backward();  // the checkpoint replaces what it updated
   std::string client_state = engine::load_checkpoint(*impl_, dir, tag, options);
   impl_->backward_pending = false;  // the micro-step restarts from the checkpoint's

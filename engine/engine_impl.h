@@ -63,6 +63,8 @@ struct Engine::Impl : engine::TrainingParts {
   double loss_scale() const { return scaler ? scaler->scale() : 1.0; }
   // Throws EngineError naming `what` while a failed load left the parameters partly loaded.
   void check_loaded(const char* what) const;
+  // Throws EngineError naming `what` once a failed step stopped the engine.
+  void check_stopped(const char* what) const;
   // Throws EngineError when `what` is called from another thread than the
   // one training (Note [Call order]); `binds`: a call that makes its thread
   // the training one when none is yet.

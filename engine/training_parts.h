@@ -58,6 +58,11 @@ struct TrainingParts {
   // Set by a load that failed after it began writing (what failed), cleared
   // by one that succeeds: the engine refuses to train or save meanwhile.
   std::string partly_loaded;
+  // Set by an optimizer step that failed part-way (Note [A failed transfer
+  // in the step] in partition/step.cpp), naming it: the engine refuses to
+  // train, save or load, since its parameters and optimizer states are
+  // partly updated; a new engine loads the last checkpoint.
+  std::string stopped;
   // A pipeline's tied modules: the parameters and buffers another stage
   // writes (the first stage holding each), so each is saved once.
   std::set<std::string> written_elsewhere;

@@ -154,6 +154,7 @@ void load_weights(TrainingParts& s, const std::string& path, const WeightsLoadOp
 }  // namespace engine
 
 void Engine::load_weights(const std::string& path, const WeightsLoadOptions& options) {
+  impl_->check_stopped("engine.load_weights");
   engine::load_weights(*impl_, path, options);
 }
 

@@ -1,6 +1,7 @@
 #include "offload/swapped_tensors.h"
 
 #include <algorithm>
+#include <exception>
 #include <cstdlib>
 #include <cstring>
 
@@ -167,9 +168,19 @@ void SwappedTensors::write_behind(int id) {
   }
 }
 
+// Every write is waited for, even after one fails (none stays in flight on
+// memory the caller may free); then the first failure is raised.
 void SwappedTensors::wait_behind() {
-  wait_out(behind_);
+  std::exception_ptr first;
+  for (int id : behind_) {
+    try {
+      wait_out({id});
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
   behind_.clear();
+  if (first) std::rethrow_exception(first);
 }
 
 void SwappedTensors::materialize(const std::vector<int>& ids) {
@@ -186,6 +197,22 @@ void SwappedTensors::drop(const std::vector<int>& ids) {
     if (e.reading) wait_in({id});
     if (e.writing) wait_out({id});
     if (!e.on_disk && !e.fill) throw OffloadError("\"" + e.key + "\" was never written to NVMe; swap it out instead of dropping it");
+    if (e.resident) free_memory(e);
+  }
+}
+
+void SwappedTensors::forget(const std::vector<int>& ids) noexcept {
+  for (int id : ids) {
+    if (id < 0 || static_cast<size_t>(id) >= entries_.size() || entries_[id].removed) continue;
+    Entry& e = entries_[id];
+    if (e.reading || e.writing) {
+      try {
+        swapper_->wait(e.ticket);
+      } catch (...) {  // the step reports its first failure
+      }
+      e.reading = e.writing = false;
+    }
+    behind_.erase(std::remove(behind_.begin(), behind_.end(), id), behind_.end());
     if (e.resident) free_memory(e);
   }
 }

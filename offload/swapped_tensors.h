@@ -60,6 +60,10 @@ class SwappedTensors {
   // go without writing (the file is current).
   void materialize(const std::vector<int>& ids);
   void drop(const std::vector<int>& ids);
+  // After a failed transfer: waits for what is in flight on them (its errors
+  // were reported, or are forfeit) and lets their memory go unwritten. Their
+  // files hold whatever the disk has; the caller reloads them before use.
+  void forget(const std::vector<int>& ids) noexcept;
   void swap_in_all();   // and wait
   void swap_out_all();  // and wait
   // The id `tensor` (the same TensorImpl) was added under, or -1.

@@ -90,6 +90,21 @@ void MasterStore::publish() {
   sent_.assign(size(), false);
 }
 
+void MasterStore::settle_after_failure() noexcept {
+  for (auto& w : works_) {
+    try {
+      if (w) w->wait();
+    } catch (...) {  // a collective's own failure surfaces at the ranks' agreement
+    }
+  }
+  works_.clear();
+  try {
+    storage_.wait_writes();
+  } catch (...) {
+  }
+  sent_.assign(size(), false);
+}
+
 at::Tensor MasterStore::update_target(size_t k) {
   if (is_param_shard(k)) return {};
   storage_.prepare_write(k);

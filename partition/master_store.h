@@ -104,6 +104,11 @@ class MasterStore {
   void send_updated(size_t k);
   void publish_bucket(size_t k);
   void publish();
+  // Instead of publish() after a failed NVMe transfer (Note [A failed
+  // transfer in the step] in step.cpp): sends nothing more (what was not
+  // sent has no collective to join), waits for what was sent; a further
+  // failure is the same step's and goes unreported.
+  void settle_after_failure() noexcept;
 
   // Bytes of master weights apart from the parameters, and of the staging buffers.
   int64_t bytes() const;

@@ -192,12 +192,14 @@ class ShardedParams {
   double global_squares();
   // step(): the per-bucket optimizer's loop over the buckets.
   class UpdateRun;
-  void update_buckets(BucketOptimizer& optimizer, StepResult& result);
+  // Returns the first failed NVMe transfer, or "" (Note [A failed transfer in the step]).
+  std::string update_buckets(BucketOptimizer& optimizer, StepResult& result);
   void update_bucket(BucketOptimizer& optimizer, size_t k);
   // Note [Updates in backward].
   struct EarlyStep;
   void attach_through(size_t buckets);  // attach, then update what is whole
-  StepResult finish_early_step(const StepRequest& request);
+  StepResult finish_early_step(const StepRequest& request, std::string& failure);
+  void agree_on_transfers(const std::string& failure);
   std::unique_ptr<EarlyStep> early_;
   std::shared_ptr<comm::ProcessGroup> pg_;
   Options options_;

@@ -68,6 +68,23 @@
 //   reported, not used), updates the rest and publishes as usual. A second
 //   backward before step() is refused by the engine (the update has begun),
 //   as is a checkpoint between them.
+//
+// Note [A failed transfer in the step]: with offload to NVMe the step reads
+// and writes files, and a write can fail part-way (a disk that fills, a
+// device error) on one rank while the others succeed. The ranks must still
+// meet in the same collectives (stage 3's persistent buckets are
+// all-gathered as they are updated, the reductions of an update in
+// backward go on), so a failed transfer does not leave the loop: the
+// UpdateRun records the first OffloadError, lets go of what it holds
+// unwritten, and sends each remaining bucket's shard as it stands without
+// reading or updating anything (UpdateRun::send_only, update_run.cpp).
+// After publish, every rank gives its failure to one all-gather
+// (comm::agreed_error over the norm group), and all of them raise the same
+// error, naming the file. The
+// parameters and optimizer states are then partly updated on every rank
+// (and a file may hold a half-written state), so the engine stops: it
+// refuses to train, save or load, and a new engine loads the last
+// checkpoint, which nothing here touched.
 #include <torch/torch.h>
 
 #include <chrono>
@@ -88,8 +105,9 @@ double seconds_since(Clock::time_point start) { return std::chrono::duration<dou
 
 StepResult ShardedParams::step(BucketOptimizer& optimizer, const StepRequest& request) {
   StepResult result;
+  std::string failure;  // Note [A failed transfer in the step]
   if (early_) {
-    result = finish_early_step(request);
+    result = finish_early_step(request, failure);
   } else {
     attach_master_grads(/*widen=*/!optimizer.reads_training_dtype());
     const double squares = global_squares();
@@ -106,14 +124,35 @@ StepResult ShardedParams::step(BucketOptimizer& optimizer, const StepRequest& re
       if (coef < 1.0) factor *= coef;
     }
     optimizer.begin_step(factor);
-    if (optimizer.per_bucket()) update_buckets(optimizer, result);
+    if (optimizer.per_bucket()) failure = update_buckets(optimizer, result);
   }
   detach_master_grads();
   const auto publish_start = Clock::now();
-  masters_.publish();
+  if (failure.empty()) {
+    try {
+      masters_.publish();
+    } catch (const OffloadError& e) {  // the parameters' own writes
+      failure = e.what();
+      masters_.settle_after_failure();
+    }
+  } else {
+    masters_.settle_after_failure();
+  }
   result.publish_seconds = seconds_since(publish_start);
   zero_grads();
+  agree_on_transfers(failure);
   return result;
+}
+
+void ShardedParams::agree_on_transfers(const std::string& failure) {
+  if (!masters_.nvme_store() && options_.offload_param != OffloadDevice::nvme) return;  // nothing to fail
+  comm::ProcessGroup& group = options_.norm_group ? *options_.norm_group : *pg_;
+  const std::string error =
+      group.size() > 1 ? comm::agreed_error(group, failure, "an NVMe transfer failed") : failure;
+  if (error.empty()) return;
+  throw OffloadError(error + "\nthe optimizer step did not complete on any rank, and the checkpoints on disk are "
+                     "untouched: free space (or fix the device) under nvme_path, then create a new engine and load "
+                     "the last checkpoint");
 }
 
 void ShardedParams::update_bucket(BucketOptimizer& optimizer, size_t k) {
@@ -123,7 +162,7 @@ void ShardedParams::update_bucket(BucketOptimizer& optimizer, size_t k) {
 }
 
 // Step 5 for a per-bucket optimizer: each bucket updated, then sent on.
-void ShardedParams::update_buckets(BucketOptimizer& optimizer, StepResult& result) {
+std::string ShardedParams::update_buckets(BucketOptimizer& optimizer, StepResult& result) {
   std::vector<size_t> host;
   for (size_t k = 0; k < num_buckets(); ++k) {
     if (options_.offload_optimizer && !masters_.on_host(k)) {
@@ -134,85 +173,7 @@ void ShardedParams::update_buckets(BucketOptimizer& optimizer, StepResult& resul
   }
   UpdateRun run(*this, optimizer, host);
   run.finish(result);
-}
-
-ShardedParams::UpdateRun::UpdateRun(ShardedParams& owner, BucketOptimizer& optimizer,
-                                    const std::vector<size_t>& buckets)
-    : owner_(owner), optimizer_(optimizer), store_(owner.masters_.nvme_store()) {
-  int64_t filled = 0;
-  for (size_t k : buckets) {
-    const int64_t numel = owner_.masters_.tensors()[k].numel();
-    if (sub_groups_.empty() || !store_ || (filled > 0 && filled + numel > owner_.options_.sub_group_numel)) {
-      sub_groups_.emplace_back();
-      filled = 0;
-    }
-    sub_groups_.back().push_back(k);
-    filled += numel;
-  }
-}
-
-std::vector<int> ShardedParams::UpdateRun::ids_of(size_t s) const {
-  std::vector<int> ids;
-  for (size_t k : sub_groups_[s]) {
-    const auto& of = owner_.masters_.nvme_ids(k);
-    ids.insert(ids.end(), of.begin(), of.end());
-  }
-  return ids;
-}
-
-void ShardedParams::UpdateRun::read_ahead() {
-  if (!store_ || reading_ || next_ >= sub_groups_.size()) return;
-  store_->swap_in(ids_of(next_));
-  reading_ = true;
-}
-
-void ShardedParams::UpdateRun::advance(size_t attached, StepResult& result) {
-  while (next_ < sub_groups_.size() && sub_groups_[next_].back() < attached) {
-    const size_t s = next_;
-    auto wait = Clock::now();
-    if (store_) {
-      read_ahead();  // s itself, when nothing read it ahead
-      if (s + 1 < sub_groups_.size()) store_->swap_in(ids_of(s + 1));
-      store_->wait_in(ids_of(s));
-      result.nvme_wait_seconds += seconds_since(wait);
-    }
-    const auto start = Clock::now();
-    for (size_t k : sub_groups_[s]) owner_.update_bucket(optimizer_, k);
-    result.host_update_seconds += seconds_since(start);
-    ++next_;
-    reading_ = store_ && next_ < sub_groups_.size();
-    if (store_) {
-      wait = Clock::now();
-      store_->swap_out(ids_of(s));
-      if (writing_ >= 0) store_->wait_out(ids_of(static_cast<size_t>(writing_)));
-      writing_ = static_cast<long>(s);
-      result.nvme_wait_seconds += seconds_since(wait);
-    }
-  }
-}
-
-void ShardedParams::UpdateRun::finish(StepResult& result) {
-  advance(owner_.num_buckets(), result);
-  if (store_ && writing_ >= 0) {
-    const auto wait = Clock::now();
-    store_->wait_out(ids_of(static_cast<size_t>(writing_)));
-    writing_ = -1;
-    result.nvme_wait_seconds += seconds_since(wait);
-  }
-}
-
-void ShardedParams::UpdateRun::settle() noexcept {
-  if (!store_) return;
-  try {
-    if (reading_) {
-      store_->wait_in(ids_of(next_));
-      store_->drop(ids_of(next_));
-      reading_ = false;
-    }
-    if (writing_ >= 0) store_->wait_out(ids_of(static_cast<size_t>(writing_)));
-    writing_ = -1;
-  } catch (...) {  // an error was raised already
-  }
+  return run.failure();
 }
 
 void ShardedParams::update_in_backward(BucketOptimizer& optimizer, double grad_scale, HostThreads on_host_threads) {
@@ -249,7 +210,7 @@ void ShardedParams::attach_through(size_t buckets) {
   });
 }
 
-StepResult ShardedParams::finish_early_step(const StepRequest& request) {
+StepResult ShardedParams::finish_early_step(const StepRequest& request, std::string& failure) {
   reducer_->on_launch(nullptr);
   EarlyStep& e = *early_;
   if (host_grads_) host_grads_->wait();
@@ -257,6 +218,7 @@ StepResult ShardedParams::finish_early_step(const StepRequest& request) {
   StepResult result = e.result;
   result.norm = std::sqrt(global_squares()) / request.loss_scale;  // reported; the update did not need it
   e.run->finish(result);
+  failure = e.run->failure();
   early_.reset();
   return result;  // step() publishes and clears, as after any update
 }

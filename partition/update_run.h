@@ -4,6 +4,7 @@
 // internal to partition/.
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "partition/partition.h"
@@ -28,9 +29,16 @@ class ShardedParams::UpdateRun {
   // After a failure: waits for the reads and writes in flight and lets go
   // of what was read and not updated (its files are current).
   void settle() noexcept;
+  // The first NVMe transfer that failed (Note [A failed transfer in the
+  // step] in step.cpp), or "".
+  const std::string& failure() const { return failure_; }
 
  private:
   std::vector<int> ids_of(size_t s) const;
+  template <class F>
+  void transfer(F&& f);  // f(); an OffloadError becomes failure_
+  void send_only(size_t k);  // bucket k after a failure: its collective, nothing else
+  void forget_all() noexcept;
 
   ShardedParams& owner_;
   BucketOptimizer& optimizer_;
@@ -39,6 +47,7 @@ class ShardedParams::UpdateRun {
   size_t next_ = 0;        // the next sub-group to update
   bool reading_ = false;   // sub-group next_'s read has started
   long writing_ = -1;      // the sub-group whose write has not been waited for
+  std::string failure_;
 };
 
 // An update in backward (Note [Updates in backward]) from its start to step().

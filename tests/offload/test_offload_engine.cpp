@@ -6,7 +6,17 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <functional>
+
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <sstream>
@@ -373,6 +383,160 @@ TEST(OffloadConfig, UnsupportedOptimizerIsAClearError) {
 // memory as buckets finish, their norm summed on the GPU, updated shards
 // back through the pinned staging buffers, asynchronously) reaches what the
 // same run on the GPU without offload reaches.
+// Note [A failed transfer in the step]: `fail` makes the step's writes fail
+// (on every rank, or on rank 0 alone while the others succeed). Every rank
+// raises, naming a file and what to do; the engine refuses to step, save or
+// load; once `unfail` mends the disk, a new engine loads the last
+// checkpoint, and the step taken again equals that of an engine whose disk
+// had room all along.
+void expect_a_failed_step_to_recover(const std::string& nvme, int steps_before, const std::function<void()>& fail,
+                                     const std::function<void()>& unfail, const std::string& expected,
+                                     bool super_offload = false) {
+  const int rank = g_world->rank();
+  const std::string ckpt = (std::filesystem::temp_directory_path() /
+                            ("zero_test_failed_step_ckpt_" + std::to_string(::getppid()))).string();
+  auto config_for = [&](const std::string& path) {
+    return zero::Config::from_json(
+        R"({"train_micro_batch_size_per_gpu": 4, "steps_per_print": 1000000, "gradient_clipping": )" +
+        std::string(super_offload ? "0" : "0.5") + R"(, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+            "zero_optimization": {"stage": 3, "reduce_bucket_size": 300, "stage3_param_persistence_threshold": 0,
+              "sub_group_size": 500, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + path + R"(",
+              "super_offload": )" + (super_offload ? "true" : "false") + R"(},
+              "offload_param": {"device": "nvme", "nvme_path": ")" + path + R"("}},
+            "aio": {"block_size": 8192, "queue_depth": 4}})");
+  };
+  auto gen = at::detail::createCPUGenerator(5 + rank);
+  const at::Tensor x = torch::randn({4, kIn}, gen);
+  const at::Tensor y = torch::randint(0, kOut, {4}, gen);
+  auto one_step = [&](zero::Engine& engine, Mlp& model) {
+    engine.backward(torch::nn::functional::cross_entropy(model->forward(x), y));
+    engine.step();
+  };
+  zero::InitOptions options;
+  options.group = g_world;
+
+  // The reference: the checkpoint, then one step, with room on the disk.
+  std::map<std::string, torch::Tensor> expected_state;
+  {
+    torch::manual_seed(11);
+    Mlp model;
+    auto engine = zero::initialize(config_for(nvme_dir()), model, options);
+    for (int i = 0; i < steps_before; ++i) one_step(engine, model);
+    engine.save_checkpoint(ckpt, "before");
+    one_step(engine, model);
+    for (auto& [name, t] : engine.gathered_state_dict()) expected_state[name] = t;
+  }
+  {
+    torch::manual_seed(11);
+    Mlp model;
+    auto engine = zero::initialize(config_for(nvme), model, options);
+    for (int i = 0; i < steps_before; ++i) one_step(engine, model);
+    g_world->barrier();
+    fail();
+    std::string error;
+    try {
+      one_step(engine, model);
+    } catch (const zero::Error& e) {
+      error = e.what();
+    }
+    unfail();
+    ASSERT_FALSE(error.empty()) << "rank " << rank << ": the step succeeded";
+    EXPECT_NE(error.find(expected), std::string::npos) << error;
+    EXPECT_NE(error.find("/zero_swap_rank0_"), std::string::npos) << "rank 0's file is not named: " << error;
+    EXPECT_NE(error.find("did not complete on any rank"), std::string::npos) << error;
+    for (const std::string call : {"step", "save", "load"}) {
+      try {
+        if (call == "step") {
+          one_step(engine, model);
+        } else if (call == "save") {
+          engine.save_checkpoint(ckpt, "after");
+        } else {
+          engine.load_checkpoint(ckpt, "before");
+        }
+        ADD_FAILURE() << call << " went on after a failed step";
+      } catch (const zero::EngineError& e) {
+        EXPECT_NE(std::string(e.what()).find("create a new engine"), std::string::npos) << e.what();
+      }
+    }
+    g_world->barrier();
+  }
+  torch::manual_seed(11);
+  Mlp model;
+  auto engine = zero::initialize(config_for(nvme), model, options);
+  engine.load_checkpoint(ckpt, "before");
+  one_step(engine, model);
+  for (auto& [name, t] : engine.gathered_state_dict()) EXPECT_TRUE(torch::equal(t, expected_state.at(name))) << name;
+  g_world->barrier();
+  if (rank == 0) std::filesystem::remove_all(ckpt);
+}
+
+// The issue's case: nvme_path is a small tmpfs, filled up after initialize
+// (every rank's writes fail with ENOSPC). Needs root to mount it.
+TEST(OffloadErrors, ADiskThatFillsMidStepFailsTheStepOnEveryRank) {
+  const int rank = g_world->rank();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("zero_test_full_disk_" + std::to_string(::getppid()))).string();
+  at::Tensor unmounted = torch::zeros({1});
+  std::string why;
+  if (rank == 0) {
+    std::filesystem::create_directories(path);
+    if (::geteuid() != 0) {
+      why = "not running as root, cannot mount a tmpfs";
+    } else if (::mount("tmpfs", path.c_str(), "tmpfs", 0, "size=2m") != 0) {
+      why = std::string("mount -t tmpfs failed: ") + std::strerror(errno);
+    }
+    if (!why.empty()) unmounted.fill_(1);
+  }
+  g_world->all_reduce(unmounted, zero::comm::ReduceOp::Max);
+  if (unmounted.item<float>() > 0) {
+    if (rank == 0) std::filesystem::remove_all(path);
+    GTEST_SKIP() << (rank == 0 ? why : "rank 0 cannot mount a tmpfs");
+  }
+  const std::string filler = path + "/filler";
+  auto fill_the_disk = [&] {
+    if (rank == 0) {
+      std::FILE* f = std::fopen(filler.c_str(), "wb");
+      ASSERT_NE(f, nullptr);
+      const std::vector<char> page(4096, 1);
+      while (std::fwrite(page.data(), 1, page.size(), f) == page.size() && std::fflush(f) == 0) {
+      }
+      std::fclose(f);
+    }
+    g_world->barrier();
+  };
+  auto free_space = [&] {
+    if (rank == 0) std::filesystem::remove(filler);
+  };
+  expect_a_failed_step_to_recover(path, 0, fill_the_disk, free_space, "no space left on ");
+  g_world->barrier();
+  if (rank == 0) {
+    ::umount2(path.c_str(), MNT_DETACH);
+    std::filesystem::remove_all(path);
+  }
+}
+
+// One rank fails while the others write: rank 0's file-size limit (ulimit
+// -f) drops to 0, so its writes fail with EFBIG; the others go through the
+// step's collectives and meet its error at the end.
+TEST(OffloadErrors, AWriteThatFailsOnOneRankFailsTheStepOnEveryRank) {
+  const int rank = g_world->rank();
+  rlimit before{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &before), 0);
+  auto previous = std::signal(SIGXFSZ, SIG_IGN);  // the write reports EFBIG instead
+  auto limit = [&] {
+    if (rank != 0) return;
+    rlimit none = before;
+    none.rlim_cur = 0;
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &none), 0);
+  };
+  auto unlimit = [&] { ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &before), 0); };
+  expect_a_failed_step_to_recover(nvme_dir(), 1, limit, unlimit, "file too large: ");
+  // Again with the update inside the backward (Note [Updates in backward]),
+  // whose reductions go on beside the failed writes.
+  expect_a_failed_step_to_recover(nvme_dir(), 1, limit, unlimit, "file too large: ", /*super_offload=*/true);
+  std::signal(SIGXFSZ, previous);
+}
+
 bool one_rank_with_cuda() { return g_world->size() == 1 && torch::cuda::is_available(); }
 
 TEST(Cuda, OffloadMatchesNoOffload) {
