@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/env.h"
 #include "core/fault.h"
 #include "core/progress.h"
 #include "engine/checkpoint_io.h"
@@ -364,8 +365,14 @@ std::string load_checkpoint(TrainingParts& s, const std::string& dir, const std:
     s.loaded_from = where;
     for (size_t i = 0; i < s.data_loaders.size(); ++i) restore_loader(s, i);
   }
+  // A restart by zero-run or torchrun (Note [Restarts] in tools/launcher/launcher.cpp) says so.
+  const std::string restart = env::get("TORCHELASTIC_RESTART_COUNT", "0");
   log::info("ckpt", "loaded " + where + " (saved by " + std::to_string(m.world_size) + " rank(s) at stage " +
-                        std::to_string(m.stage) + ", step " + std::to_string(record.global_steps) + ")");
+                        std::to_string(m.stage) + ", step " + std::to_string(record.global_steps) + ")" +
+                        (restart != "0" && !restart.empty()
+                             ? "; resuming at step " + std::to_string(record.global_steps) + " after restart " +
+                                   restart + " of " + env::get("TORCHELASTIC_MAX_RESTARTS", "?")
+                             : ""));
   return m.client_state.dump();
 }
 

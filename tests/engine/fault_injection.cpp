@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
       "zero_optimization": {"stage": )" + stage + R"(, "reduce_bucket_size": 16}})"),
                                  model);
   const int rank = engine.group().rank(), world = engine.group().size();
-  if (std::filesystem::exists(dir + "/latest")) engine.load_checkpoint(dir);
+  engine.load_checkpoint_if_present(dir);  // a restart resumes here (Note [Restarts] in tools/launcher/launcher.cpp)
   while (engine.global_steps() < steps) {
     const int64_t step = engine.global_steps();
     auto gen = at::detail::createCPUGenerator(1000 + step * 7 + rank);

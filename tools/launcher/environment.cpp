@@ -22,8 +22,10 @@ namespace zero_run {
 // RANK (= node_rank * nproc + local_rank), LOCAL_RANK, WORLD_SIZE,
 // LOCAL_WORLD_SIZE, GROUP_RANK (node rank), GROUP_WORLD_SIZE (nodes),
 // ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME=default, MASTER_ADDR, MASTER_PORT,
-// TORCHELASTIC_RESTART_COUNT=0, TORCHELASTIC_MAX_RESTARTS=0 and
-// TORCHELASTIC_RUN_ID=none (torchrun's defaults). TORCHELASTIC_USE_AGENT_STORE
+// TORCHELASTIC_RESTART_COUNT (0, then 1, 2, ... as the ranks are started
+// again: Note [Restarts] in launcher.cpp), TORCHELASTIC_MAX_RESTARTS
+// (--max-restarts, default 0) and TORCHELASTIC_RUN_ID=none (torchrun's
+// defaults). TORCHELASTIC_USE_AGENT_STORE
 // is removed, even when inherited: there is no agent store, rank 0 of the
 // job starts the store itself. Like torchrun, OMP_NUM_THREADS is set when
 // unset and nproc > 1, though not to 1 but to this machine's CPUs divided
@@ -72,7 +74,7 @@ std::pair<int, int> bind_reusable(const sockaddr* addr, socklen_t len) {
 
 }  // namespace
 
-Environment::Environment(const LaunchOptions& o, int master_port) : options_(o) {
+Environment::Environment(const LaunchOptions& o, int master_port, int restart) : options_(o) {
   static const char* const kReplaced[] = {
       "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
       "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
@@ -96,8 +98,8 @@ Environment::Environment(const LaunchOptions& o, int master_port) : options_(o) 
   common_.push_back("ROLE_NAME=default");
   common_.push_back("MASTER_ADDR=" + o.master_addr);
   common_.push_back("MASTER_PORT=" + std::to_string(master_port));
-  common_.push_back("TORCHELASTIC_RESTART_COUNT=0");
-  common_.push_back("TORCHELASTIC_MAX_RESTARTS=0");
+  common_.push_back("TORCHELASTIC_RESTART_COUNT=" + std::to_string(restart));
+  common_.push_back("TORCHELASTIC_MAX_RESTARTS=" + std::to_string(o.max_restarts));
   common_.push_back("TORCHELASTIC_RUN_ID=none");
   common_.push_back("ZERO_LAUNCHER=zero-run");
   if (o.nproc > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {

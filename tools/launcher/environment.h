@@ -11,7 +11,8 @@ namespace zero_run {
 
 class Environment {
  public:
-  Environment(const LaunchOptions& o, int master_port);
+  // `restart`: how many times the ranks were started again before (TORCHELASTIC_RESTART_COUNT).
+  Environment(const LaunchOptions& o, int master_port, int restart);
 
   // The environment of one local rank, as strings owned by this object
   // (valid until the next call).

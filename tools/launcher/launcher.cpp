@@ -94,11 +94,14 @@ int exit_code_of(int status) {
   return WEXITSTATUS(status);
 }
 
+// One start of the job's ranks, supervised until every one is gone.
 class Launcher {
  public:
-  Launcher(const LaunchOptions& options, int master_port)
-      : options_(options), env_(options, master_port), argv_(make_argv(options.command)) {}
+  Launcher(const LaunchOptions& options, int master_port, int restart)
+      : options_(options), env_(options, master_port, restart), argv_(make_argv(options.command)) {}
 
+  // The attempt's exit status (see run_launcher); a signal the launcher
+  // received is re-raised once the ranks are gone.
   int run() {
     start_ranks();
     supervise();
@@ -109,6 +112,9 @@ class Launcher {
     if (received_signal_ != 0) reraise(received_signal_);
     return exit_code_;
   }
+  // A rank that started failed (not the launcher, and not a PROGRAM that
+  // cannot be run): what starting the ranks again may mend.
+  bool rank_failed() const { return rank_failed_; }
 
  private:
   static std::vector<char*> make_argv(const std::vector<std::string>& command) {
@@ -283,6 +289,7 @@ class Launcher {
       const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
       if (failed && !stopping()) {
         exit_code_ = exit_code_of(status);  // non-zero: failed means non-zero or killed
+        rank_failed_ = true;
         const bool others = running_count() > 0;
         say("rank " + std::to_string(r.rank) + " " + exit_description(status) +
             (others ? "; stopping the other ranks" : ""));
@@ -372,6 +379,7 @@ class Launcher {
   int received_signal_ = 0; // the signal that stopped the job, when that came first
   std::optional<Clock::time_point> stop_deadline_;  // set once the stop began
   bool killed_ = false;
+  bool rank_failed_ = false;
 };
 
 // fds 0-2 must be open, so that no pipe we create lands on them (a child's
@@ -406,8 +414,31 @@ int run_launcher(const LaunchOptions& options) {
       return kExitInternal;
     }
   }
-  Launcher launcher(options, port);
-  return launcher.run();
+  // Note [Restarts]
+  // torchrun's --max-restarts on one node: when a rank fails, every rank is
+  // stopped as always, and then all of them are started again, with
+  // TORCHELASTIC_RESTART_COUNT one higher and the same MASTER_PORT (still
+  // held), at most max_restarts times. The program resumes by itself
+  // (engine.load_checkpoint_if_present), so the steps since its last
+  // checkpoint are what a failure costs. Nothing is restarted after the
+  // launcher was told to stop (SIGINT, SIGTERM, SIGHUP), after every rank
+  // succeeded, or when the ranks could not be started at all (a PROGRAM
+  // that is not found would fail the same way again).
+  for (int restart = 0;; ++restart) {
+    Launcher launcher(options, port, restart);
+    const int code = launcher.run();
+    if (code == 0 || !launcher.rank_failed()) return code;
+    if (restart >= options.max_restarts) {
+      if (options.max_restarts > 0) {
+        say("the ranks failed after " + std::to_string(restart) + " restart(s), all that --max-restarts " +
+            std::to_string(options.max_restarts) + " allows; the job ends with the failing rank's status (" +
+            std::to_string(code) + "); run it again to resume from its last checkpoint");
+      }
+      return code;
+    }
+    say("restart " + std::to_string(restart + 1) + " of " + std::to_string(options.max_restarts) + ": starting the " +
+        std::to_string(options.nproc) + " ranks again (TORCHELASTIC_RESTART_COUNT=" + std::to_string(restart + 1) + ")");
+  }
 }
 
 }  // namespace zero_run

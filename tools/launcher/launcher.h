@@ -13,7 +13,9 @@
 //     "[rank r] ", from one poll() loop (see Note [Line relay] in relay.cpp);
 //   * forwards SIGINT/SIGTERM/SIGHUP (and job-control stops) to every rank's
 //     process group, stops all ranks when one fails, and escalates to SIGKILL
-//     after a grace period (see Note [Stopping the ranks]).
+//     after a grace period (see Note [Stopping the ranks]);
+//   * with --max-restarts, starts every rank again after a rank failed, as
+//     torchrun does (Note [Restarts] in launcher.cpp).
 #pragma once
 
 #include <string>
@@ -28,6 +30,7 @@ struct LaunchOptions {
   std::string master_addr = "127.0.0.1";
   int master_port = 0; // 0: pick a free port on master_addr and hold it (single node only)
   double grace_s = 5;  // SIGTERM/SIGINT -> SIGKILL grace period (--timeout-s)
+  int max_restarts = 0;  // --max-restarts: times the ranks are started again after a failure
   std::vector<std::string> command; // PROGRAM ARGS...
   std::string allocator;   // --allocator: "" (the default), tcmalloc, jemalloc, system or a path (allocator.h)
   std::vector<std::string> extra_env; // NAME=value entries that replace the inherited ones in every rank
@@ -40,8 +43,9 @@ constexpr int kExitNotFound = 127;    // PROGRAM not found
 constexpr int kExitInternal = 1;      // launcher-side failure (fork, pipe, port)
 
 // Runs the job and returns the launcher's exit status: 0 when every rank
-// exited 0; else the first failing rank's exit code (128+signal when it was
-// killed by a signal). When the launcher itself was stopped by SIGINT, SIGTERM
+// exited 0 (in the last attempt, with restarts); else the first failing
+// rank's exit code (128+signal when it was killed by a signal) in the last
+// attempt. When the launcher itself was stopped by SIGINT, SIGTERM
 // or SIGHUP, it re-raises that signal after the ranks are gone (so shells see
 // "killed by SIGINT"); 128+signal is returned only if that raise returns.
 int run_launcher(const LaunchOptions& options);

@@ -22,7 +22,8 @@ namespace {
 
 const char kUsage[] =
     "usage: zero-run --nproc N [--nnodes M --node-rank R] [--master-addr A]\n"
-    "                [--master-port P] [--timeout-s T] [--allocator A] [--] PROGRAM [ARGS...]\n"
+    "                [--master-port P] [--timeout-s T] [--max-restarts K] [--allocator A]\n"
+    "                [--] PROGRAM [ARGS...]\n"
     "       zero-run --config-file FILE [options] [--] PROGRAM [ARGS...]\n"
     "       zero-run config [--output FILE] [...]   (writes a launch config; see zero-run config --help)\n";
 
@@ -46,6 +47,10 @@ const char kHelp[] =
     "  --master-port P    its port; default: a free port (required when M > 1)\n"
     "  --timeout-s T      seconds the ranks get to exit after SIGTERM/SIGINT\n"
     "                     before SIGKILL (default 5)\n"
+    "  --max-restarts K   after a rank fails, stop the others and start all of\n"
+    "                     them again, at most K times (torchrun's option; one\n"
+    "                     node only). Each start gets TORCHELASTIC_RESTART_COUNT;\n"
+    "                     the program resumes with load_checkpoint_if_present\n"
     "  --allocator A      heap allocator preloaded into the ranks: tcmalloc (the\n"
     "                     default when installed), jemalloc, system (none) or a\n"
     "                     library path; also ZERO_ALLOCATOR. An LD_PRELOAD that\n"
@@ -59,7 +64,8 @@ const char kHelp[] =
     "CPU model): SkylakeX on AVX-512 CPUs, Haswell on AVX2 ones.\n"
     "\n"
     "exit status: 0 when every rank exits 0; else the first failing rank's\n"
-    "code (128+signal if it was killed); 2 for a bad command line; 126/127\n"
+    "code (128+signal if it was killed), of the last start with restarts;\n"
+    "2 for a bad command line; 126/127\n"
     "when PROGRAM cannot be run / is not found. SIGINT, SIGTERM and SIGHUP are\n"
     "forwarded to every rank's process group, and zero-run then ends by the\n"
     "same signal.\n";
@@ -124,7 +130,8 @@ zero_run::LaunchOptions parse(int argc, char** argv, bool* help) {
     if (name == "--num-nodes") name = "--nnodes";
     static const std::vector<std::string> kKnown = {"--nproc",       "--nproc-per-node", "--nnodes",    "--node-rank",
                                                     "--master-addr", "--master-port",    "--timeout-s", "--allocator",
-                                                    "--config-file", "--num-gpus",       "--num-nodes"};
+                                                    "--config-file", "--num-gpus",       "--num-nodes",
+                                                    "--max-restarts"};
     if (std::find(kKnown.begin(), kKnown.end(), name) == kKnown.end())
       throw UsageError{zero::text::unknown_option(arg, kKnown)};
     if (!inline_value) {
@@ -150,6 +157,8 @@ zero_run::LaunchOptions parse(int argc, char** argv, bool* help) {
       have_port = true;
     } else if (name == "--timeout-s") {
       o.grace_s = parse_seconds(name, value);
+    } else if (name == "--max-restarts") {
+      o.max_restarts = parse_int(name, value, 0, 1000000);
     } else if (name == "--allocator") {
       if (value.empty()) throw UsageError{"--allocator must not be empty"};
       o.allocator = value;
@@ -170,6 +179,10 @@ zero_run::LaunchOptions parse(int argc, char** argv, bool* help) {
   if (o.node_rank >= o.nnodes) {
     throw UsageError{"--node-rank must be in [0, " + std::to_string(o.nnodes) + "), got " +
                      std::to_string(o.node_rank)};
+  }
+  if (o.max_restarts > 0 && o.nnodes > 1) {
+    throw UsageError{"--max-restarts works on one node (--nnodes 1) for now: a restart of several nodes needs "
+                     "every node's zero-run to restart together; use torchrun's rendezvous for that"};
   }
   if (o.nnodes > 1 && !have_port) {
     throw UsageError{"--master-port is required when --nnodes > 1 (every node must use the same port)"};
