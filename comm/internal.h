@@ -37,6 +37,22 @@ StorePtr connect_store(const LaunchInfo& launch, std::chrono::milliseconds timeo
 // throws CommError naming the ranks that did not arrive in time.
 void wait_for_ranks(c10d::Store& store, const std::string& prefix, int rank, int size,
                     const std::vector<int>& global_ranks, std::chrono::milliseconds timeout);
+// Note [A store that never answers] (rendezvous.cpp): while it lives, a
+// rendezvous blocked past `after` ends the process with an error naming
+// the store.
+class StoreWatchdog {
+ public:
+  StoreWatchdog(const LaunchInfo& launch, std::chrono::milliseconds after);
+  ~StoreWatchdog();
+  StoreWatchdog(const StoreWatchdog&) = delete;
+  StoreWatchdog& operator=(const StoreWatchdog&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
 
 // ---- health.cpp (Note [Missing rank]) ------------------------------------
 class HealthMonitor {

@@ -329,6 +329,9 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchInfo& launch, const
   info.timeout = world->timeout;
   if (launch.world_size > 1) {
     ignore_sigpipe();
+    // Note [A store that never answers]: the rendezvous's own errors come at
+    // world->timeout; the watchdog only ends a call that never returns.
+    StoreWatchdog watchdog(launch, world->timeout + std::chrono::seconds(10));
     world->store = connect_store(launch, world->timeout);
     world->health = std::make_shared<HealthMonitor>(connect_store(launch, world->timeout, /*client_only=*/true),
                                                     launch.rank, launch.world_size);

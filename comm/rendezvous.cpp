@@ -6,11 +6,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <torch/version.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <thread>
 
 #include "comm/internal.h"
 #include "zero/error.h"
+#include "zero/log.h"
 
 namespace zero::comm {
 
@@ -72,6 +77,43 @@ void wait_for_ranks(c10d::Store& store, const std::string& prefix, int rank, int
   msg << " (of " << size << "). Check that every rank was started with the same WORLD_SIZE, MASTER_ADDR and "
       << "MASTER_PORT, or raise ZERO_COMM_TIMEOUT.";
   throw CommError(msg.str());
+}
+
+// Note [A store that never answers]
+// c10d's store client waits for each reply without a deadline of its own.
+// A store that accepts the connection and never answers blocks the rank
+// for good: torchrun's agent store from torch 2.x, say, to a rank built on
+// LibTorch 1.13, whose request codes differ (its "check" reads as another
+// request, and the server waits for bytes that never come; seen with the
+// .venv's torchrun). wait_for_ranks' own deadline cannot fire inside that
+// call, and nothing interrupts it, so the rendezvous runs under a watchdog:
+// past ZERO_COMM_TIMEOUT and a margin it prints the error and ends the
+// process, as the failure it is, instead of a hang.
+StoreWatchdog::StoreWatchdog(const LaunchInfo& launch, std::chrono::milliseconds after) {
+  std::ostringstream msg;
+  msg << "rank " << launch.rank << ": the rendezvous store at " << launch.master_addr << ":" << launch.master_port
+      << " has not answered for " << after.count() / 1000 << " s; it accepted the connection, so it is up but does "
+      << "not speak this build's store protocol (LibTorch " << TORCH_VERSION << ")";
+  if (launch.agent_store) {
+    msg << ": it is torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True), likely from another torch version; "
+        << "launch with zero-run, or with the torchrun of the torch this build uses";
+  }
+  thread_ = std::thread([this, after, message = msg.str()] {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (done_cv_.wait_for(lock, after, [this] { return done_; })) return;
+    log::error("comm", message);
+    std::fflush(nullptr);
+    std::_Exit(1);
+  });
+}
+
+StoreWatchdog::~StoreWatchdog() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_ = true;
+  }
+  done_cv_.notify_all();
+  thread_.join();
 }
 
 }  // namespace zero::comm
