@@ -133,11 +133,9 @@ StepResult ShardedParams::step(BucketOptimizer& optimizer, const StepRequest& re
       masters_.publish();
     } catch (const OffloadError& e) {  // the parameters' own writes
       failure = e.what();
-      masters_.settle_after_failure();
     }
-  } else {
-    masters_.settle_after_failure();
   }
+  if (!failure.empty()) masters_.settle_after_failure();
   result.publish_seconds = seconds_since(publish_start);
   zero_grads();
   agree_on_transfers(failure);
