@@ -73,6 +73,16 @@ void check_all_gather(const GroupInfo& g, const at::Tensor& output, const at::Te
   }
 }
 
+void check_all_to_all(const GroupInfo& g, const at::Tensor& output, const at::Tensor& input) {
+  check_pair("all_to_all", output, input);
+  if (output.numel() != input.numel() || input.numel() % g.size != 0) {
+    std::ostringstream msg;
+    msg << where(g) << ": all_to_all needs input and output of one size, a multiple of the group size " << g.size
+        << "; got input " << input.numel() << " and output " << output.numel() << " elements";
+    throw CommError(msg.str());
+  }
+}
+
 void reduce_chunks(at::Tensor& output, const at::Tensor& chunks, ReduceOp op) {
   at::Tensor out = output.view({output.numel()});
   switch (op) {
@@ -114,6 +124,9 @@ class LocalBackend : public HostBackend {
     output.view({output.numel()}).copy_(input.view({input.numel()}));
   }
   void broadcast(at::Tensor&, int) override {}
+  void all_to_all(at::Tensor& output, const at::Tensor& input) override {
+    output.view({output.numel()}).copy_(input.view({input.numel()}));
+  }
   void barrier() override {}
   const char* transport() const override { return "local"; }
 };

@@ -33,7 +33,7 @@ double gbps(double bytes, double seconds) { return seconds > 0 ? bytes * 8 / sec
 double bus_factor(const std::string& op, int n) {
   if (n <= 1) return 0;
   if (op == "all_reduce") return 2.0 * (n - 1) / n;
-  if (op == "all_gather" || op == "reduce_scatter") return static_cast<double>(n - 1) / n;
+  if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all") return static_cast<double>(n - 1) / n;
   return 1.0;
 }
 

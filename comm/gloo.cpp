@@ -177,7 +177,7 @@ struct InFlight {
 // (kind, bytes, dtype, reduce op or root) and a record that differs is a
 // CommError on every rank naming the collective, its number and what each
 // rank passed, before gloo sees any of it.
-enum class Kind : int64_t { AllReduce = 1, ReduceScatter, AllGather, Broadcast, Barrier };
+enum class Kind : int64_t { AllReduce = 1, ReduceScatter, AllGather, Broadcast, Barrier, AllToAll };
 
 struct Signature {
   Kind kind;
@@ -193,6 +193,7 @@ const char* kind_name(int64_t k) {
     case Kind::AllGather: return "all_gather";
     case Kind::Broadcast: return "broadcast";
     case Kind::Barrier: return "barrier";
+    case Kind::AllToAll: return "all_to_all";
   }
   return "an unknown collective";
 }
@@ -279,6 +280,17 @@ class GlooBackend : public HostBackend {
       opts.setOutput(static_cast<uint8_t*>(chunks.data_ptr()), chunks.nbytes());
       gloo::alltoall(opts);
       reduce_chunks(output, chunks.view({group_.size, output.numel()}), op);
+    });
+  }
+
+  void all_to_all(at::Tensor& output, const at::Tensor& input) override {
+    const Signature sig{Kind::AllToAll, int64_t(input.nbytes()), int64_t(input.scalar_type())};
+    guarded("all_to_all", sig, [&] {
+      gloo::AlltoallOptions opts(context_);
+      opts.setTag(next_tag());
+      opts.setInput(static_cast<uint8_t*>(input.data_ptr()), input.nbytes());
+      opts.setOutput(static_cast<uint8_t*>(output.data_ptr()), output.nbytes());
+      gloo::alltoall(opts);
     });
   }
 

@@ -113,6 +113,7 @@ class HostBackend {
   virtual void reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op) = 0;
   virtual void all_gather(at::Tensor& output, const at::Tensor& input) = 0;
   virtual void broadcast(at::Tensor& tensor, int root) = 0;
+  virtual void all_to_all(at::Tensor& output, const at::Tensor& input) = 0;
   virtual void barrier() = 0;
   // "local", "shm" or "gloo", for logs and tests.
   virtual const char* transport() const = 0;
@@ -137,6 +138,7 @@ class DeviceBackend {
   virtual WorkHandle reduce_scatter(at::Tensor output, at::Tensor input, ReduceOp op) = 0;
   virtual WorkHandle all_gather(at::Tensor output, at::Tensor input) = 0;
   virtual WorkHandle broadcast(at::Tensor tensor, int root) = 0;
+  virtual WorkHandle all_to_all(at::Tensor output, at::Tensor input) = 0;
 };
 // Null when this build has no NCCL.
 std::unique_ptr<DeviceBackend> make_nccl_backend(const GroupInfo& group, int device_index);
@@ -146,6 +148,7 @@ void reduce_chunks(at::Tensor& output, const at::Tensor& chunks, ReduceOp op);
 // Checks shared by every backend; throw CommError with the shapes at fault.
 void check_reduce_scatter(const GroupInfo& g, const at::Tensor& output, const at::Tensor& input);
 void check_all_gather(const GroupInfo& g, const at::Tensor& output, const at::Tensor& input);
+void check_all_to_all(const GroupInfo& g, const at::Tensor& output, const at::Tensor& input);
 void check_tensor(const char* op, const at::Tensor& tensor);
 // "rank 2 of world" style prefix for messages.
 std::string where(const GroupInfo& g);

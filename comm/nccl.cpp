@@ -152,6 +152,21 @@ class NcclBackend : public DeviceBackend {
       return ncclAllGather(in.data_ptr(), out.data_ptr(), in.numel(), nccl_type(in), comm_, s);
     });
   }
+  // NCCL has no all-to-all call: a send and a receive per peer, in one group.
+  WorkHandle all_to_all(at::Tensor out, at::Tensor in) override {
+    return launch("all_to_all", {out, in}, [&](cudaStream_t s) {
+      const size_t count = size_t(in.numel()) / size_t(group_.size), bytes = count * in.element_size();
+      auto* send = static_cast<char*>(in.data_ptr());
+      auto* recv = static_cast<char*>(out.data_ptr());
+      ncclResult_t r = ncclGroupStart();
+      for (int p = 0; p < group_.size && (r == ncclSuccess || r == ncclInProgress); ++p) {
+        r = ncclSend(send + p * bytes, count, nccl_type(in), p, comm_, s);
+        if (r == ncclSuccess || r == ncclInProgress) r = ncclRecv(recv + p * bytes, count, nccl_type(out), p, comm_, s);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return r == ncclSuccess || r == ncclInProgress ? end : r;
+    });
+  }
   WorkHandle broadcast(at::Tensor t, int root) override {
     return launch("broadcast", {t}, [&](cudaStream_t s) {
       return ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), root, comm_, s);

@@ -155,6 +155,15 @@ class Group : public ProcessGroup {
     return host_work(logged, [this, h, root]() mutable { host_->broadcast(h, root); }, t, h);
   }
 
+  WorkHandle all_to_all_async(at::Tensor out, at::Tensor in) override {
+    check_all_to_all(info_, out, in);
+    const LoggedOp logged = counted("all_to_all", &CommStats::all_to_all_bytes, in.nbytes(), ring_share(in.nbytes()));
+    if (auto* device = device_backend(out)) return timed_device(logged, [&] { return device->all_to_all(out, in); });
+    at::Tensor hin = in.is_cuda() ? host_buffer(in, true) : in;
+    at::Tensor hout = out.is_cuda() ? host_buffer(out, false) : out;
+    return host_work(logged, [this, hout, hin]() mutable { host_->all_to_all(hout, hin); }, out, hout);
+  }
+
   void barrier() override { thread_.submit([this] { host_->barrier(); }).get(); }
 
   std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) override {

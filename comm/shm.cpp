@@ -61,7 +61,7 @@ namespace {
 
 constexpr size_t kLine = 64;
 
-enum class Kind : uint32_t { Barrier = 1, AllReduce, ReduceScatter, AllGather, Broadcast };
+enum class Kind : uint32_t { Barrier = 1, AllReduce, ReduceScatter, AllGather, Broadcast, AllToAll };
 
 const char* name_of(Kind kind) {
   switch (kind) {
@@ -70,6 +70,7 @@ const char* name_of(Kind kind) {
     case Kind::ReduceScatter: return "reduce_scatter";
     case Kind::AllGather: return "all_gather";
     case Kind::Broadcast: return "broadcast";
+    case Kind::AllToAll: return "all_to_all";
   }
   return "?";
 }
@@ -200,6 +201,31 @@ class ShmBackend : public HostBackend {
         if (group_.rank != root) std::memcpy(data + offset, slot(set, 0), len);
         offset += len;
       } while (offset < bytes);
+    });
+  }
+
+  // As reduce_scatter moves its chunks, copied rather than reduced: each rank
+  // writes all its chunks' next pieces to its slot, then reads its own piece
+  // from every peer's.
+  void all_to_all(at::Tensor& output, const at::Tensor& input) override {
+    run(Kind::AllToAll, input, -1, ReduceOp::Sum, [&](const Header& h) {
+      const size_t elem = input.element_size(), m = size_t(input.numel()) / size_t(group_.size);
+      const size_t per_chunk = slot_bytes_ / elem / group_.size;
+      const auto* in = static_cast<const uint8_t*>(input.data_ptr());
+      auto* out = static_cast<uint8_t*>(output.data_ptr());
+      size_t offset = 0;
+      do {
+        const size_t len = std::min(per_chunk, m - offset);
+        const int set = next_set();
+        for (int q = 0; q < group_.size; ++q) {
+          std::memcpy(slot(set, group_.rank) + q * len * elem, in + (q * m + offset) * elem, len * elem);
+        }
+        arrive_and_wait(h);
+        for (int p = 0; p < group_.size; ++p) {
+          std::memcpy(out + (p * m + offset) * elem, slot(set, p) + group_.rank * len * elem, len * elem);
+        }
+        offset += len;
+      } while (offset < m);
     });
   }
 

@@ -84,20 +84,29 @@ void Config::resolve(int world_size) {
   checked.warnings_ = std::move(warnings_);
   checked.source_ = std::move(source_);
   *this = std::move(checked);
+  const int64_t sp = parallelism.sequence_parallel();
+  if (sp > 1 && (parallelism.tensor_parallel() > 1 || parallelism.pipeline_parallel() > 1)) {
+    throw ConfigError("sequence_parallel_size " + std::to_string(sp) + " with tensor parallel " +
+                      std::to_string(parallelism.tensor_parallel()) + " and pipeline " +
+                      std::to_string(parallelism.pipeline_parallel()) +
+                      ": sequence parallelism composes with data parallelism and ZeRO only, so far; "
+                      "set tensor_parallel and pipeline to 1, or sequence_parallel_size to 1");
+  }
   MeshShape mesh;
   try {
     mesh = mesh_shape(world_size, static_cast<int>(parallelism.tensor_parallel()),
-                      static_cast<int>(parallelism.pipeline_parallel()));
+                      static_cast<int>(parallelism.pipeline_parallel()), static_cast<int>(sp));
   } catch (const ConfigError& e) {
     throw ConfigError(std::string(e.what()) +
-                      " (sizes from tensor_parallel.autotp_size or tensor_parallel.tp.tp_size, and pipeline.stages)");
+                      " (sizes from tensor_parallel.autotp_size or tensor_parallel.tp.tp_size, pipeline.stages "
+                      "and sequence_parallel_size)");
   }
   config_detail::resolve_batch(batch, mesh.dp);
   const int64_t hpz = zero_optimization.zero_hpz_partition_size;
-  if (hpz > 1 && mesh.dp % hpz != 0) {
+  if (hpz > 1 && mesh.zero() % hpz != 0) {
     throw ConfigError("zero_optimization.zero_hpz_partition_size " + std::to_string(hpz) +
-                      " does not divide the data-parallel size " + std::to_string(mesh.dp) +
-                      "; set it to the ranks per node");
+                      " does not divide the ZeRO group's size " + std::to_string(mesh.zero()) +
+                      " (data parallel x sequence parallel); set it to the ranks per node");
   }
   world_size_ = world_size;
   data_parallel_size_ = mesh.dp;

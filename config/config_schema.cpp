@@ -18,8 +18,7 @@ const char* const kUnimplementedTopLevel[] = {
     "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "memory_breakdown",
     "disable_allgather", "dataloader_drop_last", "vocabulary_size", "graph_harvesting",
     "seq_parallel_comm_data_type", "use_data_before_expert_parallelism", "data_types", "nebula",
-    "hybrid_engine", "weight_quantization", "timers", "compile", "sequence_parallel_size",
-    "data_parallel_size"};
+    "hybrid_engine", "weight_quantization", "timers", "compile", "data_parallel_size"};
 
 void visit_offload_optimizer(Fields& f, OffloadOptimizerConfig& o) {
   f.choice("device", o.device, {"none", "cpu", "nvme"});
@@ -321,6 +320,7 @@ void visit_config(Fields& f, Config& c) {
   f.object("tensor_parallel", [&](Fields& g) { visit_tensor_parallel(g, c.parallelism); });
   f.object("pipeline", [&](Fields& g) { visit_pipeline(g, c.parallelism); });
   if (f.reading()) f.object("pipeline_parallel", [&](Fields& g) { visit_pipeline_parallel(g, c.parallelism); });
+  f.integer("sequence_parallel_size", c.parallelism.sequence_parallel_size, Opt().min(1));
   f.object("zero", [&](Fields& g) { visit_zero_engine(g, c.zero); });
   for (const char* key : kUnimplementedTopLevel) f.unimplemented(key);
 }

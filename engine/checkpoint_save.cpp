@@ -175,11 +175,12 @@ std::pair<ckpt::FileInfo, std::string> write_rank_file(TrainingParts& s, const f
                                                        const std::string& params_record, bool allow_non_finite) {
   const int rank = s.pg->rank();
   RankFile file(s, allow_non_finite);
-  // At stage 0 every data-parallel rank holds everything: the first writes it.
-  if (s.sharded->owners() > 1 || s.mesh->coordinates().dp == 0) file.add_fragments(s, kinds);
+  // At stage 0 every rank of ZeRO's group holds everything: the first writes it.
+  const bool first_of_zero_group = s.mesh->zero_group()->rank() == 0;
+  if (s.sharded->owners() > 1 || first_of_zero_group) file.add_fragments(s, kinds);
   // Frozen parameters and buffers: the first rank of each pipeline stage
   // writes its stage's (rank 0 alone without a pipeline).
-  if (s.mesh->coordinates().tp == 0 && s.mesh->coordinates().dp == 0) {
+  if (s.mesh->coordinates().tp == 0 && first_of_zero_group) {
     for (const auto& [name, t] : model.frozen) {
       if (!s.written_elsewhere.count(name)) file.add_whole("module/" + name, t);
     }

@@ -64,12 +64,17 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
   const auto& sizes = s.config.parallelism;
   s.mesh = options.mesh ? options.mesh
                         : std::make_shared<Mesh>(s.pg, static_cast<int>(sizes.tensor_parallel()),
-                                                 static_cast<int>(sizes.pipeline_parallel()));
-  if (s.mesh->shape().tp != sizes.tensor_parallel() || s.mesh->shape().pp != sizes.pipeline_parallel()) {
+                                                 static_cast<int>(sizes.pipeline_parallel()),
+                                                 static_cast<int>(sizes.sequence_parallel()));
+  if (s.mesh->shape().tp != sizes.tensor_parallel() || s.mesh->shape().pp != sizes.pipeline_parallel() ||
+      s.mesh->shape().sp != sizes.sequence_parallel()) {
+    const bool sp = s.mesh->shape().sp > 1 || sizes.sequence_parallel() > 1;
+    auto sp_text = [sp](int64_t n) { return sp ? " x sp " + std::to_string(n) : std::string(); };
     throw ConfigError("zero::initialize: the mesh the model was built on is tp " + std::to_string(s.mesh->shape().tp) +
-                      " x pp " + std::to_string(s.mesh->shape().pp) + " but the config asks for tp " +
-                      std::to_string(sizes.tensor_parallel()) + " x pp " + std::to_string(sizes.pipeline_parallel()) +
-                      "; set tensor_parallel.autotp_size and pipeline.stages to the mesh's sizes");
+                      " x pp " + std::to_string(s.mesh->shape().pp) + sp_text(s.mesh->shape().sp) +
+                      " but the config asks for tp " + std::to_string(sizes.tensor_parallel()) + " x pp " +
+                      std::to_string(sizes.pipeline_parallel()) + sp_text(sizes.sequence_parallel()) +
+                      "; set tensor_parallel.autotp_size, pipeline.stages and sequence_parallel_size to the mesh's sizes");
   }
   if (s.mesh->shape().tp > 1 && tp::tensor_parallel_splits(*s.module).empty()) {
     // DeepSpeed's AutoTP: the config's size alone splits the model.
@@ -99,10 +104,10 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
   s.choose_updates_in_backward();
 
   const MeshShape& shape = s.mesh->shape();
-  const std::string layout = shape.tp * shape.pp > 1 ? " (tp " + std::to_string(shape.tp) + " x dp " +
-                                                            std::to_string(shape.dp) + " x pp " +
-                                                            std::to_string(shape.pp) + ")"
-                                                      : "";
+  const std::string layout = shape.tp * shape.pp * shape.sp > 1
+                                 ? " (tp " + std::to_string(shape.tp) + " x sp " + std::to_string(shape.sp) + " x dp " +
+                                       std::to_string(shape.dp) + " x pp " + std::to_string(shape.pp) + ")"
+                                 : "";
   log::info("engine", "stage " + std::to_string(z.stage) + ", " + c10::toString(s.dtype) + ", " +
                           std::to_string(s.pg->size()) + " rank(s)" + layout + ", " + std::to_string(s.sharded->numel()) +
                           " trainable parameters in " + std::to_string(s.sharded->num_buckets()) +
@@ -231,7 +236,7 @@ void Engine::step() {
 // writes running_mean without bumping its version.)
 void Engine::Impl::sync_buffers() {
   if (!broadcast_buffers) return;
-  comm::ProcessGroup& dp = *mesh->dp_group();
+  comm::ProcessGroup& dp = *mesh->zero_group();
   if (dp.size() == 1) return;
   std::vector<at::Tensor> buffers = module->buffers();
   if (buffers.empty()) return;

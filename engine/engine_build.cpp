@@ -48,7 +48,7 @@ void Engine::Impl::build_params(InitOptions& options, const std::shared_ptr<part
   const std::map<std::string, int> copies = pipeline ? pipeline->tied_copies() : std::map<std::string, int>{};
   if (pipeline) engine::isolate_params(model_params, copies);
   engine::set_replicas(model_params, *module, splits, mesh->shape(), copies);
-  const auto& dp = mesh->dp_group();
+  const auto& dp = mesh->zero_group();
   // Units partitioned as they were built (zero::Init) are laid out from their parts.
   if (parts) engine::check_partitioned(*module, *parts, mesh->shape(), *pg);
   // Before the first collective that assumes it: every rank holds the same

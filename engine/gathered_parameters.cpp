@@ -27,7 +27,7 @@ namespace zero {
 // parameter nobody touched keeps its fp32 digits.
 void Engine::Impl::write_back_gathered(const std::vector<at::Tensor>& touched, int modifier_rank) {
   Impl& s = *this;
-  comm::ProcessGroup& dp = *s.mesh->dp_group();
+  comm::ProcessGroup& dp = *s.mesh->zero_group();
   torch::NoGradGuard no_grad;
   std::set<const c10::TensorImpl*> chosen;
   for (const at::Tensor& p : touched) {
@@ -70,7 +70,7 @@ GatheredParameters Engine::gather_parameters(torch::nn::Module& module, std::opt
     if (p.requires_grad()) trainable.push_back(p);
   }
   if (modifier_rank) {
-    const int ranks = s.mesh->dp_group()->size();
+    const int ranks = s.mesh->zero_group()->size();
     if (*modifier_rank < 0 || *modifier_rank >= ranks) {
       throw EngineError("gather_parameters: modifier_rank " + std::to_string(*modifier_rank) +
                         " is not a data-parallel rank (0 to " + std::to_string(ranks - 1) + ")");

@@ -25,7 +25,7 @@ offload::SwapOptions nvme_swap(const Config& config, const std::string& nvme_pat
 
 void set_node_groups(const Config& config, const Mesh& mesh, partition::Options& options) {
   const auto& z = config.zero_optimization;
-  const auto& dp = mesh.dp_group();
+  const auto& dp = mesh.zero_group();
   const auto& node = mesh.dp_intra_node_group();
   const auto& across = mesh.dp_inter_node_group();
   if (z.zero_hpz_partition_size > 1) {

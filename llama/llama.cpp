@@ -178,9 +178,10 @@ at::Tensor rope_inv_freq(const LlamaConfig& c) {
 }
 
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t batch, int64_t time,
-                                               at::ScalarType dtype, const at::Device& device) {
-  at::Tensor positions =
-      torch::arange(time, torch::TensorOptions().dtype(torch::kLong).device(device)).unsqueeze(0).expand({batch, time});
+                                               at::ScalarType dtype, const at::Device& device, int64_t first) {
+  at::Tensor positions = torch::arange(first, first + time, torch::TensorOptions().dtype(torch::kLong).device(device))
+                             .unsqueeze(0)
+                             .expand({batch, time});
   at::Tensor freqs = positions.unsqueeze(-1).to(torch::kFloat) * inv_freq.to(device);  // [B,T,D/2]
   at::Tensor emb = torch::cat({freqs, freqs}, -1);
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
@@ -253,15 +254,20 @@ AttentionImpl::AttentionImpl(const LlamaConfig& c) : head_dim_(c.head_dim) {
 }
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t B = x.size(0), T = x.size(1), D = head_dim_;
-  // [B,T,H*D] -> [B,H,T,D]; with tensor parallelism the projections give
+  const int64_t B = x.size(0), D = head_dim_;
+  // [B,T,H*D] -> [B,T,H,D]; with tensor parallelism the projections give
   // this rank's heads, so the head counts come from their widths.
-  at::Tensor q = q_proj(x).view({B, T, -1, D}).transpose(1, 2);
-  at::Tensor k = k_proj(x).view({B, T, -1, D}).transpose(1, 2);
-  at::Tensor v = v_proj(x).view({B, T, -1, D}).transpose(1, 2);
-  const at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);
+  at::Tensor q = q_proj(x).view({B, x.size(1), -1, D});
+  at::Tensor k = k_proj(x).view({B, x.size(1), -1, D});
+  at::Tensor v = v_proj(x).view({B, x.size(1), -1, D});
+  const at::Tensor c = cos.unsqueeze(2), s = sin.unsqueeze(2);
   q = q * c + rotate_half(q) * s;
   k = k * c + rotate_half(k) * s;
+  // Ulysses: rotated at their own positions, then all tokens of this rank's heads.
+  q = zero::sp::seq_to_heads(q, sp).transpose(1, 2);  // [B,H,T,D]
+  k = zero::sp::seq_to_heads(zero::sp::kv_for_heads(k, sp), sp).transpose(1, 2);
+  v = zero::sp::seq_to_heads(zero::sp::kv_for_heads(v, sp), sp).transpose(1, 2);
+  const int64_t T = q.size(2);
   const int64_t groups = q.size(1) / k.size(1);
   k = repeat_kv(k, groups);
   v = repeat_kv(v, groups);
@@ -270,8 +276,8 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
   at::Tensor future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
   scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
   at::Tensor probs = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
-  at::Tensor y = torch::matmul(probs, v).transpose(1, 2).contiguous();  // [B,T,H,D]
-  return o_proj(y.reshape({B, T, -1}));
+  at::Tensor y = zero::sp::heads_to_seq(torch::matmul(probs, v).transpose(1, 2), sp).contiguous();  // [B,T,H,D]
+  return o_proj(y.reshape({B, y.size(1), -1}));
 }
 
 // ---- MLP ------------------------------------------------------------------
@@ -329,15 +335,41 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, zero::tp::Group tp) : confi
   inv_freq_ = rope_inv_freq(c);
 }
 
+void check_sequence_parallel(const LlamaConfig& c, int64_t sp, int64_t ctx) {
+  if (c.num_attention_heads % sp != 0) {
+    throw ConfigError("Llama: num_attention_heads " + std::to_string(c.num_attention_heads) +
+                      " does not split over sequence_parallel_size " + std::to_string(sp) +
+                      "; use a size that divides the heads");
+  }
+  const int64_t kv = c.num_key_value_heads;
+  if (kv % sp != 0 && sp % kv != 0) {
+    throw ConfigError("Llama: num_key_value_heads " + std::to_string(kv) + " and sequence_parallel_size " +
+                      std::to_string(sp) + ": one must divide the other (fewer key/value heads than ranks are "
+                      "repeated, as DeepSpeed's Ulysses does)");
+  }
+  if (ctx > 0 && ctx % sp != 0) {
+    throw ConfigError("Llama: a context of " + std::to_string(ctx) + " tokens does not split over sequence_parallel_size " +
+                      std::to_string(sp) + "; use a context that is a multiple of " + std::to_string(sp));
+  }
+}
+
+void LlamaModelImpl::sequence_parallel(const zero::sp::Group& sp) {
+  check_sequence_parallel(config_, sp ? sp->size() : 1);
+  sp_ = sp;
+  for (size_t i = 0; i < layers->size(); ++i) layer(i)->inner()->self_attn->sp = sp;
+}
+
 at::Tensor LlamaModelImpl::forward(const at::Tensor& tokens) {
   if (tokens.dim() != 2 || tokens.scalar_type() != torch::kLong) throw EngineError("Llama: tokens must be [batch, time] int64");
   const int64_t B = tokens.size(0), T = tokens.size(1);
-  if (T > config_.max_position_embeddings) {
-    throw EngineError("Llama: " + std::to_string(T) + " positions exceed max_position_embeddings " +
+  const int64_t P = sp_ ? sp_->size() : 1;  // with sequence parallelism, tokens are this rank's T of T x P
+  if (T * P > config_.max_position_embeddings) {
+    throw EngineError("Llama: " + std::to_string(T * P) + " positions exceed max_position_embeddings " +
                       std::to_string(config_.max_position_embeddings));
   }
   at::Tensor x = vocab_embed ? vocab_embed(tokens) : embed_tokens(tokens);
-  const auto [cos, sin] = rope_cos_sin(inv_freq_, B, T, x.scalar_type(), x.device());
+  const auto [cos, sin] =
+      rope_cos_sin(inv_freq_, B, T, x.scalar_type(), x.device(), zero::sp::first_position(T, sp_));
   for (size_t i = 0; i < layers->size(); ++i) x = layer(i)->call(x, cos, sin);
   return norm(x);
 }
@@ -366,8 +398,12 @@ at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
 }
 
 at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
-  at::Tensor logits = forward(tokens).to(torch::kFloat);
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+  return zero::sp::cross_entropy(forward(tokens), targets, sp_);
+}
+
+void LlamaForCausalLMImpl::sequence_parallel(const zero::sp::Group& sp) {
+  model->sequence_parallel(sp);
+  sp_ = sp;
 }
 
 // ---- pipeline layer list ------------------------------------------------------

@@ -7,24 +7,26 @@
 
 namespace zero {
 
-MeshShape mesh_shape(int world, int tp, int pp) {
-  if (tp < 1 || pp < 1) {
-    throw ConfigError("tensor-parallel size " + std::to_string(tp) + " and pipeline size " + std::to_string(pp) +
-                      " must be at least 1");
+MeshShape mesh_shape(int world, int tp, int pp, int sp) {
+  if (tp < 1 || pp < 1 || sp < 1) {
+    throw ConfigError("tensor-parallel size " + std::to_string(tp) + ", pipeline size " + std::to_string(pp) +
+                      " and sequence-parallel size " + std::to_string(sp) + " must be at least 1");
   }
-  if (world % (tp * pp) != 0) {
+  if (world % (tp * pp * sp) != 0) {
     std::string fits;
     for (int t = 1; t <= world; ++t) {
       for (int p = 1; t * p <= world; ++p) {
-        if (world % (t * p) == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(t) + "x" + std::to_string(p);
+        if (world % (t * p * sp) == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(t) + "x" + std::to_string(p);
       }
     }
+    const std::string with_sp = sp > 1 ? " x sequence parallel " + std::to_string(sp) : "";
     throw ConfigError("a world of " + std::to_string(world) + " rank(s) does not divide into tensor parallel " +
-                      std::to_string(tp) + " x pipeline " + std::to_string(pp) +
-                      " (data parallel = world / (tp * pp)); tp x pp that fit " + std::to_string(world) +
-                      " ranks: " + fits);
+                      std::to_string(tp) + " x pipeline " + std::to_string(pp) + with_sp +
+                      " (data parallel = world / (tp * pp * sp)); tp x pp that fit " + std::to_string(world) +
+                      " ranks" + (sp > 1 ? " at sp " + std::to_string(sp) : "") + ": " +
+                      (fits.empty() ? "none" : fits));
   }
-  return MeshShape{tp, world / (tp * pp), pp};
+  return MeshShape{tp, world / (tp * pp * sp), pp, sp};
 }
 
 }  // namespace zero

@@ -46,6 +46,7 @@ launch_info.h foundation comm
 mesh.h type parallel
 mesh_shape.h type parallel
 tensor_parallel.h type parallel
+sequence_parallel.h type parallel
 pipeline.h type parallel
 activation_checkpointing.h type activations
 unit.h type partition

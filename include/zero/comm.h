@@ -49,11 +49,15 @@ using WorkHandle = std::shared_ptr<Work>;
 
 // Bytes each rank sends per collective kind, as a bandwidth-optimal ring
 // sends them (all-reduce 2(N-1)/N of the buffer, reduce-scatter and
-// all-gather (N-1)/N of the full buffer, broadcast the buffer from the root).
+// all-gather (N-1)/N of the full buffer, broadcast the buffer from the root,
+// all-to-all (N-1)/N of its input: every chunk but its own).
 struct CommStats {
   int64_t all_reduce_bytes = 0, reduce_scatter_bytes = 0, all_gather_bytes = 0, broadcast_bytes = 0;
+  int64_t all_to_all_bytes = 0;
   int64_t calls = 0;
-  int64_t total() const { return all_reduce_bytes + reduce_scatter_bytes + all_gather_bytes + broadcast_bytes; }
+  int64_t total() const {
+    return all_reduce_bytes + reduce_scatter_bytes + all_gather_bytes + broadcast_bytes + all_to_all_bytes;
+  }
 };
 
 class ProcessGroup {
@@ -85,6 +89,10 @@ class ProcessGroup {
   virtual WorkHandle reduce_scatter_async(at::Tensor output, at::Tensor input, ReduceOp op = ReduceOp::Sum) = 0;
   virtual WorkHandle all_gather_async(at::Tensor output, at::Tensor input) = 0;
   virtual WorkHandle broadcast_async(at::Tensor tensor, int root) = 0;
+  // Equal chunks both ways: input and output hold `size()` chunks of one
+  // length; chunk q of the input goes to rank q, and chunk p of the output
+  // comes from rank p (torch.distributed's all_to_all_single without splits).
+  virtual WorkHandle all_to_all_async(at::Tensor output, at::Tensor input) = 0;
 
   void all_reduce(at::Tensor tensor, ReduceOp op = ReduceOp::Sum) { all_reduce_async(tensor, op)->wait(); }
   void reduce_scatter(at::Tensor output, at::Tensor input, ReduceOp op = ReduceOp::Sum) {
@@ -92,6 +100,7 @@ class ProcessGroup {
   }
   void all_gather(at::Tensor output, at::Tensor input) { all_gather_async(output, input)->wait(); }
   void broadcast(at::Tensor tensor, int root) { broadcast_async(tensor, root)->wait(); }
+  void all_to_all(at::Tensor output, at::Tensor input) { all_to_all_async(output, input)->wait(); }
   virtual void barrier() = 0;
 
   // Bytes sent by this rank so far on this group (see CommStats).

@@ -323,14 +323,18 @@ struct FlopsProfilerConfig {
 // The rank mesh (include/zero/mesh.h): "tensor_parallel" ({"autotp_size":
 // N}, or {"tp": {"tp_size": N}} as DeepSpeed's inference config has it) and
 // the pipeline's size ("pipeline": {"stages": N}, or "pipeline_parallel":
-// {"pp_size": N}). The data-parallel size is world / (tp * pp). Pipeline
+// {"pp_size": N}), and the top-level "sequence_parallel_size" (DeepSpeed's
+// key: ranks that share one sequence, Ulysses; ZeRO partitions over their
+// sp x dp). The data-parallel size is world / (tp * pp * sp). Pipeline
 // sizes above 1 train a zero::pipe::PipelineModule (zero/pipeline.h).
 struct ParallelismConfig {
   int64_t autotp_size = 0;       // 0: off (DeepSpeed)
   int64_t tp_size = 1;
   int64_t pipeline_stages = 1;   // "auto" reads as 1
+  int64_t sequence_parallel_size = 1;
   int64_t tensor_parallel() const { return autotp_size > 0 ? autotp_size : tp_size; }
   int64_t pipeline_parallel() const { return pipeline_stages; }
+  int64_t sequence_parallel() const { return sequence_parallel_size; }
 };
 
 // "zero": engine options DeepSpeed has no key for.

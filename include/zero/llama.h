@@ -25,6 +25,7 @@
 
 #include "zero/error.h"
 #include "zero/pipeline.h"
+#include "zero/sequence_parallel.h"
 #include "zero/tensor_parallel.h"
 #include "zero/unit.h"
 
@@ -68,11 +69,11 @@ int64_t parameter_count(const LlamaConfig& c);
 int64_t elements(const std::vector<int64_t>& shape);
 
 // Rotary embeddings: the inverse frequencies [head_dim / 2] in float32, and
-// cos, sin [B,T,head_dim] for positions 0..T-1 in `dtype`, as transformers
-// computes them.
+// cos, sin [B,T,head_dim] for positions first..first+T-1 in `dtype`, as
+// transformers computes them.
 at::Tensor rope_inv_freq(const LlamaConfig& c);
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t batch, int64_t time,
-                                               at::ScalarType dtype, const at::Device& device);
+                                               at::ScalarType dtype, const at::Device& device, int64_t first = 0);
 
 class RMSNormImpl : public torch::nn::Module {
  public:
@@ -88,9 +89,12 @@ TORCH_MODULE(RMSNorm);
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const LlamaConfig& c);
-  // x [B,T,C]; cos, sin [B,T,head_dim] in x's dtype.
+  // x [B,T,C]; cos, sin [B,T,head_dim] in x's dtype. With a sequence-
+  // parallel group, x is this rank's T/P tokens and cos, sin theirs
+  // (Ulysses: zero/sequence_parallel.h).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
   zero::tp::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  zero::sp::Group sp;  // null or one rank: the whole sequence here
 
  private:
   int64_t head_dim_;
@@ -134,6 +138,10 @@ class LlamaModelImpl : public torch::nn::Module {
   // divides), embed_tokens is split by vocabulary rows (vocab_embed).
   explicit LlamaModelImpl(const LlamaConfig& c, zero::tp::Group tp = nullptr);
   at::Tensor forward(const at::Tensor& tokens);  // [B,T] -> hidden [B,T,C]
+  // Ulysses over `sp` (Mesh::sp_group()): forward then takes this rank's
+  // T/P tokens of each sequence (zero::sp::own_tokens), positions counted
+  // from its first. Null or a group of one: the whole sequence.
+  void sequence_parallel(const zero::sp::Group& sp);
   std::shared_ptr<zero::UnitImpl<DecoderLayer>> layer(size_t i) const {
     return layers->ptr<zero::UnitImpl<DecoderLayer>>(i);
   }
@@ -147,6 +155,7 @@ class LlamaModelImpl : public torch::nn::Module {
  private:
   LlamaConfig config_;
   at::Tensor inv_freq_;  // [head_dim / 2] float32, not a parameter or buffer (as transformers: non-persistent)
+  zero::sp::Group sp_;
 };
 TORCH_MODULE(LlamaModel);
 
@@ -161,8 +170,13 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // layers are split by AutoTP's Llama rules (zero::tp::llama_rules()).
   explicit LlamaForCausalLMImpl(const LlamaConfig& c, zero::tp::Group tp = nullptr);
   at::Tensor forward(const at::Tensor& tokens);  // [B,T] int64 -> logits [B,T,vocab]
-  // Mean next-token cross-entropy (in float32) of forward(tokens) against targets [B,T].
+  // Mean next-token cross-entropy (in float32) of forward(tokens) against
+  // targets [B,T] (-100: no target). With sequence parallelism, tokens and
+  // targets are this rank's slices and the mean is over the whole sequence
+  // (zero::sp::cross_entropy).
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets);
+  // Ulysses sequence parallelism over `sp` (LlamaModelImpl::sequence_parallel).
+  void sequence_parallel(const zero::sp::Group& sp);
   const LlamaConfig& config() const { return config_; }
 
   LlamaModel model{nullptr};
@@ -172,8 +186,15 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
  private:
   LlamaConfig config_;
   zero::tp::Group tp_;  // set when the vocabulary is split
+  zero::sp::Group sp_;
 };
 TORCH_MODULE(LlamaForCausalLM);
+
+// Ulysses sequence parallelism over `sp` ranks (LlamaModelImpl::sequence_parallel):
+// throws ConfigError naming the numbers when the attention heads do not split
+// over them, when key/value heads and sp do not divide one another, or when
+// `ctx` (if above 0) tokens do not split over them.
+void check_sequence_parallel(const LlamaConfig& c, int64_t sp, int64_t ctx = 0);
 
 // Pipeline parallelism (pipeline.stages > 1): the model as a layer list for
 // zero::pipe::PipelineModule, as DeepSpeed's PipelineModule takes it:

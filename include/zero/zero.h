@@ -9,5 +9,6 @@
 #include "zero/init.h"
 #include "zero/log.h"
 #include "zero/mesh.h"
+#include "zero/sequence_parallel.h"
 #include "zero/tensor_parallel.h"
 #include "zero/unit.h"

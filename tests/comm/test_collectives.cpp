@@ -134,6 +134,39 @@ TEST(Collectives, AllGatherConcatenatesInRankOrder) {
   }
 }
 
+// Element i of chunk q on rank r is a value that names (r, q, i): after the
+// all-to-all, chunk p on rank R must be rank p's chunk R, and the bytes
+// counted are every chunk but the rank's own ((W-1)/W of its input).
+TEST(Collectives, AllToAllSwapsChunksBetweenRanks) {
+  const int W = g_world->size(), R = g_world->rank();
+  auto chunk_of = [](int from, int to, int64_t n, at::ScalarType dtype) {
+    return ((torch::arange(n, torch::kLong) + 7 * from + 3 * to) % 101).to(dtype);
+  };
+  for (auto dtype : kDtypes) {
+    for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{4099}, int64_t{300001}}) {  // n per chunk; the last crosses chunks
+      std::vector<at::Tensor> chunks;
+      for (int q = 0; q < W; ++q) chunks.push_back(chunk_of(R, q, n, dtype));
+      at::Tensor input = torch::cat(chunks);
+      at::Tensor output = torch::full({W * n}, -1, torch::TensorOptions().dtype(dtype));
+      const auto before = g_world->stats().all_to_all_bytes;
+      g_world->all_to_all(output, input);
+      EXPECT_EQ(g_world->stats().all_to_all_bytes - before, int64_t(input.nbytes()) * (W - 1) / W);
+      for (int p = 0; p < W; ++p) {
+        EXPECT_TRUE(output.slice(0, p * n, (p + 1) * n).equal(chunk_of(p, R, n, dtype)))
+            << name(dtype) << " n=" << n << " from rank " << p;
+      }
+    }
+  }
+  if (W > 1) {
+    try {
+      g_world->all_to_all(torch::zeros({W * 3 + 1}), torch::zeros({W * 3 + 1}));
+      FAIL() << "expected a CommError";
+    } catch (const zero::CommError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::to_string(W * 3 + 1)), std::string::npos) << e.what();
+    }
+  }
+}
+
 // In place: the input is this rank's slot of the output (as the engine's
 // persistent buckets gather); the other slots start as garbage.
 TEST(Collectives, AllGatherInPlace) {
@@ -237,6 +270,15 @@ TEST(Collectives, CudaTensors) {
     g_world->all_gather(gathered, contribution(R, 1001, dtype).to(torch::kCUDA));
     for (int r = 0; r < W; ++r) {
       EXPECT_TRUE(gathered.slice(0, r * 1001, (r + 1) * 1001).cpu().equal(contribution(r, 1001, dtype))) << name(dtype);
+    }
+
+    auto swapped = torch::empty({W * 1001}, t.options());
+    g_world->all_to_all(swapped, contribution(R, W * 1001, dtype).to(torch::kCUDA));
+    for (int p = 0; p < W; ++p) {
+      EXPECT_TRUE(swapped.slice(0, p * 1001, (p + 1) * 1001)
+                      .cpu()
+                      .equal(contribution(p, W * 1001, dtype).slice(0, R * 1001, (R + 1) * 1001)))
+          << name(dtype) << " from rank " << p;
     }
   }
 }

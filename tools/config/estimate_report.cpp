@@ -39,12 +39,13 @@ EstimateSetup estimate_setup(const zero::Config& c, int64_t params, int world_si
   zero::EstimateInput& in = e.base;
   // With tensor or pipeline parallelism each rank holds 1/(tp x pp) of the
   // model (replicated norms and biases left out) and ZeRO shards that
-  // over the data-parallel ranks.
+  // over the data-parallel ranks (times the sequence-parallel ones).
   e.mesh = zero::mesh_shape(world_size, static_cast<int>(c.parallelism.tensor_parallel()),
-                            static_cast<int>(c.parallelism.pipeline_parallel()));
+                            static_cast<int>(c.parallelism.pipeline_parallel()),
+                            static_cast<int>(c.parallelism.sequence_parallel()));
   const int64_t model_parallel = static_cast<int64_t>(e.mesh.tp) * e.mesh.pp;
   in.params = (params + model_parallel - 1) / model_parallel;
-  in.world_size = e.mesh.dp;
+  in.world_size = e.mesh.zero();
   in.dtype_bytes = e.dtype == "fp32" ? 4 : 2;
   in.mixed_precision = e.dtype != "fp32";
   in.state_bytes_per_element =
@@ -230,6 +231,7 @@ int run_estimate(const Options& o) {
     doc["tensor_parallel"] = setup.mesh.tp;
     doc["pipeline_parallel"] = setup.mesh.pp;
     doc["data_parallel"] = setup.mesh.dp;
+    doc["sequence_parallel"] = setup.mesh.sp;
     doc["config_stage"] = z.stage;
     doc["dtype"] = setup.dtype;
     doc["optimizer"] = setup.optimizer;

@@ -126,6 +126,7 @@ struct Trained {
   LlamaForCausalLM model{nullptr};
   std::shared_ptr<zero::pipe::PipelineModule> pipe;
   std::unique_ptr<zero::Engine> engine;
+  zero::sp::Group sp;  // set with sequence parallelism
   int64_t micro = 1, gas = 1;
 
   Trained(const LlamaConfig& config, const zero::Config& ds) {
@@ -157,6 +158,9 @@ struct Trained {
     } else {
       model = LlamaForCausalLM(config);
       engine = std::make_unique<zero::Engine>(zero::initialize(ds, model));
+      // Ulysses: the ranks of one sp group read one sequence, each its tokens.
+      if (ds.parallelism.sequence_parallel() > 1) sp = engine->mesh().sp_group();
+      model->sequence_parallel(sp);
     }
   }
   void load_weights(const LlamaConfig& config, const std::string& dir) {
@@ -165,6 +169,17 @@ struct Trained {
     engine->load_weights(dir, o);
   }
   zero::comm::ProcessGroup& dp() { return *engine->mesh().dp_group(); }
+  // Rows of ctx tokens -> the model's inputs and next-token labels. With
+  // sequence parallelism every token is an input (the last one's label is
+  // -100, none), so that ctx splits over the ranks, and each rank keeps its
+  // slice of both: the same predictions, and so the same mean, as ctx - 1
+  // inputs on one rank.
+  std::pair<at::Tensor, at::Tensor> inputs_and_labels(const at::Tensor& batch) const {
+    const int64_t T = batch.size(1);
+    if (!sp) return {batch.slice(1, 0, T - 1), batch.slice(1, 1, T)};
+    at::Tensor labels = torch::cat({batch.slice(1, 1, T), torch::full({batch.size(0), 1}, -100, batch.options())}, 1);
+    return {zero::sp::own_tokens(batch, sp), zero::sp::own_tokens(labels, sp)};
+  }
   // One micro-batch's mean loss (whole model), or one optimizer step's (pipeline).
   // `rows(k)`: micro-batch k's token sequences [micro, T].
   double run(const std::function<at::Tensor(int64_t)>& rows, bool training) {
@@ -179,9 +194,8 @@ struct Trained {
     }
     double total = 0;
     for (int64_t k = 0; k < (training ? gas : 1); ++k) {
-      at::Tensor batch = rows(k);
-      const int64_t T = batch.size(1);
-      at::Tensor loss = model->loss(batch.slice(1, 0, T - 1), batch.slice(1, 1, T));
+      const auto [inputs, labels] = inputs_and_labels(rows(k));
+      at::Tensor loss = model->loss(inputs, labels);
       if (training) {
         engine->backward(loss);
         engine->step();
@@ -265,6 +279,7 @@ int eval(const Args& a) {
           ? zero::Config::from_json(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "SGD", "params": {"lr": 0}}})")
           : zero::Config::from_file(a.config);
   check_model_size(config, a.hf_dir, /*weights=*/true, ways(ds_config));
+  zero::llama::check_sequence_parallel(config, ds_config.parallelism.sequence_parallel(), ctx);
   Trained t(config, ds_config);
   t.load_weights(config, a.hf_dir);
   t.engine->train(false);
@@ -287,15 +302,15 @@ int eval(const Args& a) {
     }
   } else {
     for (int64_t s = dp.rank(); s < sequences; s += dp.size()) {
-      at::Tensor ids = tokens.get_batch({s})[0];
-      at::Tensor logits = t.model->forward(ids).to(torch::kFloat);
+      const auto [inputs, labels] = t.inputs_and_labels(tokens.get_batch({s})[0]);
+      at::Tensor logits = t.model->forward(inputs).to(torch::kFloat);
       at::Tensor ce = torch::nn::functional::cross_entropy(
-          logits[0].slice(0, 0, ctx - 1), ids[0].slice(0, 1, ctx),
-          torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
-      total += ce.to(torch::kDouble).sum().item<double>();
+          logits[0], labels[0], torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+      total += ce.to(torch::kDouble).sum().item<double>();  // a label of -100 adds 0
     }
+    // Each sequence's predictions are on its sp ranks: the sum is over ZeRO's group (sp x dp).
     at::Tensor sum = torch::tensor({total}, torch::kDouble);
-    dp.all_reduce(sum, zero::comm::ReduceOp::Sum);
+    t.engine->mesh().zero_group()->all_reduce(sum, zero::comm::ReduceOp::Sum);
     total = sum.item<double>();
     evaluated = sequences;
   }
@@ -362,6 +377,7 @@ int train(const Args& a) {
     throw std::invalid_argument("the token file " + a.tokens + " holds fewer than one sequence of --ctx " + std::to_string(a.ctx));
   tokens->check_ids(config.vocab_size);
   check_model_size(config, a.hf_dir, /*weights=*/a.load.empty(), ways(ds_config));
+  zero::llama::check_sequence_parallel(config, ds_config.parallelism.sequence_parallel(), a.ctx);
 
   Trained t(config, ds_config);
   if (a.load.empty()) {
