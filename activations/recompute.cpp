@@ -17,6 +17,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "activations/autograd_leaves.h"
 #include "zero/error.h"
 
 namespace zero {
@@ -199,8 +200,8 @@ at::Tensor bring_back(const KeptInput& k, const ActivationPartition* part) {
   return full.slice(0, 0, c10::multiply_integers(k.sizes)).view(k.sizes);
 }
 
-// The leaves requiring grad that the recomputed graph reaches from `roots`,
-// other than `listed`.
+}  // namespace
+
 variable_list unlisted_leaves(const variable_list& roots, const variable_list& listed) {
   std::unordered_set<const void*> known;
   for (const auto& t : listed) known.insert(t.unsafeGetTensorImpl());
@@ -222,6 +223,8 @@ variable_list unlisted_leaves(const variable_list& roots, const variable_list& l
   }
   return out;
 }
+
+namespace {
 
 bool differentiable(const at::Tensor& t) { return t.defined() && at::isFloatingType(t.scalar_type()); }
 

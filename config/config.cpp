@@ -105,8 +105,9 @@ void Config::resolve(int world_size) {
   const int64_t hpz = zero_optimization.zero_hpz_partition_size;
   if (hpz > 1 && mesh.zero() % hpz != 0) {
     throw ConfigError("zero_optimization.zero_hpz_partition_size " + std::to_string(hpz) +
-                      " does not divide the ZeRO group's size " + std::to_string(mesh.zero()) +
-                      " (data parallel x sequence parallel); set it to the ranks per node");
+                      " does not divide the data-parallel size " + std::to_string(mesh.zero()) +
+                      (sp > 1 ? " (data parallel x sequence parallel: the ranks ZeRO partitions over)" : "") +
+                      "; set it to the ranks per node");
   }
   world_size_ = world_size;
   data_parallel_size_ = mesh.dp;

@@ -271,6 +271,11 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
   const int64_t groups = q.size(1) / k.size(1);
   k = repeat_kv(k, groups);
   v = repeat_kv(v, groups);
+  if (attention_block > 0) {
+    at::Tensor y = blockwise_causal_attention(q, k, v, attention_block).transpose(1, 2);  // [B,T,H,D]
+    y = zero::sp::heads_to_seq(y, sp).contiguous();
+    return o_proj(y.reshape({B, y.size(1), -1}));
+  }
   at::Tensor scores = torch::matmul(q, k.transpose(2, 3)) * std::pow(static_cast<double>(D), -0.5);
   // The causal mask as transformers adds it: the dtype's lowest value above the diagonal.
   at::Tensor future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
@@ -288,7 +293,11 @@ MLPImpl::MLPImpl(const LlamaConfig& c) {
   down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size, c.mlp_bias, kInitStd));
 }
 
-at::Tensor MLPImpl::forward(const at::Tensor& x) { return down_proj(torch::silu(gate_proj(x)) * up_proj(x)); }
+at::Tensor MLPImpl::forward(const at::Tensor& x) {
+  auto mlp = [this](const at::Tensor& tile, int64_t) { return down_proj(torch::silu(gate_proj(tile)) * up_proj(tile)); };
+  if (tiles <= 1) return mlp(x, 0);
+  return zero::tiled_compute(mlp, x, parameters(), tiles);
+}
 
 // ---- decoder layer ----------------------------------------------------------
 
@@ -388,8 +397,9 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, zero::tp::Group
   }
 }
 
-at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
-  at::Tensor h = model(tokens);
+at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) { return logits_of(model(tokens)); }
+
+at::Tensor LlamaForCausalLMImpl::logits_of(const at::Tensor& h) {
   if (!config_.tie_word_embeddings) return vocab_head ? vocab_head(h) : lm_head(h);
   if (!tp_) return torch::linear(h, model->embedding_weight());
   // The tied head over this rank's vocabulary rows, the logits gathered.
@@ -397,8 +407,42 @@ at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
   return zero::tp::gather_from_tensor_parallel(local, tp_);
 }
 
+std::vector<at::Tensor> LlamaForCausalLMImpl::head_parameters() {
+  if (config_.tie_word_embeddings) return {model->embedding_weight()};
+  return vocab_head ? vocab_head->parameters() : lm_head->parameters();
+}
+
 at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
-  return zero::sp::cross_entropy(forward(tokens), targets, sp_);
+  if (loss_tiles_ <= 1) return zero::sp::cross_entropy(forward(tokens), targets, sp_);
+  // Tiled: each slice's logits and the sum of its token losses, the slice
+  // recomputed in backward; the mean as zero::sp::cross_entropy takes it.
+  namespace F = torch::nn::functional;
+  // Kept by value: backward calls it again, after the caller's tensors are gone.
+  auto summed = [this, targets](const at::Tensor& tile, int64_t start) {
+    at::Tensor logits = logits_of(tile).to(torch::kFloat);
+    return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.narrow(1, start, tile.size(1)).reshape({-1}),
+                            F::CrossEntropyFuncOptions().reduction(torch::kSum));
+  };
+  at::Tensor sum = zero::tiled_compute(summed, model(tokens), head_parameters(), loss_tiles_);
+  at::Tensor count = (targets != -100).sum().to(torch::kFloat);
+  if (!sp_ || sp_->size() == 1) return sum / count;
+  at::Tensor all = count.clone();
+  sp_->all_reduce(all, zero::comm::ReduceOp::Sum);
+  return zero::sp::sum_over(sum, sp_) / all;
+}
+
+void LlamaForCausalLMImpl::blockwise_attention(int64_t rows) {
+  if (rows < 0) throw ConfigError("Llama: an attention block of " + std::to_string(rows) + " rows; 0 (eager) or more");
+  for (size_t i = 0; i < model->layers->size(); ++i) model->layer(i)->inner()->self_attn->attention_block = rows;
+}
+
+void LlamaForCausalLMImpl::tiled(int64_t mlp_tiles, int64_t loss_tiles) {
+  if (mlp_tiles < 1 || loss_tiles < 1) {
+    throw ConfigError("Llama: tiles must be at least 1 (1: off); got " + std::to_string(mlp_tiles) + " for the MLP and " +
+                      std::to_string(loss_tiles) + " for the loss");
+  }
+  for (size_t i = 0; i < model->layers->size(); ++i) model->layer(i)->inner()->mlp->tiles = mlp_tiles;
+  loss_tiles_ = loss_tiles;
 }
 
 void LlamaForCausalLMImpl::sequence_parallel(const zero::sp::Group& sp) {

@@ -17,6 +17,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <tuple>
@@ -78,6 +79,23 @@ using CheckpointBody = std::function<std::vector<at::Tensor>(const std::vector<a
 // not listed get theirs from the recompute's own backward, once per call.
 std::vector<at::Tensor> checkpoint_tensors(CheckpointBody body, const std::vector<at::Tensor>& inputs,
                                            const std::vector<at::Tensor>& params = {});
+
+// ALST's tiled compute (arXiv 2506.13996; DeepSpeed's TiledMLP and
+// TiledFusedLogitsLoss): fn over `tiles` consecutive slices of x along
+// dimension 1 (the sequence), one slice at a time, keeping only x for
+// backward; backward runs each tile's forward again and its backward, one
+// tile after another. What fn makes inside (an MLP's intermediate
+// activations, a head's logits) then peaks at one tile's, at the price of a
+// second forward. fn(tile, start) gets the tile and the position of its
+// first element along dimension 1; the tiles' results are concatenated
+// along dimension 1, or summed when they are scalars (a loss). `params`:
+// every parameter fn uses (others are refused in backward), whose
+// gradients, summed over the tiles, leave through the call once, as from one
+// use. fn runs again in backward: what it captures must still be alive then
+// (capture tensors by value). Tiles must not depend on each other (fn must not mix positions: an
+// MLP or a per-token loss, not attention).
+using TileFn = std::function<at::Tensor(const at::Tensor& tile, int64_t start)>;
+at::Tensor tiled_compute(const TileFn& fn, const at::Tensor& x, const std::vector<at::Tensor>& params, int64_t tiles);
 
 namespace detail {
 

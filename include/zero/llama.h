@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "zero/activation_checkpointing.h"
 #include "zero/error.h"
 #include "zero/pipeline.h"
 #include "zero/sequence_parallel.h"
@@ -95,6 +96,7 @@ class AttentionImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
   zero::tp::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   zero::sp::Group sp;  // null or one rank: the whole sequence here
+  int64_t attention_block = 0;  // above 0: blockwise_causal_attention over that many query rows; 0: eager
 
  private:
   int64_t head_dim_;
@@ -106,6 +108,7 @@ class MLPImpl : public torch::nn::Module {
   explicit MLPImpl(const LlamaConfig& c);
   at::Tensor forward(const at::Tensor& x);
   zero::tp::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  int64_t tiles = 1;  // above 1: over that many slices of the sequence (zero::tiled_compute)
 };
 TORCH_MODULE(MLP);
 
@@ -177,6 +180,16 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets);
   // Ulysses sequence parallelism over `sp` (LlamaModelImpl::sequence_parallel).
   void sequence_parallel(const zero::sp::Group& sp);
+  // ALST's tiled compute (zero::tiled_compute): every decoder layer's MLP
+  // over `mlp_tiles` slices of the sequence, and loss() over `loss_tiles`
+  // (the head's logits are then never whole); 1: off. The results are the
+  // same; the MLP's intermediate activations and the logits peak at one
+  // slice's, for a second forward of each.
+  void tiled(int64_t mlp_tiles, int64_t loss_tiles);
+  // Attention over blocks of `rows` query rows (blockwise_causal_attention),
+  // whose memory grows with the context, not its square; 0: transformers'
+  // eager attention (the default, [T, T] scores per head).
+  void blockwise_attention(int64_t rows);
   const LlamaConfig& config() const { return config_; }
 
   LlamaModel model{nullptr};
@@ -184,11 +197,23 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   zero::tp::ColumnParallelLinear vocab_head{nullptr};  // vocab-parallel, registered as "lm_head"
 
  private:
+  at::Tensor logits_of(const at::Tensor& hidden);  // the head, tied or not, split or not
+  std::vector<at::Tensor> head_parameters();
+
   LlamaConfig config_;
   zero::tp::Group tp_;  // set when the vocabulary is split
   zero::sp::Group sp_;
+  int64_t loss_tiles_ = 1;
 };
 TORCH_MODULE(LlamaForCausalLM);
+
+// Causal attention as FlashAttention computes it, over blocks of `block`
+// query rows (llama/blockwise_attention.cpp): q, k, v [B, H, T, D] (key/value
+// heads repeated to the query heads) -> [B, H, T, D], softmax(q k^T / sqrt(D))
+// v with the future masked, computed in float32; only one block's scores
+// exist at a time, in forward and in backward (which recomputes them from
+// each row's log-sum-exp).
+at::Tensor blockwise_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t block);
 
 // Ulysses sequence parallelism over `sp` ranks (LlamaModelImpl::sequence_parallel):
 // throws ConfigError naming the numbers when the attention heads do not split

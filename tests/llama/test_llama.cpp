@@ -10,6 +10,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <sstream>
 
 #include "ckpt/checkpoint.h"
@@ -54,6 +56,54 @@ TEST(Llama, LogitsEqualTransformers) {
     const double error = llama_reference::relative_error(got, want);
     EXPECT_LT(error, 1e-5) << "largest difference, relative to the largest logit";
     std::printf("%s: logits within %.2e of transformers'\n", name.c_str(), error);
+  }
+}
+
+// Long context's pieces on the fixtures: blockwise attention (4 query rows a
+// block) and the MLPs over 3 tiles give transformers' logits, and the tiled
+// loss with its gradients equals the plain one.
+TEST(Llama, BlockwiseAttentionAndTiledMlpKeepTransformersLogits) {
+  for (const std::string name : {"gqa_untied", "tied_llama3"}) {
+    SCOPED_TRACE(name);
+    const LlamaConfig config = LlamaConfig::from_file(kFixtures / name / "config.json");
+    LlamaForCausalLM model(config);
+    zero::Engine engine = engine_for(model);
+    engine.load_weights(kFixtures / name);
+    model->eval();
+    model->blockwise_attention(4);
+    model->tiled(3, 3);
+    const at::Tensor want = llama_reference::transformers_logits(name);
+    torch::NoGradGuard no_grad;
+    at::Tensor ids = torch::tensor(first_sequence(want.size(0))).unsqueeze(0);
+    const double error = llama_reference::relative_error(model->forward(ids)[0], want);
+    EXPECT_LT(error, 1e-5) << "largest difference, relative to the largest logit";
+    std::printf("%s, blockwise attention and tiled MLPs: logits within %.2e of transformers'\n", name.c_str(), error);
+  }
+}
+
+TEST(Llama, BlockwiseAttentionEqualsEagerForwardAndBackward) {
+  torch::manual_seed(3);
+  const at::Tensor q0 = torch::randn({2, 3, 23, 8}), k0 = torch::randn({2, 3, 23, 8}), v0 = torch::randn({2, 3, 23, 8});
+  const at::Tensor d_out = torch::randn({2, 3, 23, 8});
+  auto eager = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    at::Tensor s = torch::matmul(q, k.transpose(2, 3)) / std::sqrt(8.0);
+    s = s.masked_fill(torch::ones({23, 23}, torch::kBool).triu(1), -std::numeric_limits<float>::infinity());
+    return torch::matmul(torch::softmax(s, -1), v);
+  };
+  auto run = [&](const std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>& attention) {
+    at::Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true), v = v0.clone().requires_grad_(true);
+    at::Tensor out = attention(q, k, v);
+    (out * d_out).sum().backward();
+    return std::vector<at::Tensor>{out.detach(), q.grad(), k.grad(), v.grad()};
+  };
+  const auto want = run(eager);
+  for (int64_t block : {1, 4, 7, 23, 64}) {  // uneven, the whole sequence, more than it
+    const auto got = run([block](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+      return zero::llama::blockwise_causal_attention(q, k, v, block);
+    });
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_LT(llama_reference::relative_error(got[i], want[i]), 1e-6) << "block " << block << ", tensor " << i;
+    }
   }
 }
 

@@ -7,12 +7,15 @@
 //   process training the same global batch of whole sequences: losses and
 //   gradient norms within 1e-6 relative over 20 fp32 steps at ZeRO stages
 //   1-3, and the parameters at the end;
+// - the same with ALST's tiled MLPs and loss and blockwise attention,
+//   inside activation checkpoints;
 // - the all-to-all bytes of a forward equal the formula;
 // - bad layouts are refused with the numbers.
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -38,11 +41,12 @@ LlamaConfig fixture(const std::string& name) { return LlamaConfig::from_file(kFi
 const char* const kAdamW = R"({"type": "AdamW", "params": {"lr": 0.001, "weight_decay": 0.01}})";
 const char* const kSgd = R"({"type": "SGD", "params": {"lr": 0.05}})";
 
-std::string ds_config(int stage, int64_t micro, int sp, const std::string& optimizer = kAdamW) {
+std::string ds_config(int stage, int64_t micro, int sp, const std::string& optimizer = kAdamW,
+                      const std::string& extra = "") {
   const std::string stage3 = stage == 3 ? R"(, "stage3_param_persistence_threshold": 0)" : "";
   return R"({"train_micro_batch_size_per_gpu": )" + std::to_string(micro) + R"(, "sequence_parallel_size": )" +
          std::to_string(sp) + R"(, "zero_optimization": {"stage": )" + std::to_string(stage) + stage3 +
-         R"(}, "optimizer": )" + optimizer + "}";
+         R"(}, "optimizer": )" + optimizer + extra + "}";
 }
 
 double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
@@ -117,13 +121,19 @@ Curve train_whole_sequences(const LlamaConfig& config, int stage, const std::str
   return c;
 }
 
-Curve train_sequence_parallel(const LlamaConfig& config, int stage, int sp, const std::string& optimizer) {
+// `tiles` > 1: the MLPs and the loss tiled (ALST) and blockwise attention;
+// `extra`: more ds_config keys.
+Curve train_sequence_parallel(const LlamaConfig& config, int stage, int sp, const std::string& optimizer,
+                              int64_t tiles = 1, const std::string& extra = "") {
   torch::manual_seed(0);
   LlamaForCausalLM model(config);
   const int dp = g_world->size() / sp;
-  zero::Engine engine = zero::initialize(zero::Config::from_json(ds_config(stage, kRows / dp, sp, optimizer)), model);
+  zero::Engine engine =
+      zero::initialize(zero::Config::from_json(ds_config(stage, kRows / dp, sp, optimizer, extra)), model);
   const auto& group = engine.mesh().sp_group();
   model->sequence_parallel(group);
+  model->tiled(tiles, tiles);
+  if (tiles > 1) model->blockwise_attention(5);  // 5 query rows a block: uneven over 32 tokens
   const auto& data = engine.mesh().dp_group();
   Curve c;
   for (int step = 0; step < kSteps; ++step) {
@@ -181,6 +191,33 @@ TEST(Ulysses, TrainingFollowsOneProcessOnWholeSequences) {
         }
       }
      }
+    }
+  }
+}
+
+// ALST: Ulysses with the MLPs and the loss over 3 uneven tiles (16 or 8
+// tokens a rank) and blockwise attention, inside activation checkpoints kept
+// on the host, at stage 3.
+TEST(Ulysses, TiledMlpAndLossInsideCheckpointsFollowOneProcess) {
+  const int W = g_world->size();
+  const LlamaConfig config = fixture("gqa_untied");
+  const std::string checkpoints = R"(, "activation_checkpointing": {"checkpoint_every": 1, "cpu_checkpointing": true})";
+  for (const std::string optimizer : {kAdamW, kSgd}) {
+    const Curve want = train_whole_sequences(config, 3, optimizer);
+    const Curve got = train_sequence_parallel(config, 3, W, optimizer, /*tiles=*/3, checkpoints);
+    double worst_loss = 0, worst_norm = 0, worst_param = 0;
+    for (int step = 0; step < kSteps; ++step) {
+      worst_loss = std::max(worst_loss, relative(got.losses[step], want.losses[step]));
+      worst_norm = std::max(worst_norm, relative(got.norms[step], want.norms[step]));
+    }
+    for (size_t i = 0; i < want.params.size(); ++i)
+      worst_param = std::max(worst_param, llama_reference::relative_error(got.params[i].second, want.params[i].second));
+    EXPECT_LT(worst_loss, 1e-6);
+    EXPECT_LT(worst_norm, 1e-6);
+    if (optimizer == kSgd) EXPECT_LT(worst_param, 1e-6);
+    if (g_world->rank() == 0) {
+      std::printf("tiled x3, blockwise attention, checkpointed, stage 3, sp %d %s: worst relative loss %.1e, norm %.1e, param %.1e\n", W,
+                  optimizer == kSgd ? "SGD" : "AdamW", worst_loss, worst_norm, worst_param);
     }
   }
 }

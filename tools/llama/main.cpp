@@ -22,7 +22,11 @@
 // any world size with the same global batch. --save writes a zero checkpoint;
 // --save-hf the weights in Hugging Face's layout (model.safetensors and
 // config.json), which transformers loads. --timing adds each step's wall
-// time in seconds to its line ("time S"), for bench/run_llama.sh.
+// time in seconds to its line ("time S"), for bench/run_llama.sh. --tiles N
+// computes every MLP and the loss over N slices of the sequence (ALST's
+// tiled compute, zero::tiled_compute), --attention-block R the attention
+// over blocks of R query rows (blockwise_causal_attention): the same losses,
+// less memory at long contexts.
 #include <torch/torch.h>
 
 #include <fcntl.h>
@@ -55,11 +59,13 @@ using zero::llama::LlamaForCausalLM;
 const char* const kUsage =
     "usage: zero-llama eval --hf-dir DIR --tokens FILE [--tokens-dtype uint16|uint32] [--ctx T] [--config DS_CONFIG]\n"
     "       zero-llama train --hf-dir DIR --config DS_CONFIG --tokens FILE --steps N --ctx T\n"
-    "                        [--tokens-dtype uint16|uint32] [--save-hf OUT] [--save CKPT] [--load CKPT] [--timing]\n";
+    "                        [--tokens-dtype uint16|uint32] [--save-hf OUT] [--save CKPT] [--load CKPT] [--timing]\n"
+    "       both: [--tiles N] (the MLPs and the loss over N slices of each sequence)\n"
+    "             [--attention-block R] (attention over blocks of R query rows; 0: eager, the default)\n";
 
 struct Args {
   std::string command, hf_dir, tokens, tokens_dtype = "uint16", config, save_hf, save, load;
-  int64_t ctx = 0, steps = -1;
+  int64_t ctx = 0, steps = -1, tiles = 1, attention_block = 0;
   bool timing = false;
 };
 
@@ -83,11 +89,16 @@ Args parse(int argc, char** argv) {
     const std::string value = argv[i + 1];
     if (texts.count(flag)) {
       *texts[flag] = value;
-    } else if (flag == "--ctx" || flag == "--steps") {
+    } else if (flag == "--ctx" || flag == "--steps" || flag == "--tiles" || flag == "--attention-block") {
+      const int64_t least = flag == "--ctx" ? 2 : flag == "--tiles" ? 1 : 0;
       if (value.empty() || value.size() > 9 || value.find_first_not_of("0123456789") != std::string::npos ||
-          std::stoll(value) < (flag == "--ctx" ? 2 : 0))
-        throw std::invalid_argument(flag + " " + value + (flag == "--ctx" ? ": a number of tokens, 2 or more" : ": a number of steps"));
-      (flag == "--ctx" ? a.ctx : a.steps) = std::stoll(value);
+          std::stoll(value) < least)
+        throw std::invalid_argument(flag + " " + value + (flag == "--ctx"     ? ": a number of tokens, 2 or more"
+                                                         : flag == "--tiles" ? ": a number of slices, 1 or more"
+                                                         : flag == "--steps" ? ": a number of steps"
+                                                                             : ": a number of query rows, 0 for eager"));
+      (flag == "--ctx" ? a.ctx : flag == "--tiles" ? a.tiles : flag == "--steps" ? a.steps : a.attention_block) =
+          std::stoll(value);
     } else {
       throw std::invalid_argument("unknown option " + flag);
     }
@@ -169,6 +180,14 @@ struct Trained {
     engine->load_weights(dir, o);
   }
   zero::comm::ProcessGroup& dp() { return *engine->mesh().dp_group(); }
+  void long_context(int64_t tiles, int64_t attention_block) {
+    if (tiles <= 1 && attention_block == 0) return;
+    if (pipe) {
+      throw std::invalid_argument("--tiles and --attention-block with pipeline stages: not built yet; leave them out");
+    }
+    model->tiled(tiles, tiles);
+    model->blockwise_attention(attention_block);
+  }
   // Rows of ctx tokens -> the model's inputs and next-token labels. With
   // sequence parallelism every token is an input (the last one's label is
   // -100, none), so that ctx splits over the ranks, and each rank keeps its
@@ -281,6 +300,7 @@ int eval(const Args& a) {
   check_model_size(config, a.hf_dir, /*weights=*/true, ways(ds_config));
   zero::llama::check_sequence_parallel(config, ds_config.parallelism.sequence_parallel(), ctx);
   Trained t(config, ds_config);
+  t.long_context(a.tiles, a.attention_block);
   t.load_weights(config, a.hf_dir);
   t.engine->train(false);
   // Data-parallel ranks share the sequences; tensor-parallel (and pipeline) ranks compute each together.
@@ -380,6 +400,7 @@ int train(const Args& a) {
   zero::llama::check_sequence_parallel(config, ds_config.parallelism.sequence_parallel(), a.ctx);
 
   Trained t(config, ds_config);
+  t.long_context(a.tiles, a.attention_block);
   if (a.load.empty()) {
     t.load_weights(config, a.hf_dir);
   } else {
