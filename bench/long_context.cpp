@@ -7,9 +7,12 @@
 //   zero-run --nproc P bench_long_context --context T --mode plain|long --out lines.jsonl
 //
 // Per rank, the largest over the ranks: the step's peak RSS above the RSS it
-// started from ("activation_peak": a first step at a short context has
-// already made the gradients' and optimizer's buffers, and the high-water
-// mark is reset through /proc/self/clear_refs before the measured step),
+// started from, less the same for a step at a short context
+// ("activation_peak": what grows with the context; the high-water mark is
+// reset through /proc/self/clear_refs before each measured step, and a first
+// step has made the engine's buffers. What a step holds at any context, such
+// as the embedding's and head's dense gradients on their way to the reducer,
+// is "step_floor"),
 // the engine's activations_peak (what forward left for backward), the
 // step's seconds, and the all-to-all bytes this rank sent in the step
 // against the formula: forward and backward each move q, k, v (key/value
@@ -72,7 +75,7 @@ int main(int argc, char** argv) try {
   const zero_bench::Flags flags(argc, argv,
                                 {{"context", "1024"}, {"mode", "long"}, {"out", ""}, {"vocab", "32000"},
                                  {"hidden", "512"}, {"intermediate", "1536"}, {"layers", "2"}, {"heads", "8"},
-                                 {"kv-heads", "4"}, {"tiles", "0"}, {"attention-block", "128"}, {"stage", "2"}});
+                                 {"kv-heads", "4"}, {"tile-tokens", "64"}, {"attention-block", "128"}, {"stage", "2"}});
   auto world = zero::comm::init_process_group();
   const int P = world->size();
   at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / P));
@@ -90,10 +93,10 @@ int main(int argc, char** argv) try {
   zero::Engine engine = zero::initialize(zero::Config::from_json(ds), model, init);
   const auto& sp = engine.mesh().sp_group();
   model->sequence_parallel(sp);
-  // ALST's tiles: about one per hidden_size tokens of this rank (DeepSpeed's TiledMLP default).
+  // ALST's tiles: one per tile-tokens tokens of this rank (DeepSpeed's TiledMLP
+  // takes one per hidden_size; the loss's tiles hold tile-tokens x vocab logits).
   const int64_t local = T / P;
-  const int64_t tiles = flags.num("tiles") > 0 ? flags.num("tiles")
-                                               : std::max<int64_t>(1, (local + config.hidden_size - 1) / config.hidden_size);
+  const int64_t tiles = std::max<int64_t>(1, (local + flags.num("tile-tokens") - 1) / flags.num("tile-tokens"));
   if (long_mode) {
     model->tiled(tiles, tiles);
     model->blockwise_attention(flags.num("attention-block"));
@@ -107,18 +110,24 @@ int main(int argc, char** argv) try {
     engine.step();
     return loss.item<double>();
   };
-  step(8 * P, 1);  // buffers made at a short context
+  const int64_t short_context = 8 * P;
+  step(short_context, 1);  // buffers made
   world->barrier();
-  const bool reset = reset_peak_rss();
-  const int64_t rss_before = status_bytes("VmRSS");
+  bool reset = reset_peak_rss();
+  int64_t rss_before = status_bytes("VmRSS");
+  step(short_context, 1);
+  const int64_t floor = status_bytes("VmHWM") - rss_before;
+  world->barrier();
+  reset = reset_peak_rss() && reset;
+  rss_before = status_bytes("VmRSS");
   const int64_t sent_before = sp->stats().all_to_all_bytes;
   const auto start = std::chrono::steady_clock::now();
   const double loss = step(T, 2);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t sent = sp->stats().all_to_all_bytes - sent_before;
-  at::Tensor mine = torch::tensor({static_cast<double>(status_bytes("VmHWM") - rss_before),
+  at::Tensor mine = torch::tensor({static_cast<double>(status_bytes("VmHWM") - rss_before - floor),
                                    static_cast<double>(engine.memory_report().activations_peak),
-                                   static_cast<double>(zero_bench::peak_rss_bytes()), seconds},
+                                   static_cast<double>(zero_bench::peak_rss_bytes()), seconds, static_cast<double>(floor)},
                                   torch::kDouble);
   world->all_reduce(mine, zero::comm::ReduceOp::Max);
   const int64_t kv = P > 1 ? std::max(config.num_key_value_heads, static_cast<int64_t>(P)) : config.num_key_value_heads;
@@ -135,6 +144,7 @@ int main(int argc, char** argv) try {
                        {"activations_peak", mine[1].item<double>()},
                        {"peak_rss", mine[2].item<double>()},
                        {"step_s", mine[3].item<double>()},
+                       {"step_floor", mine[4].item<double>()},
                        {"all_to_all_bytes", sent},
                        {"all_to_all_formula", formula},
                        {"peak_reset", reset},

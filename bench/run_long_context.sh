@@ -5,7 +5,10 @@
 # whole MLPs and logits) and long (ALST: blockwise attention, the MLPs and
 # the loss over tiles). Each probe is one zero-run of bench_long_context
 # (bench/long_context.cpp: the step's peak RSS above where it started, the
-# largest over the ranks). The search doubles the context from 64 x sp while
+# largest over the ranks, less what a step at a short context grows by).
+# The ranks run on glibc's malloc with a fixed mmap threshold of 64 kB, so
+# that a freed tensor leaves the RSS and the RSS follows what is alive
+# (tcmalloc, zero-run's default, keeps freed spans). The search doubles the context from 64 x sp while
 # it fits, then halves the gap STEPS times (default 3: within 1/8).
 # Then, at sp 1's longest long-mode context, every sp runs once more: the
 # activation peak per rank at sp P against sp 1's, and all-to-all bytes
@@ -29,6 +32,7 @@ budget=$(( ${BUDGET_MB:-128} * 1000000 ))
 steps="${STEPS:-3}" ceiling="${MAX_CONTEXT:-65536}"
 bin="$build/bench/bench_long_context"
 run="$build/tools/launcher/zero-run"
+export ZERO_ALLOCATOR=system MALLOC_MMAP_THRESHOLD_=65536
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-); $(nproc) cores; kernels: $(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || echo AVX2); budget ${BUDGET_MB:-128} MB a rank" >&2
 
 # probe SP MODE CONTEXT -> prints the activation peak in bytes (huge when the run failed)
