@@ -1,5 +1,6 @@
 // The Llama family (zero/llama.h): config.json read and checked, the
-// parameter shapes it implies, and the modules in transformers' order.
+// parameter shapes it implies, and the modules in transformers' order
+// (the long-context switches and the loss: long_context.cpp).
 // One concept over 400 lines: one model family, its config and its modules,
 // read top to bottom as transformers' modeling_llama.py is.
 #include "zero/llama.h"
@@ -344,30 +345,6 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, zero::tp::Group tp) : confi
   inv_freq_ = rope_inv_freq(c);
 }
 
-void check_sequence_parallel(const LlamaConfig& c, int64_t sp, int64_t ctx) {
-  if (c.num_attention_heads % sp != 0) {
-    throw ConfigError("Llama: num_attention_heads " + std::to_string(c.num_attention_heads) +
-                      " does not split over sequence_parallel_size " + std::to_string(sp) +
-                      "; use a size that divides the heads");
-  }
-  const int64_t kv = c.num_key_value_heads;
-  if (kv % sp != 0 && sp % kv != 0) {
-    throw ConfigError("Llama: num_key_value_heads " + std::to_string(kv) + " and sequence_parallel_size " +
-                      std::to_string(sp) + ": one must divide the other (fewer key/value heads than ranks are "
-                      "repeated, as DeepSpeed's Ulysses does)");
-  }
-  if (ctx > 0 && ctx % sp != 0) {
-    throw ConfigError("Llama: a context of " + std::to_string(ctx) + " tokens does not split over sequence_parallel_size " +
-                      std::to_string(sp) + "; use a context that is a multiple of " + std::to_string(sp));
-  }
-}
-
-void LlamaModelImpl::sequence_parallel(const zero::sp::Group& sp) {
-  check_sequence_parallel(config_, sp ? sp->size() : 1);
-  sp_ = sp;
-  for (size_t i = 0; i < layers->size(); ++i) layer(i)->inner()->self_attn->sp = sp;
-}
-
 at::Tensor LlamaModelImpl::forward(const at::Tensor& tokens) {
   if (tokens.dim() != 2 || tokens.scalar_type() != torch::kLong) throw EngineError("Llama: tokens must be [batch, time] int64");
   const int64_t B = tokens.size(0), T = tokens.size(1);
@@ -405,49 +382,6 @@ at::Tensor LlamaForCausalLMImpl::logits_of(const at::Tensor& h) {
   // The tied head over this rank's vocabulary rows, the logits gathered.
   at::Tensor local = torch::linear(zero::tp::copy_to_tensor_parallel(h, tp_), model->embedding_weight());
   return zero::tp::gather_from_tensor_parallel(local, tp_);
-}
-
-std::vector<at::Tensor> LlamaForCausalLMImpl::head_parameters() {
-  if (config_.tie_word_embeddings) return {model->embedding_weight()};
-  return vocab_head ? vocab_head->parameters() : lm_head->parameters();
-}
-
-at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
-  if (loss_tiles_ <= 1) return zero::sp::cross_entropy(forward(tokens), targets, sp_);
-  // Tiled: each slice's logits and the sum of its token losses, the slice
-  // recomputed in backward; the mean as zero::sp::cross_entropy takes it.
-  namespace F = torch::nn::functional;
-  // Kept by value: backward calls it again, after the caller's tensors are gone.
-  auto summed = [this, targets](const at::Tensor& tile, int64_t start) {
-    at::Tensor logits = logits_of(tile).to(torch::kFloat);
-    return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.narrow(1, start, tile.size(1)).reshape({-1}),
-                            F::CrossEntropyFuncOptions().reduction(torch::kSum));
-  };
-  at::Tensor sum = zero::tiled_compute(summed, model(tokens), head_parameters(), loss_tiles_);
-  at::Tensor count = (targets != -100).sum().to(torch::kFloat);
-  if (!sp_ || sp_->size() == 1) return sum / count;
-  at::Tensor all = count.clone();
-  sp_->all_reduce(all, zero::comm::ReduceOp::Sum);
-  return zero::sp::sum_over(sum, sp_) / all;
-}
-
-void LlamaForCausalLMImpl::blockwise_attention(int64_t rows) {
-  if (rows < 0) throw ConfigError("Llama: an attention block of " + std::to_string(rows) + " rows; 0 (eager) or more");
-  for (size_t i = 0; i < model->layers->size(); ++i) model->layer(i)->inner()->self_attn->attention_block = rows;
-}
-
-void LlamaForCausalLMImpl::tiled(int64_t mlp_tiles, int64_t loss_tiles) {
-  if (mlp_tiles < 1 || loss_tiles < 1) {
-    throw ConfigError("Llama: tiles must be at least 1 (1: off); got " + std::to_string(mlp_tiles) + " for the MLP and " +
-                      std::to_string(loss_tiles) + " for the loss");
-  }
-  for (size_t i = 0; i < model->layers->size(); ++i) model->layer(i)->inner()->mlp->tiles = mlp_tiles;
-  loss_tiles_ = loss_tiles;
-}
-
-void LlamaForCausalLMImpl::sequence_parallel(const zero::sp::Group& sp) {
-  model->sequence_parallel(sp);
-  sp_ = sp;
 }
 
 // ---- pipeline layer list ------------------------------------------------------

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <string>
 
+#include "parallel/autograd_group.h"
 #include "zero/error.h"
 
 namespace zero::sp {
@@ -16,17 +17,10 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-struct GroupRef : torch::CustomClassHolder {
-  explicit GroupRef(Group g) : group(std::move(g)) {}
-  Group group;
-};
-c10::intrusive_ptr<GroupRef> ref(const Group& g) { return c10::make_intrusive<GroupRef>(g); }
-const Group& group_of(AutogradContext* ctx) {
-  return c10::static_intrusive_pointer_cast<GroupRef>(ctx->saved_data.at("zero.sp.group").toCapsule())->group;
-}
-void keep(AutogradContext* ctx, const c10::intrusive_ptr<GroupRef>& g) {
-  ctx->saved_data["zero.sp.group"] = c10::IValue::make_capsule(g);
-}
+using parallel_detail::group_of;
+using parallel_detail::GroupRef;
+using parallel_detail::keep;
+using parallel_detail::ref;
 
 void check_4d(const char* op, const at::Tensor& x) {
   if (x.dim() != 4) {
@@ -174,15 +168,18 @@ at::Tensor sum_over(const at::Tensor& x, const Group& group) {
   return SumOver::apply(x, ref(group));
 }
 
+at::Tensor mean_over(const at::Tensor& local_sum, const at::Tensor& local_count, const Group& group) {
+  if (alone(group)) return local_sum / local_count;
+  return sum_over(local_sum, group) / summed(local_count, group);  // a count: nothing to differentiate
+}
+
 at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& labels, const Group& group) {
   namespace F = torch::nn::functional;
   at::Tensor flat = logits.to(torch::kFloat).reshape({-1, logits.size(-1)});
   at::Tensor targets = labels.reshape({-1});
   if (alone(group)) return F::cross_entropy(flat, targets);
   at::Tensor local = F::cross_entropy(flat, targets, F::CrossEntropyFuncOptions().reduction(torch::kSum));
-  at::Tensor count = (targets != -100).sum().to(torch::kFloat);
-  at::Tensor all = summed(count, group);  // a count: nothing to differentiate
-  return sum_over(local, group) / all;
+  return mean_over(local, (targets != -100).sum().to(torch::kFloat), group);
 }
 
 }  // namespace zero::sp

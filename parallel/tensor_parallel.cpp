@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "parallel/autograd_group.h"
 #include "zero/error.h"
 #include "zero/log.h"
 
@@ -17,19 +18,10 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The group travels through autograd as a capsule (a non-tensor argument
-// of Function::apply, kept in the context for backward).
-struct GroupRef : torch::CustomClassHolder {
-  explicit GroupRef(Group g) : group(std::move(g)) {}
-  Group group;
-};
-c10::intrusive_ptr<GroupRef> ref(const Group& g) { return c10::make_intrusive<GroupRef>(g); }
-const Group& group_of(AutogradContext* ctx) {
-  return c10::static_intrusive_pointer_cast<GroupRef>(ctx->saved_data.at("zero.tp.group").toCapsule())->group;
-}
-void keep(AutogradContext* ctx, const c10::intrusive_ptr<GroupRef>& g) {
-  ctx->saved_data["zero.tp.group"] = c10::IValue::make_capsule(g);
-}
+using parallel_detail::group_of;
+using parallel_detail::GroupRef;
+using parallel_detail::keep;
+using parallel_detail::ref;
 
 at::Tensor all_reduced(const at::Tensor& x, const Group& group) {
   at::Tensor out = x.contiguous().clone();

@@ -50,6 +50,11 @@ int64_t first_position(int64_t local_tokens, const Group& group);
 // differentiable all-gather of the ranks' losses does).
 at::Tensor sum_over(const at::Tensor& x, const Group& group);
 
+// sum_over(local_sum) / the count summed over the group (a plain division
+// on a group of one): the mean over every rank's tokens of a loss each rank
+// summed over its own.
+at::Tensor mean_over(const at::Tensor& local_sum, const at::Tensor& local_count, const Group& group);
+
 // Mean next-token cross-entropy (float32) over every rank's tokens: logits
 // [B, T/P, V] and labels [B, T/P] of this rank, already shifted over the
 // whole sequence (the label of a rank's last token is the next rank's first

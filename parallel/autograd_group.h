@@ -1,0 +1,31 @@
+#pragma once
+// A process group carried through autograd (tensor_parallel.cpp,
+// sequence_parallel.cpp): the group travels as a capsule, a non-tensor
+// argument of Function::apply, and is kept in the context for backward.
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <memory>
+#include <utility>
+
+#include "zero/comm.h"
+
+namespace zero::parallel_detail {
+
+using Group = std::shared_ptr<comm::ProcessGroup>;
+
+struct GroupRef : torch::CustomClassHolder {
+  explicit GroupRef(Group g) : group(std::move(g)) {}
+  Group group;
+};
+
+inline c10::intrusive_ptr<GroupRef> ref(const Group& g) { return c10::make_intrusive<GroupRef>(g); }
+
+inline void keep(torch::autograd::AutogradContext* ctx, const c10::intrusive_ptr<GroupRef>& g) {
+  ctx->saved_data["zero.group"] = c10::IValue::make_capsule(g);
+}
+
+inline const Group& group_of(torch::autograd::AutogradContext* ctx) {
+  return c10::static_intrusive_pointer_cast<GroupRef>(ctx->saved_data.at("zero.group").toCapsule())->group;
+}
+
+}  // namespace zero::parallel_detail
