@@ -1,5 +1,6 @@
 // zero::mesh_shape (include/zero/mesh_shape.h): torch-free, so the config
 // checks a layout against the world size with it.
+#include <cstdint>
 #include <string>
 
 #include "zero/error.h"
@@ -12,11 +13,14 @@ MeshShape mesh_shape(int world, int tp, int pp, int sp) {
     throw ConfigError("tensor-parallel size " + std::to_string(tp) + ", pipeline size " + std::to_string(pp) +
                       " and sequence-parallel size " + std::to_string(sp) + " must be at least 1");
   }
-  if (world % (tp * pp * sp) != 0) {
+  // In 64 bits, each product checked before the next: sizes near 2^31 must not overflow.
+  const int64_t tp_pp = int64_t{tp} * pp;
+  if (tp_pp > world || tp_pp * sp > world || world % (tp_pp * sp) != 0) {
     std::string fits;
-    for (int t = 1; t <= world; ++t) {
-      for (int p = 1; t * p <= world; ++p) {
-        if (world % (t * p * sp) == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(t) + "x" + std::to_string(p);
+    for (int64_t t = 1; t <= world; ++t) {
+      for (int64_t p = 1; t * p <= world; ++p) {
+        if (t * p * sp <= world && world % (t * p * sp) == 0)
+          fits += (fits.empty() ? "" : ", ") + std::to_string(t) + "x" + std::to_string(p);
       }
     }
     const std::string with_sp = sp > 1 ? " x sequence parallel " + std::to_string(sp) : "";
@@ -26,7 +30,7 @@ MeshShape mesh_shape(int world, int tp, int pp, int sp) {
                       " ranks" + (sp > 1 ? " at sp " + std::to_string(sp) : "") + ": " +
                       (fits.empty() ? "none" : fits));
   }
-  return MeshShape{tp, world / (tp * pp * sp), pp, sp};
+  return MeshShape{tp, static_cast<int>(world / (tp_pp * sp)), pp, sp};
 }
 
 }  // namespace zero
