@@ -320,7 +320,7 @@ void visit_config(Fields& f, Config& c) {
   f.object("tensor_parallel", [&](Fields& g) { visit_tensor_parallel(g, c.parallelism); });
   f.object("pipeline", [&](Fields& g) { visit_pipeline(g, c.parallelism); });
   if (f.reading()) f.object("pipeline_parallel", [&](Fields& g) { visit_pipeline_parallel(g, c.parallelism); });
-  f.integer("sequence_parallel_size", c.parallelism.sequence_parallel_size, Opt().min(1));
+  f.integer("sequence_parallel_size", c.parallelism.sequence_parallel_size, Opt().min(1).max(1000000));  // ranks: an int
   f.object("zero", [&](Fields& g) { visit_zero_engine(g, c.zero); });
   for (const char* key : kUnimplementedTopLevel) f.unimplemented(key);
 }

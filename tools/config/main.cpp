@@ -175,8 +175,8 @@ std::string summary(const zero::Config& c) {
   std::string s = "stage " + std::to_string(c.zero_optimization.stage) + ", " + precision +
                   ", train_batch_size " + std::to_string(*b.train_batch_size) + " = micro batch " +
                   std::to_string(*b.train_micro_batch_size_per_gpu) + " x accumulation " +
-                  std::to_string(*b.gradient_accumulation_steps) + " x " + std::to_string(c.world_size()) +
-                  " rank(s)";
+                  std::to_string(*b.gradient_accumulation_steps) + " x " + std::to_string(c.data_parallel_size()) +
+                  " data-parallel rank(s)";  // world / (tp x pp x sp): the others share a batch
   if (!c.optimizer.type.empty()) s += ", optimizer " + c.optimizer.type;
   if (!c.scheduler.type.empty()) s += ", scheduler " + c.scheduler.type;
   return s;
