@@ -28,4 +28,21 @@ inline const Group& group_of(torch::autograd::AutogradContext* ctx) {
   return c10::static_intrusive_pointer_cast<GroupRef>(ctx->saved_data.at("zero.group").toCapsule())->group;
 }
 
+// A mapping over a group whose backward is another mapping over the same
+// group (Ulysses' two all-to-alls, a sum and its sum):
+//   GroupMapping<to_heads, to_seq>::apply(x, ref(group)).
+using Mapping = at::Tensor (*)(const at::Tensor&, const Group&);
+template <Mapping Forward, Mapping Backward>
+class GroupMapping : public torch::autograd::Function<GroupMapping<Forward, Backward>> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<GroupRef> g) {
+    keep(ctx, g);
+    return Forward(x, g->group);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {Backward(grads[0], group_of(ctx)), at::Tensor()};
+  }
+};
+
 }  // namespace zero::parallel_detail

@@ -14,12 +14,6 @@
 namespace zero::sp {
 namespace {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-using parallel_detail::group_of;
-using parallel_detail::GroupRef;
-using parallel_detail::keep;
 using parallel_detail::ref;
 
 void check_4d(const char* op, const at::Tensor& x) {
@@ -57,44 +51,16 @@ at::Tensor to_seq(const at::Tensor& x, const Group& g) {
   return recv.permute({1, 2, 0, 3, 4}).reshape({B, T / P, P * h, D});
 }
 
-class SeqToHeads : public torch::autograd::Function<SeqToHeads> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<GroupRef> g) {
-    keep(ctx, g);
-    return to_heads(x, g->group);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {to_seq(grads[0], group_of(ctx)), at::Tensor()};
-  }
-};
-
-class HeadsToSeq : public torch::autograd::Function<HeadsToSeq> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<GroupRef> g) {
-    keep(ctx, g);
-    return to_seq(x, g->group);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {to_heads(grads[0], group_of(ctx)), at::Tensor()};
-  }
-};
-
 at::Tensor summed(const at::Tensor& x, const Group& g) {
   at::Tensor out = x.contiguous().clone();
   g->all_reduce(out, comm::ReduceOp::Sum);
   return out;
 }
 
-class SumOver : public torch::autograd::Function<SumOver> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<GroupRef> g) {
-    keep(ctx, g);
-    return summed(x, g->group);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {summed(grads[0], group_of(ctx)), at::Tensor()};
-  }
-};
+// Each all-to-all is the other's backward; a sum's backward is a sum.
+using SeqToHeads = parallel_detail::GroupMapping<to_heads, to_seq>;
+using HeadsToSeq = parallel_detail::GroupMapping<to_seq, to_heads>;
+using SumOver = parallel_detail::GroupMapping<summed, summed>;
 
 bool alone(const Group& g) { return !g || g->size() == 1; }
 
