@@ -215,6 +215,8 @@ struct ParamInfo {
 // edited afterwards (a shape changed, a parameter removed) disagrees with
 // the files (FragmentReader::check_matches_manifest).
 constexpr const char* kParamsRecord = "params";
+// The metadata key of every rank file naming the save that wrote it (Manifest::save_id).
+constexpr const char* kSaveId = "save";
 std::string params_record(const std::vector<ParamInfo>& params);
 // The listing `file` (rank 0's) recorded, or nullopt where it holds none (a
 // file written before the record, or by an import); CheckpointError when
@@ -240,6 +242,10 @@ struct Manifest {
   std::vector<FileInfo> files;     // one per rank (from_json: exactly world_size, ranks 0..N-1 once)
   nlohmann::json engine;           // counters, loss scaler, scheduler (the engine's business)
   nlohmann::json client_state;
+  // The save that wrote it, also in each rank file's metadata (kSaveId):
+  // a reader takes no file of another save of the same tag (Note
+  // [Concurrent saves]). Empty in checkpoints written before it, or imported.
+  std::string save_id;
 
   nlohmann::json to_json() const;
   // Validates format name, version (unknown: error saying which versions this

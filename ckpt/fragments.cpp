@@ -85,7 +85,17 @@ struct FragmentReader::Impl {
     if (verify && static_cast<uint64_t>(st.st_size) != s.info.bytes)
       fail("size mismatch: " + s.path + " has " + std::to_string(st.st_size) + " bytes, " + manifest_file + " says " +
            std::to_string(s.info.bytes) + "; the file was truncated or replaced: restore it or load another tag");
-    s.file = std::make_unique<SafetensorsFile>(s.path);
+    auto file = std::make_unique<SafetensorsFile>(s.path);
+    // The file read from here on (its descriptor stays open) is the one
+    // whose header is checked: one of another save of the tag is refused.
+    const auto save = file->metadata().find(kSaveId);
+    if (!manifest.save_id.empty() && (save == file->metadata().end() || save->second != manifest.save_id))
+      fail("checkpoint file " + s.path + " was written by save \"" +
+           (save == file->metadata().end() ? std::string("(none recorded)") : save->second) + "\", " + manifest_file +
+           " by save \"" + manifest.save_id +
+           "\": the tag was saved again while it was being read (is another job saving into the same folder?); "
+           "load again, or load with an explicit tag that nothing is saving");
+    s.file = std::move(file);
     return *s.file;
   }
 

@@ -146,6 +146,7 @@ nlohmann::json Manifest::to_json() const {
   j["files"] = std::move(files_json);
   j["engine"] = engine.is_null() ? json::object() : engine;
   j["client_state"] = client_state.is_null() ? json::object() : client_state;
+  if (!save_id.empty()) j["save"] = save_id;
   return j;
 }
 
@@ -242,6 +243,10 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& where) 
   if (j.contains("client_state")) m.client_state = j["client_state"];
   if (m.engine.is_null()) m.engine = json::object();
   if (m.client_state.is_null()) m.client_state = json::object();
+  if (j.contains("save")) {
+    if (!j["save"].is_string()) fail(where + ": \"save\" is not a string (it names the save that wrote the checkpoint)");
+    m.save_id = j["save"].get<std::string>();
+  }
   return m;
 }
 

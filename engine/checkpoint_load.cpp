@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -293,6 +294,32 @@ void restore_counters(TrainingParts& s, const EngineRecord& e, const LoadOptions
   if (s.scaler && e.loss_scaler) s.scaler->set_state(*e.loss_scaler);
 }
 
+// The manifest of `tag`, the same on every rank: each reads it itself, and
+// another job saving the tag again meanwhile (Note [Concurrent saves])
+// could give them different saves, or one rank none. The files are then
+// taken only from that save (FragmentReader checks each file's save id).
+ckpt::Manifest agreed_manifest(comm::ProcessGroup& pg, const std::string& dir, const std::string& tag,
+                               const std::string& where) {
+  ckpt::Manifest m;
+  std::string error;
+  try {
+    m = ckpt::read_manifest(dir, tag);
+  } catch (const CheckpointError& e) {
+    error = e.what();
+  }
+  error = comm::agreed_error(pg, error, "load_checkpoint: " + where);
+  if (!error.empty()) throw CheckpointError(error);
+  // Checkpoints written before save ids: the manifest's own digest.
+  const std::string save = !m.save_id.empty() ? m.save_id : "digest " + std::to_string(std::hash<std::string>{}(m.to_json().dump()));
+  const std::string differs = comm::disagreement(pg, {{"the save that wrote " + where + "/manifest.json", save}});
+  if (!differs.empty()) {
+    throw CheckpointError("load_checkpoint: " + differs +
+                          "; the tag was saved again while the ranks read it: is another job saving into the same "
+                          "folder? Load again, or load a tag that nothing is saving");
+  }
+  return m;
+}
+
 }  // namespace
 
 std::string load_checkpoint(TrainingParts& s, const std::string& dir, const std::string& tag_in, const LoadOptions& options) {
@@ -306,8 +333,8 @@ std::string load_checkpoint(TrainingParts& s, const std::string& dir, const std:
                             "; is another job saving into the same folder? Load with an explicit tag");
     }
   }
-  const ckpt::Manifest m = ckpt::read_manifest(dir, tag);
   const std::string where = (fs::path(dir) / tag).string();
+  const ckpt::Manifest m = agreed_manifest(*s.pg, dir, tag, where);
   if (!m.tag_in_file.empty()) {
     log::warn("ckpt", where + "/manifest.json names tag \"" + m.tag_in_file +
                           "\"; the folder it is in is the checkpoint, so its files are read from " + where);

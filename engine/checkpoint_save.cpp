@@ -106,8 +106,9 @@ class RankFile {
   }
   // Rank 0's file records the parameter listing (ckpt::kParamsRecord), which
   // readers check the manifest against.
-  ckpt::FileInfo write(const fs::path& path, int rank, const std::string& params_record) {
-    std::map<std::string, std::string> metadata{{"format", ckpt::kFormatName}, {"rank", std::to_string(rank)}};
+  ckpt::FileInfo write(const fs::path& path, int rank, const std::string& params_record, const std::string& save_id) {
+    std::map<std::string, std::string> metadata{
+        {"format", ckpt::kFormatName}, {"rank", std::to_string(rank)}, {ckpt::kSaveId, save_id}};
     if (rank == 0) metadata[ckpt::kParamsRecord] = params_record;
     ckpt::FileInfo info = ckpt::write_safetensors(path.string(), tensors_, metadata, [this](size_t i) { return fetch(i); });
     window_.finish();
@@ -172,7 +173,8 @@ std::vector<std::string> saved_kinds(TrainingParts& s) {
 // Writes this rank's file; returns its size and checksum, or the error.
 std::pair<ckpt::FileInfo, std::string> write_rank_file(TrainingParts& s, const fs::path& staging,
                                                        const std::vector<std::string>& kinds, const ModelTensors& model,
-                                                       const std::string& params_record, bool allow_non_finite) {
+                                                       const std::string& params_record, const std::string& save_id,
+                                                       bool allow_non_finite) {
   const int rank = s.pg->rank();
   RankFile file(s, allow_non_finite);
   // At stage 0 every rank of ZeRO's group holds everything: the first writes it.
@@ -194,7 +196,7 @@ std::pair<ckpt::FileInfo, std::string> write_rank_file(TrainingParts& s, const f
     file.add_whole(name, gen.get_state());
   }
   try {
-    return {file.write(staging / ckpt::rank_file_name(rank), rank, params_record), ""};
+    return {file.write(staging / ckpt::rank_file_name(rank), rank, params_record, save_id), ""};
   } catch (const std::exception& e) {
     return {ckpt::FileInfo(), e.what()};
   }
@@ -279,9 +281,10 @@ struct Listing {
 };
 
 ckpt::Manifest manifest(TrainingParts& s, const std::string& tag, const std::vector<std::string>& kinds,
-                        const Listing& listed, std::vector<ckpt::FileInfo> files, json client) {
+                        const Listing& listed, std::vector<ckpt::FileInfo> files, json client, const std::string& save_id) {
   ckpt::Manifest m;
   m.tag = tag;
+  m.save_id = save_id;
   m.world_size = s.pg->size();
   m.tensor_parallel = s.mesh->shape().tp;
   m.pipeline_parallel = s.mesh->shape().pp;
@@ -322,7 +325,8 @@ void save_checkpoint(TrainingParts& s, const std::string& dir, const std::string
   const int rank = pg.rank();
   const auto start = Clock::now();
   const fs::path root(dir), saving_root = root / ".saving";
-  const fs::path own = saving_root / staging_id(pg), staging = own / tag;  // Note [Concurrent saves]
+  const std::string save_id = staging_id(pg);  // names this save's folder, its files and its manifest
+  const fs::path own = saving_root / save_id, staging = own / tag;  // Note [Concurrent saves]
   std::string error;
   SavingLock lock;
   if (rank == 0) {
@@ -356,7 +360,7 @@ void save_checkpoint(TrainingParts& s, const std::string& dir, const std::string
   for (const auto& [name, t] : model.buffers) listed.buffers.push_back(name);
   list_whole_model(s, listed.params, listed.buffers);  // a collective with pipeline stages
   auto [info, write_error] =
-      write_rank_file(s, staging, kinds, model, ckpt::params_record(listed.params), options.allow_non_finite);
+      write_rank_file(s, staging, kinds, model, ckpt::params_record(listed.params), save_id, options.allow_non_finite);
   fault::reached("save.written", rank);
   auto files = share_file_entries(pg, info, write_error);  // rank 0 learns every file's size and checksum
   if (files.empty()) {
@@ -366,7 +370,7 @@ void save_checkpoint(TrainingParts& s, const std::string& dir, const std::string
   }
   if (rank == 0) {
     try {
-      ckpt::write_manifest(own.string(), manifest(s, tag, kinds, listed, std::move(files), std::move(client)));
+      ckpt::write_manifest(own.string(), manifest(s, tag, kinds, listed, std::move(files), std::move(client), save_id));
       fault::reached("save.finishing", rank);
       move_into_place(staging, root / tag, own / "replaced");
       ckpt::write_latest(dir, tag);

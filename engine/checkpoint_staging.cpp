@@ -52,6 +52,12 @@ void move_into_place(const fs::path& staging, const fs::path& final_dir, const f
 // so a save's folder could vanish under it: its manifest was then written
 // into a fresh folder without the rank files and moved into place, or the
 // old checkpoint of its tag moved away (tests/ckpt/concurrent_saver.sh).
+// A tag saved again while it is being loaded: the save's id is in its
+// manifest and in each rank file's metadata; the loading ranks agree on
+// the manifest's, and each file they open must carry it (its descriptor
+// then stays on that save's file), so a load takes one save whole or
+// fails on every rank. Before, ranks could read different saves' manifests
+// and files, and load weights that neither save held.
 bool SavingLock::acquire(const fs::path& root) {
   fd_ = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd_ < 0) return false;

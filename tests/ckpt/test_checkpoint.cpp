@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
@@ -305,6 +306,44 @@ TEST(Save, SameTagAgainReplacesIt) {
   if (fs::exists(dir + "/.saving")) {
     for (const auto& e : fs::directory_iterator(dir + "/.saving")) ADD_FAILURE() << "left behind: " << e.path();
   }
+}
+
+// Note [Concurrent saves]: a rank file of another save of the same tag, as
+// a reader meets it when the tag is saved again while it reads, is refused
+// by its save id, even by a reader that leaves the file's hash to another
+// rank (the sizes agree: the same model saved twice).
+TEST(Save, AFileOfAnotherSaveOfTheTagIsRefused) {
+  RunSetup s;
+  const std::string dir = dir_for("other_save");
+  const std::string file0 = dir + "/t/" + zero::ckpt::rank_file_name(0), first = dir + "/first_save_rank0";
+  Net a = make_net(1);
+  auto ea = make_engine(s, a);
+  train(ea, a, 0, 2, *g_world);
+  ea.save_checkpoint(dir, "t");
+  if (g_world->rank() == 0) fs::copy_file(file0, first);
+  train(ea, a, 2, 4, *g_world);
+  ea.save_checkpoint(dir, "t");
+  g_world->barrier();
+  if (g_world->rank() == 0) {
+    const zero::ckpt::Manifest m = zero::ckpt::read_manifest(dir, "t");
+    ASSERT_FALSE(m.save_id.empty());
+    ASSERT_EQ(fs::file_size(first), fs::file_size(file0));
+    fs::copy_file(first, file0, fs::copy_options::overwrite_existing);
+    zero::ckpt::FragmentReader reader(dir, m);
+    reader.verify_only({});  // no hash here: another rank's business
+    auto trainable = std::find_if(m.params.begin(), m.params.end(), [](const auto& p) { return p.trainable; });
+    ASSERT_NE(trainable, m.params.end());
+    try {
+      float x = 0;
+      reader.read_f32("fp32", trainable->name, 0, 1, &x);
+      ADD_FAILURE() << "a rank file of the first save was read under the second save's manifest";
+    } catch (const zero::CheckpointError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("was written by save"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(m.save_id), std::string::npos) << msg;
+    }
+  }
+  g_world->barrier();
 }
 
 // Note [Tag rule]: the engine's save refuses what every reader would
