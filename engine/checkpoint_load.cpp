@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <functional>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -16,6 +15,7 @@
 #include "core/fault.h"
 #include "core/progress.h"
 #include "engine/checkpoint_io.h"
+#include "engine/checkpoint_staging.h"
 #include "engine/training_parts.h"
 #include "zero/error.h"
 #include "zero/log.h"
@@ -292,32 +292,6 @@ void restore_counters(TrainingParts& s, const EngineRecord& e, const LoadOptions
   c.schedule_start = options.load_lr_scheduler_states ? taken - e.scheduler_steps.value_or(taken) : taken;
   c.lr = options.load_lr_scheduler_states ? e.lr.value_or(c.lr) : s.schedule->lr_at(0);
   if (s.scaler && e.loss_scaler) s.scaler->set_state(*e.loss_scaler);
-}
-
-// The manifest of `tag`, the same on every rank: each reads it itself, and
-// another job saving the tag again meanwhile (Note [Concurrent saves])
-// could give them different saves, or one rank none. The files are then
-// taken only from that save (FragmentReader checks each file's save id).
-ckpt::Manifest agreed_manifest(comm::ProcessGroup& pg, const std::string& dir, const std::string& tag,
-                               const std::string& where) {
-  ckpt::Manifest m;
-  std::string error;
-  try {
-    m = ckpt::read_manifest(dir, tag);
-  } catch (const CheckpointError& e) {
-    error = e.what();
-  }
-  error = comm::agreed_error(pg, error, "load_checkpoint: " + where);
-  if (!error.empty()) throw CheckpointError(error);
-  // Checkpoints written before save ids: the manifest's own digest.
-  const std::string save = !m.save_id.empty() ? m.save_id : "digest " + std::to_string(std::hash<std::string>{}(m.to_json().dump()));
-  const std::string differs = comm::disagreement(pg, {{"the save that wrote " + where + "/manifest.json", save}});
-  if (!differs.empty()) {
-    throw CheckpointError("load_checkpoint: " + differs +
-                          "; the tag was saved again while the ranks read it: is another job saving into the same "
-                          "folder? Load again, or load a tag that nothing is saving");
-  }
-  return m;
 }
 
 }  // namespace

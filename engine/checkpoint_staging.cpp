@@ -1,4 +1,5 @@
-// The staging folder of a checkpoint save (checkpoint_staging.h).
+// The staging folder of a checkpoint save, and a load's agreement on the
+// save it reads (checkpoint_staging.h).
 #include "engine/checkpoint_staging.h"
 
 #include <fcntl.h>     // renameat2
@@ -11,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <functional>
 
 #include "zero/error.h"
 
@@ -97,6 +99,28 @@ void discard_staging(const fs::path& own, const fs::path& saving_root) {
   std::error_code ignored;
   fs::remove_all(own, ignored);
   fs::remove(saving_root, ignored);  // only if empty: another save may be staging there
+}
+
+ckpt::Manifest agreed_manifest(comm::ProcessGroup& pg, const std::string& dir, const std::string& tag,
+                               const std::string& where) {
+  ckpt::Manifest m;
+  std::string error;
+  try {
+    m = ckpt::read_manifest(dir, tag);
+  } catch (const CheckpointError& e) {
+    error = e.what();
+  }
+  error = comm::agreed_error(pg, error, "load_checkpoint: " + where);
+  if (!error.empty()) throw CheckpointError(error);
+  // Checkpoints written before save ids: the manifest's own digest.
+  const std::string save = !m.save_id.empty() ? m.save_id : "digest " + std::to_string(std::hash<std::string>{}(m.to_json().dump()));
+  const std::string differs = comm::disagreement(pg, {{"the save that wrote " + where + "/manifest.json", save}});
+  if (!differs.empty()) {
+    throw CheckpointError("load_checkpoint: " + differs +
+                          "; the tag was saved again while the ranks read it: is another job saving into the same "
+                          "folder? Load again, or load a tag that nothing is saving");
+  }
+  return m;
 }
 
 }  // namespace zero::engine

@@ -1,9 +1,11 @@
 #pragma once
-// The folder a checkpoint save stages its files in, and its move into
-// place under the tag (engine/checkpoint_save.cpp): Note [Concurrent saves].
+// The folder a checkpoint save stages its files in, its move into place
+// under the tag (engine/checkpoint_save.cpp), and the save a load reads
+// (engine/checkpoint_load.cpp): Note [Concurrent saves].
 #include <filesystem>
 #include <string>
 
+#include "ckpt/checkpoint.h"
 #include "zero/comm.h"
 
 namespace zero::engine {
@@ -39,5 +41,13 @@ std::string staging_id(comm::ProcessGroup& pg);
 // folder (with the staging folder if it was not moved into place) and
 // `.saving` once it is empty.
 void discard_staging(const std::filesystem::path& own, const std::filesystem::path& saving_root);
+
+// The manifest of `tag`, the same on every rank: each reads it itself, and
+// another job saving the tag again meanwhile could give them different
+// saves, or one rank none (CheckpointError on every rank). The files are
+// then taken only from that save (FragmentReader checks each file's save
+// id). A collective.
+ckpt::Manifest agreed_manifest(comm::ProcessGroup& pg, const std::string& dir, const std::string& tag,
+                               const std::string& where);
 
 }  // namespace zero::engine
