@@ -13,7 +13,15 @@ deepspeed.initialize (no scheduler or clipping: a speed reference).
 Step s's micro-batch k on data-parallel rank d holds the token file's
 sequences (s*gas + k)*micro*dp + d*micro + i (i < micro), modulo their
 number, as zero-llama train takes them. The loss is the mean float32
-cross-entropy of the next-token predictions (T-1 per sequence). OUT:
+cross-entropy of the next-token predictions (T-1 per sequence).
+
+With "sequence_parallel_size": P > 1 in the ds_config, DeepSpeed's Ulysses
+(ALST) runs: UlyssesSPAttentionHF wraps transformers' sdpa attention (it
+refuses eager), the P consecutive ranks of an sp group read one sequence
+(T tokens in, the last label -100, as zero-llama train), each its T/P
+tokens at their global positions, and the loss is ALST's: the sp group's
+summed cross-entropy over its valid tokens, on every rank of the group;
+dp rank = rank // P picks the sequences. OUT:
 {"losses", "grad_norms", "lr", "step_s"}, one entry per step (losses averaged
 over the ranks; step_s: rank 0's wall time of the step). One thread per rank, eager attention (transformers' reference).
 If deepspeed cannot be imported, it says why in one line and exits 2.
@@ -27,6 +35,46 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import numpy as np
 import torch
+
+
+def next_token_loss(engine, batch):
+    logits = engine(input_ids=batch[:, :-1]).logits.float()
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+
+
+class SumOverGroup(torch.autograd.Function):
+    """ALST's differentiable all_gather of the ranks' losses, summed: forward
+    the sum over the group, backward the sum of the ranks' gradients (what
+    the all_gather's reduce-scatter gives back). torch's own
+    torch.distributed.nn.functional.all_gather fails in backward on gloo for
+    a group without global rank 0 (torch 2.15: its scatter takes group ranks
+    for global ones)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        total = x.clone()
+        torch.distributed.all_reduce(total, group=group)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        torch.distributed.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def ulysses_loss(engine, batch, sp, sp_rank, mpu):
+    """ALST's loss at sequence parallelism: this rank's T/P tokens in, the
+    sp group's summed cross-entropy over the sequence's valid tokens out."""
+    chunk = batch.size(1) // sp
+    labels = torch.cat([batch[:, 1:], torch.full((batch.size(0), 1), -100, dtype=batch.dtype)], 1)
+    own = slice(sp_rank * chunk, (sp_rank + 1) * chunk)
+    positions = torch.arange(own.start, own.stop).unsqueeze(0).expand(batch.size(0), -1)
+    logits = engine(input_ids=batch[:, own], position_ids=positions).logits.float()
+    summed = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), labels[:, own].reshape(-1),
+                                               ignore_index=-100, reduction="sum")
+    return SumOverGroup.apply(summed, mpu.get_sequence_parallel_group()) / (labels != -100).sum()
 
 
 def main():
@@ -52,7 +100,16 @@ def main():
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     config = json.load(open(args.config))
     micro, gas = config["train_micro_batch_size_per_gpu"], config.get("gradient_accumulation_steps", 1)
-    model = AutoModelForCausalLM.from_pretrained(args.hf_dir, attn_implementation="eager")
+    sp = config.get("sequence_parallel_size", 1)
+    if sp > 1 and args.ddp:
+        sys.exit("llama_peer.py: --ddp with sequence_parallel_size > 1: DDP has no sequence parallelism; leave one out")
+    model = AutoModelForCausalLM.from_pretrained(args.hf_dir, attn_implementation="sdpa" if sp > 1 else "eager")
+    mpu = None
+    if sp > 1:
+        from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+        mpu = UlyssesSPAttentionHF.register_with_transformers(
+            model_name_or_path=model, core_attn_implementation="sdpa", sequence_parallel_size=sp,
+            micro_batch_size=micro, seq_length=args.ctx, seq_length_is_variable=False)
     if args.ddp:
         params = config["optimizer"].get("params", {})
         optimizer = torch.optim.AdamW(model.parameters(), lr=params.get("lr", 1e-3), betas=tuple(params.get("betas", (0.9, 0.999))),
@@ -79,7 +136,7 @@ def main():
                 return [optimizer.param_groups[0]["lr"]]
         engine = Engine()
     else:
-        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config, mpu=mpu)
     tokens = torch.from_numpy(np.fromfile(args.tokens, dtype="<u2").astype(np.int64))
     sequences = len(tokens) // args.ctx
     losses, norms, lrs, times = [], [], [], []
@@ -88,10 +145,10 @@ def main():
         started = time.perf_counter()
         total = 0.0
         for k in range(gas):
-            rows = [((step * gas + k) * micro * world + rank * micro + i) % sequences for i in range(micro)]
+            dp, d = world // sp, rank // sp
+            rows = [((step * gas + k) * micro * dp + d * micro + i) % sequences for i in range(micro)]
             batch = torch.stack([tokens[s * args.ctx:(s + 1) * args.ctx] for s in rows])
-            logits = engine(input_ids=batch[:, :-1]).logits.float()
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+            loss = ulysses_loss(engine, batch, sp, rank % sp, mpu) if sp > 1 else next_token_loss(engine, batch)
             engine.backward(loss)
             engine.step()
             total += loss.item()

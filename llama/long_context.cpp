@@ -32,7 +32,15 @@ void check_sequence_parallel(const LlamaConfig& c, int64_t sp, int64_t ctx) {
 }
 
 void LlamaModelImpl::sequence_parallel(const zero::sp::Group& sp) {
-  check_sequence_parallel(config_, sp ? sp->size() : 1);
+  // With tensor parallelism (AutoTP first) each rank's attention holds its
+  // share of the heads: those are what split over the sp ranks.
+  LlamaConfig local = config_;
+  if (!layers->is_empty()) {
+    const auto& attention = layer(0)->inner()->self_attn;
+    local.num_attention_heads = attention->q_proj->weight.size(0) / config_.head_dim;
+    local.num_key_value_heads = attention->k_proj->weight.size(0) / config_.head_dim;
+  }
+  check_sequence_parallel(local, sp ? sp->size() : 1);
   sp_ = sp;
   for (size_t i = 0; i < layers->size(); ++i) layer(i)->inner()->self_attn->sp = sp;
 }

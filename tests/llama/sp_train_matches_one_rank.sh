@@ -4,6 +4,8 @@
 # one replica; the one rank gets CONFIG without sequence_parallel_size):
 # every step's loss and gradient norm within 1e-6 relative. SP_ARGS: more
 # zero-llama options for the sequence-parallel run (--tiles, --attention-block).
+# REF_NPROC: ranks of the reference run (1); with tensor parallelism in
+# CONFIG, its tp ranks (the reference then has the same tp, without sp).
 # Usage: sp_train_matches_one_rank.sh ZERO_RUN ZERO_LLAMA FIXTURE TOKENS CONFIG NPROC STEPS WORK
 set -euo pipefail
 zero_run="$1" llama="$2" fixture="$3" tokens="$4" config="$5" nproc="$6" steps="$7" work="$8"
@@ -16,7 +18,7 @@ run() {  # NPROC CONFIG OUT [OPTIONS...]
 }
 # shellcheck disable=SC2086  # SP_ARGS is a list of options
 run "$nproc" "$config" "$work/sp.txt" ${SP_ARGS:-}
-run 1 "$work/one_rank.json" "$work/one.txt"
+run "${REF_NPROC:-1}" "$work/one_rank.json" "$work/one.txt"
 echo "step | loss at sp $nproc | loss on one rank | grad_norm at sp | on one rank"
 paste -d' ' "$work/sp.txt" "$work/one.txt" | awk -v steps="$steps" '
   function rel(a, b) { d = a - b; if (d < 0) d = -d; if (b < 0) b = -b; return d / b }

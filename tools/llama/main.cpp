@@ -159,13 +159,17 @@ struct Trained {
       // Built on the mesh: the vocabulary split (embedding and head), then
       // AutoTP's Llama rules for the decoder layers.
       auto world = zero::comm::init_process_group();
-      auto mesh = std::make_shared<zero::Mesh>(world, static_cast<int>(ds.parallelism.tensor_parallel()), 1);
+      auto mesh = std::make_shared<zero::Mesh>(world, static_cast<int>(ds.parallelism.tensor_parallel()), 1,
+                                               static_cast<int>(ds.parallelism.sequence_parallel()));
       model = LlamaForCausalLM(config, mesh->tp_group());
       zero::tp::auto_tensor_parallel(*model, mesh->tp_group(), zero::tp::llama_rules());
       zero::InitOptions init;
       init.group = world;
       init.mesh = mesh;
       engine = std::make_unique<zero::Engine>(zero::initialize(ds, model, init));
+      // Ulysses over each tp rank's heads (the mesh puts sp between tp and dp).
+      if (ds.parallelism.sequence_parallel() > 1) sp = mesh->sp_group();
+      model->sequence_parallel(sp);
     } else {
       model = LlamaForCausalLM(config);
       engine = std::make_unique<zero::Engine>(zero::initialize(ds, model));
