@@ -85,12 +85,6 @@ void Config::resolve(int world_size) {
   checked.source_ = std::move(source_);
   *this = std::move(checked);
   const int64_t sp = parallelism.sequence_parallel();
-  if (sp > 1 && parallelism.pipeline_parallel() > 1) {
-    throw ConfigError("sequence_parallel_size " + std::to_string(sp) + " with pipeline " +
-                      std::to_string(parallelism.pipeline_parallel()) +
-                      ": sequence parallelism composes with tensor and data parallelism and ZeRO, not yet with "
-                      "pipeline stages; set pipeline to 1, or sequence_parallel_size to 1");
-  }
   MeshShape mesh;
   try {
     mesh = mesh_shape(world_size, static_cast<int>(parallelism.tensor_parallel()),

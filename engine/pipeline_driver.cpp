@@ -183,9 +183,11 @@ PipelineDriver::Batch PipelineDriver::run(const std::function<Engine::Batch()>& 
   }
   if (links_) links_->finish_sends();
 
-  // The last stage's mean, from its tp rank 0 of each data-parallel rank,
-  // to every rank (one all-reduce over the world).
-  at::Tensor mean = (last && mesh.coordinates().tp == 0) ? loss_total / static_cast<double>(m) : torch::zeros({}, torch::kDouble);
+  // The last stage's mean, from its tp and sp rank 0 of each data-parallel
+  // rank (sp ranks each hold the whole sequence's), to every rank (one
+  // all-reduce over the world).
+  const bool reports = last && mesh.coordinates().tp == 0 && mesh.coordinates().sp == 0;
+  at::Tensor mean = reports ? loss_total / static_cast<double>(m) : torch::zeros({}, torch::kDouble);
   mean = mean.reshape({1});
   world.all_reduce(mean, comm::ReduceOp::Sum);
   out.loss = mean.item<double>() / mesh.shape().dp;

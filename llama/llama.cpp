@@ -314,10 +314,14 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
   return h + mlp(post_attention_layernorm(h));
 }
 
-PipeDecoderLayerImpl::PipeDecoderLayerImpl(const LlamaConfig& c) : DecoderLayerImpl(c), inv_freq_(rope_inv_freq(c)) {}
+PipeDecoderLayerImpl::PipeDecoderLayerImpl(const LlamaConfig& c, zero::sp::Group sp)
+    : DecoderLayerImpl(c), inv_freq_(rope_inv_freq(c)), sp_(std::move(sp)) {
+  self_attn->sp = sp_;
+}
 
 at::Tensor PipeDecoderLayerImpl::forward(const at::Tensor& x) {
-  const auto [cos, sin] = rope_cos_sin(inv_freq_, x.size(0), x.size(1), x.scalar_type(), x.device());
+  const auto [cos, sin] = rope_cos_sin(inv_freq_, x.size(0), x.size(1), x.scalar_type(), x.device(),
+                                       zero::sp::first_position(x.size(1), sp_));
   return DecoderLayerImpl::forward(x, cos, sin);
 }
 
@@ -386,8 +390,9 @@ at::Tensor LlamaForCausalLMImpl::logits_of(const at::Tensor& h) {
 
 // ---- pipeline layer list ------------------------------------------------------
 
-std::vector<zero::pipe::Layer> pipeline_layers(const LlamaConfig& c) {
+std::vector<zero::pipe::Layer> pipeline_layers(const LlamaConfig& c, const zero::sp::Group& sp) {
   using zero::pipe::Layer;
+  if (sp) check_sequence_parallel(c, sp->size());
   std::vector<Layer> layers;
   auto embedding = [c] {
     torch::nn::Embedding e(c.vocab_size, c.hidden_size);
@@ -402,7 +407,7 @@ std::vector<zero::pipe::Layer> pipeline_layers(const LlamaConfig& c) {
   } else {
     layers.emplace_back(embedding);
   }
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers.emplace_back([c] { return torch::nn::AnyModule(PipeDecoderLayer(c)); });
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers.emplace_back([c, sp] { return torch::nn::AnyModule(PipeDecoderLayer(c, sp)); });
   layers.emplace_back([c] { return torch::nn::AnyModule(RMSNorm(c.hidden_size, c.rms_norm_eps)); });
   if (c.tie_word_embeddings) {
     layers.push_back(Layer::tied("embed", nullptr, [](torch::nn::Module& e, const at::Tensor& h) {
@@ -432,6 +437,10 @@ std::string hf_name(const LlamaConfig& c, const std::string& name) {
 at::Tensor pipeline_loss(const at::Tensor& logits, const at::Tensor& labels) {
   at::Tensor l = logits.to(torch::kFloat);
   return torch::nn::functional::cross_entropy(l.reshape({-1, l.size(-1)}), labels.reshape({-1}));
+}
+
+zero::pipe::LossFn pipeline_loss_over(const zero::sp::Group& sp) {
+  return [sp](const at::Tensor& logits, const at::Tensor& labels) { return zero::sp::cross_entropy(logits, labels, sp); };
 }
 
 }  // namespace zero::llama

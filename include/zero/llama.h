@@ -124,13 +124,16 @@ TORCH_MODULE(DecoderLayer);
 
 // A decoder layer that makes its own rotary embeddings: one layer of the
 // pipeline layer list (pipeline_layers), whose layers take one tensor.
+// With a sequence-parallel group its tokens are this rank's share, at
+// their global positions, and its attention is Ulysses'.
 class PipeDecoderLayerImpl : public DecoderLayerImpl {
  public:
-  explicit PipeDecoderLayerImpl(const LlamaConfig& c);
+  explicit PipeDecoderLayerImpl(const LlamaConfig& c, zero::sp::Group sp = nullptr);
   at::Tensor forward(const at::Tensor& x);
 
  private:
   at::Tensor inv_freq_;
+  zero::sp::Group sp_;
 };
 TORCH_MODULE(PipeDecoderLayer);
 
@@ -226,10 +229,14 @@ void check_sequence_parallel(const LlamaConfig& c, int64_t sp, int64_t ctx = 0);
 // the embedding, the decoder layers, the final norm and the head (tied to
 // the embedding when tie_word_embeddings). Its parameters are named by
 // layer ("3.self_attn.q_proj.weight", "tied_embed.weight"); hf_name() gives
-// Hugging Face's name of each, for Engine::load_weights.
-std::vector<zero::pipe::Layer> pipeline_layers(const LlamaConfig& c);
+// Hugging Face's name of each, for Engine::load_weights. With `sp` (the
+// mesh's sp_group()), each decoder layer runs Ulysses over it.
+std::vector<zero::pipe::Layer> pipeline_layers(const LlamaConfig& c, const zero::sp::Group& sp = nullptr);
 std::string hf_name(const LlamaConfig& c, const std::string& pipeline_name);
 // The last stage's loss: mean float32 cross-entropy of logits [B,T,V] against labels [B,T].
 at::Tensor pipeline_loss(const at::Tensor& logits, const at::Tensor& labels);
+// The same over the whole sequence of an sp group (zero::sp::cross_entropy:
+// labels shifted over the whole sequence, -100 after the last).
+zero::pipe::LossFn pipeline_loss_over(const zero::sp::Group& sp);
 
 }  // namespace zero::llama

@@ -273,8 +273,10 @@ TEST(Ulysses, ConfigRefusesLayoutsItCannotBuild) {
     }
   };
   refused(R"({"train_micro_batch_size_per_gpu": 1, "sequence_parallel_size": 3})", "sequence parallel 3");
-  refused(R"({"train_micro_batch_size_per_gpu": 1, "sequence_parallel_size": 2, "pipeline": {"stages": 2}})",
-          "pipeline 2");
+  // sp x tp x pp = 8 ranks, more than the world (2 or 4).
+  refused(R"({"train_micro_batch_size_per_gpu": 1, "sequence_parallel_size": 2, "pipeline": {"stages": 2},
+             "tensor_parallel": {"autotp_size": 2}})",
+          "sequence_parallel_size");
   refused(R"({"train_micro_batch_size_per_gpu": 1, "sequence_parallel_size": 0})", "sequence_parallel_size");
   // The batch counts data-parallel replicas: sp ranks share one.
   zero::Config c = zero::Config::from_json(R"({"train_micro_batch_size_per_gpu": 3, "sequence_parallel_size": 2})");

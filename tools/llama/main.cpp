@@ -147,10 +147,12 @@ struct Trained {
     if (ds.parallelism.pipeline_parallel() > 1) {
       auto world = zero::comm::init_process_group();
       auto mesh = std::make_shared<zero::Mesh>(world, static_cast<int>(ds.parallelism.tensor_parallel()),
-                                               static_cast<int>(ds.parallelism.pipeline_parallel()));
+                                               static_cast<int>(ds.parallelism.pipeline_parallel()),
+                                               static_cast<int>(ds.parallelism.sequence_parallel()));
+      if (ds.parallelism.sequence_parallel() > 1) sp = mesh->sp_group();  // Ulysses in every decoder layer
       zero::pipe::PipelineOptions options;
-      options.loss = zero::llama::pipeline_loss;
-      pipe = std::make_shared<zero::pipe::PipelineModule>(zero::llama::pipeline_layers(config), mesh, options);
+      options.loss = sp ? zero::llama::pipeline_loss_over(sp) : zero::llama::pipeline_loss;
+      pipe = std::make_shared<zero::pipe::PipelineModule>(zero::llama::pipeline_layers(config, sp), mesh, options);
       zero::InitOptions init;
       init.group = world;
       init.mesh = mesh;
@@ -209,9 +211,8 @@ struct Trained {
     if (pipe) {
       int64_t k = 0;
       auto next = [&]() -> zero::Engine::Batch {
-        at::Tensor batch = rows(k++);
-        const int64_t T = batch.size(1);
-        return {batch.slice(1, 0, T - 1), batch.slice(1, 1, T)};
+        auto [inputs, labels] = inputs_and_labels(rows(k++));
+        return {inputs, labels};
       };
       return training ? engine->train_batch(next) : engine->eval_batch(next);
     }
