@@ -10,7 +10,8 @@
 # that a freed tensor leaves the RSS and the RSS follows what is alive
 # (tcmalloc, zero-run's default, keeps freed spans). The search doubles the context from 64 x sp while
 # it fits, then halves the gap STEPS times (default 3: within 1/8).
-# Then, at sp 1's longest long-mode context, every sp runs once more: the
+# Then, at sp 1's longest long-mode context (a multiple of 64 x the largest
+# sp), every sp runs once more: the
 # activation peak per rank at sp P against sp 1's, and all-to-all bytes
 # against the formula.
 # Usage: bench/run_long_context.sh [BUILD] [bench_long_context options...]
@@ -66,13 +67,15 @@ for mode in ${MODES:-plain long}; do
   done
 done
 
-# The same context at every sp: sp 1's longest long-mode one.
-same="${best[long.1]:-0}"
+# The same context at every sp: sp 1's longest long-mode one, rounded down
+# to a multiple of 64 x the largest sp, so that every sp runs exactly it.
+largest=1
+for sp in ${SPS:-1 2 4}; do [ "$sp" -gt "$largest" ] && largest=$sp; done
+same=$(( ${best[long.1]:-0} / (64 * largest) * (64 * largest) ))
 same_lines="$(mktemp)"
 if [ "$same" -gt 0 ]; then
   for sp in ${SPS:-1 2 4}; do
-    ctx=$(( same / (64 * sp) * (64 * sp) ))
-    "$run" --nproc "$sp" "$bin" --context "$ctx" --mode long --out "$same_lines" "$@" >&2 || true
+    "$run" --nproc "$sp" "$bin" --context "$same" --mode long --out "$same_lines" "$@" >&2 || true
   done
   cat "$same_lines" >> "$probes"
 fi
