@@ -34,6 +34,17 @@ zero::Engine engine_for(LlamaForCausalLM& model) {
       model);
 }
 
+// A fixture's model with its Hugging Face weights, in eval mode.
+struct Loaded {
+  explicit Loaded(const std::string& name)
+      : model(LlamaConfig::from_file(kFixtures / name / "config.json")), engine(engine_for(model)) {
+    engine.load_weights(kFixtures / name);
+    model->eval();
+  }
+  LlamaForCausalLM model;
+  zero::Engine engine;
+};
+
 std::string text_of(const fs::path& p) {
   std::ifstream in(p);
   std::stringstream s;
@@ -44,11 +55,8 @@ std::string text_of(const fs::path& p) {
 TEST(Llama, LogitsEqualTransformers) {
   for (const std::string name : {"gqa_untied", "tied_llama3"}) {
     SCOPED_TRACE(name);
-    const LlamaConfig config = LlamaConfig::from_file(kFixtures / name / "config.json");
-    LlamaForCausalLM model(config);
-    zero::Engine engine = engine_for(model);
-    engine.load_weights(kFixtures / name);
-    model->eval();
+    Loaded loaded(name);
+    LlamaForCausalLM& model = loaded.model;
     const at::Tensor want = llama_reference::transformers_logits(name);
     torch::NoGradGuard no_grad;
     at::Tensor ids = torch::tensor(first_sequence(want.size(0))).unsqueeze(0);
@@ -65,11 +73,8 @@ TEST(Llama, LogitsEqualTransformers) {
 TEST(Llama, BlockwiseAttentionAndTiledMlpKeepTransformersLogits) {
   for (const std::string name : {"gqa_untied", "tied_llama3"}) {
     SCOPED_TRACE(name);
-    const LlamaConfig config = LlamaConfig::from_file(kFixtures / name / "config.json");
-    LlamaForCausalLM model(config);
-    zero::Engine engine = engine_for(model);
-    engine.load_weights(kFixtures / name);
-    model->eval();
+    Loaded loaded(name);
+    LlamaForCausalLM& model = loaded.model;
     model->blockwise_attention(4);
     model->tiled(3, 3);
     const at::Tensor want = llama_reference::transformers_logits(name);
