@@ -6,11 +6,13 @@
 // bench/run_larger_than_memory.sh measures the disk with fio and runs it:
 //
 //   zero-run --nproc 2 bench_larger_than_memory --state-vs-ram 2 --steps 3 --nvme DIR
-//       --disk-read-bps B --disk-write-bps B [--clip 1.0] [--super-offload 0]
+//       --disk-read-bps B --disk-write-bps B [--clip 1.0] [--super-offload 0] [--nvme-gradients 0]
 //
 // --super-offload 1 with --clip 0 updates each sub-group inside backward,
 // its NVMe reads and writes beside the backward's compute (Note [Updates
 // in backward]); with clipping the update waits for the step.
+// --nvme-gradients 1 keeps the reduced gradients on NVMe between backward
+// and the step (Note [Gradients on NVMe]), not in host memory.
 //
 // The model is sized from /proc/meminfo (or --ram-bytes) and refused, with
 // the bytes it needs and the bytes free, when the disk under --nvme cannot
@@ -100,10 +102,11 @@ GPTOptions sized(int64_t params, int64_t context) {
 }
 
 std::string ds_config(const std::string& nvme, int64_t micro, int64_t bucket, int64_t prefetch, double lr, double clip,
-                      bool super_offload) {
+                      bool super_offload, bool nvme_gradients) {
   json offload = {{"device", "nvme"}, {"nvme_path", nvme}};
   json offload_optimizer = offload;
   offload_optimizer["super_offload"] = super_offload;  // in backward when nothing clips (Note [Updates in backward])
+  offload_optimizer["nvme_gradients"] = nvme_gradients;
   json c = {{"train_micro_batch_size_per_gpu", micro},
             {"gradient_accumulation_steps", 1},
             {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", lr}, {"weight_decay", 0.0}}}}},
@@ -165,7 +168,7 @@ int main(int argc, char** argv) {
                                    {"disk-read-bps", "0"}, {"disk-write-bps", "0"}, {"out", ""},
                                    {"config-out", ""}, {"checkpoint", ""},
                                    {"prefetch", "50000000"}, {"lr", "1e-4"}, {"clip", "1.0"},
-                                   {"super-offload", "0"}});
+                                   {"super-offload", "0"}, {"nvme-gradients", "0"}});
     auto world = zero::comm::init_process_group();
     const int rank = world->rank(), ranks = world->size();
     at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks));
@@ -181,7 +184,9 @@ int main(int argc, char** argv) {
     // bytes a parameter); the parts of construction (4) are gone by the time
     // the optimizer's files are written. With --checkpoint, a checkpoint's
     // master weights and moments (12) too. A tenth spare.
-    const double per_param = flags.str("checkpoint").empty() ? 16.0 : 28.0;
+    // With --nvme-gradients, the fp32 gradients (4).
+    const bool nvme_gradients = flags.num("nvme-gradients") != 0;
+    const double per_param = (flags.str("checkpoint").empty() ? 16.0 : 28.0) + (nvme_gradients ? 4.0 : 0.0);
     const int64_t needed = static_cast<int64_t>(1.1 * per_param * static_cast<double>(params));
     struct statvfs disk {};
     if (statvfs(nvme.c_str(), &disk) != 0) throw std::invalid_argument("--nvme " + nvme + ": no such folder");
@@ -203,7 +208,7 @@ int main(int argc, char** argv) {
                    1e-9 * free_bytes);
     }
     const std::string config_text = ds_config(nvme, micro, flags.num("bucket"), flags.num("prefetch"), std::stod(flags.str("lr")),
-                                                flags.real("clip"), flags.num("super-offload") != 0);
+                                                flags.real("clip"), flags.num("super-offload") != 0, nvme_gradients);
     const zero::Config config = zero::Config::from_json(config_text);
     // For `zero-config FILE --estimate` to predict this run from.
     if (rank == 0 && !flags.str("config-out").empty()) std::ofstream(flags.str("config-out")) << config_text << "\n";
@@ -371,6 +376,7 @@ int main(int argc, char** argv) {
                            {"bound_by", compute_s >= io_s ? "compute" : "io"},
                            {"gradient_clipping", flags.real("clip")},
                            {"super_offload", flags.num("super-offload") != 0},
+                           {"nvme_gradients", nvme_gradients},
                            {"nvme_read_bytes_per_step", static_cast<int64_t>(read_per_step)},
                            {"nvme_write_bytes_per_step", static_cast<int64_t>(written_per_step)},
                            {"loss_first", losses.empty() ? 0.0 : losses.front()},

@@ -41,6 +41,10 @@ void check_offload(const Config& c) {
   if (opt.super_offload && opt.ratio < 1.0)
     throw ConfigError("zero_optimization.offload_optimizer.super_offload updates every bucket on the host; ratio " +
                       std::to_string(opt.ratio) + " keeps some on the accelerator: set ratio 1");
+  if (opt.nvme_gradients && opt.device != "nvme")
+    throw ConfigError("zero_optimization.offload_optimizer.nvme_gradients keeps the reduced gradients in files beside "
+                      "the optimizer's states, but offload_optimizer.device is \"" + opt.device +
+                      "\"; set it to \"nvme\" (with nvme_path) or drop nvme_gradients");
   // The host optimizer has kernels for these (offload/cpu_optimizer.h).
   const std::optional<OptimizerKind> kind = c.optimizer.kind();
   if (opt.device == "none" || !kind) return;

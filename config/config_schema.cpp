@@ -30,6 +30,7 @@ void visit_offload_optimizer(Fields& f, OffloadOptimizerConfig& o) {
   f.flag("fast_init", o.fast_init);
   f.number("ratio", o.ratio, Opt().min(0).max(1));
   f.flag("super_offload", o.super_offload);
+  f.flag("nvme_gradients", o.nvme_gradients);
   // Kept in the struct, read by nothing yet.
   if (f.reading()) {
     if (o.pipeline_read) f.warn(unimplemented_warning(f.path("pipeline_read")));

@@ -84,6 +84,7 @@ partition::Options partition_options(const Config& config, at::ScalarType dtype,
   if (optimizer_device == OffloadDevice::nvme) {
     o.master_swap = nvme_swap(config, offload.nvme_path, offload.buffer_count, world->rank());
     o.sub_group_numel = std::max<int64_t>(z.sub_group_size, 1);
+    o.grads_on_nvme = offload.nvme_gradients;
   }
   o.offload_param = param_device;
   if (param_device == OffloadDevice::nvme) {

@@ -151,16 +151,25 @@ void SwappedTensors::wait_out(const std::vector<int>& ids) {
   for (int id : ids) {
     Entry& e = entry(id);
     if (!e.writing) continue;
+    settle_out({id});
+    free_memory(e);
+  }
+}
+
+void SwappedTensors::settle_out(const std::vector<int>& ids) {
+  for (int id : ids) {
+    Entry& e = entry(id);
+    if (!e.writing) continue;
     e.writing = false;
     swapper_->wait(e.ticket);
     e.on_disk = true;
     e.fill.reset();
-    free_memory(e);
   }
 }
 
 void SwappedTensors::write_behind(int id) {
   swap_out({id});
+  behind_.erase(std::remove(behind_.begin(), behind_.end(), id), behind_.end());  // written again
   behind_.push_back(id);
   if (behind_.size() > kWritesBehind) {
     wait_out({behind_.front()});

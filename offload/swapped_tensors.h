@@ -49,6 +49,8 @@ class SwappedTensors {
   // Writes start at once; wait_out() frees the memory once they are done.
   void swap_out(const std::vector<int>& ids);
   void wait_out(const std::vector<int>& ids);
+  // Waits for their writes, keeping the memory (to change it and write again).
+  void settle_out(const std::vector<int>& ids);
   // Streaming writes: starts writing `id` and, with more than kWritesBehind
   // earlier ones still in flight, waits for the oldest (its memory goes), so
   // that a stream of tensors larger than memory never is in it at once.
@@ -66,6 +68,7 @@ class SwappedTensors {
   void forget(const std::vector<int>& ids) noexcept;
   void swap_in_all();   // and wait
   void swap_out_all();  // and wait
+  bool resident(int id) { return entry(id).resident; }
   // The id `tensor` (the same TensorImpl) was added under, or -1.
   int find(const at::Tensor& tensor) const;
 

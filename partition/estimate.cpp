@@ -197,6 +197,15 @@ void optimizer_offloaded(const EstimateInput& in, MemoryEstimate& m) {
     const int64_t in_flight = std::min(resident * sub, off);  // the last sub-group holds what is left
     m.host.fp32_master = in_flight * 4;
     m.host.optimizer_states = in_flight * k;
+    if (in.nvme_gradients && in.stage >= 2) {
+      // On NVMe instead of the host copies (accelerator) or the partition
+      // (CPU ranks). In memory: the step's sub-groups in flight, or in
+      // backward the bucket being landed and the two written behind it.
+      m.nvme.gradients = off * b;
+      if (!in.accelerator) d.gradients -= off * b;  // an accelerator's left above
+      const int64_t bucket_shard = (largest_bucket(in, p).first + owners - 1) / owners;
+      m.host.gradients = std::min(off, std::max(in_flight, 3 * bucket_shard)) * b;
+    }
   }
 }
 

@@ -124,6 +124,11 @@ struct EstimateInput {
   bool accelerator = true;
   // NVMe staging buffers in host memory (DeepSpeed's defaults).
   int64_t sub_group_size = 1000000000;             // elements
+  // offload_optimizer.nvme_gradients (stages 2-3 with "nvme"): the
+  // offloaded share's reduced gradients live on NVMe; host memory holds the
+  // buckets being written and the step's sub-groups' (Note [Gradients on
+  // NVMe] in partition/host_grads.h).
+  bool nvme_gradients = false;
   int64_t offload_optimizer_buffer_count = 4;
   int64_t offload_param_buffer_count = 5;
   int64_t offload_param_buffer_size = 100000000;   // elements

@@ -21,6 +21,11 @@ void GradSquares::add(const at::Tensor& grad, double weight) {
   }
 }
 
+void GradSquares::add_host_sum(double sum, double weight) {
+  total_.reset();
+  host_sum_ += weight * sum;
+}
+
 void GradSquares::add_device_sum(const at::Tensor& sum, double weight) {
   total_.reset();
   const at::Tensor weighted = weight == 1.0 ? sum : sum * weight;

@@ -22,6 +22,8 @@ class GradSquares {
   // Before a step's gradients are added.
   void reset();
   void add(const at::Tensor& grad, double weight = 1.0);
+  // A host sum taken earlier by offload::sum_of_squares, as add() would.
+  void add_host_sum(double sum, double weight = 1.0);
   // A 0-d fp64 sum taken earlier on an accelerator (on_device()).
   void add_device_sum(const at::Tensor& sum, double weight = 1.0);
   // This rank's sum; the first call of a step reads the accelerator's.

@@ -274,7 +274,7 @@ void ReduceScatterPerBucket::start(size_t k) {
 
 void ReduceScatterPerBucket::land(size_t k) {
   if (off_device(k)) {
-    host_->land(k, outputs_[k]);
+    host_->land(k, outputs_[k], boundary_);
   } else if (outputs_[k].defined()) {
     partition_slice(k).add_(outputs_[k]);
   }
@@ -323,7 +323,7 @@ at::Tensor ReduceScatterPerBucket::accumulated() {
     if (!off_device(k)) {
       shards.push_back(partition_slice(k).to(at::kCPU));
     } else {  // zeros when no backward ran since the last step
-      shards.push_back(host_->holds(k) ? host_->copy(k) : at::zeros_like(host_->copy(k)));
+      shards.push_back(host_->value(k));
     }
   }
   return at::cat(shards);

@@ -67,6 +67,9 @@ struct Options {
   // With master_swap: the step brings them back in sub-groups of about this
   // many elements (zero_optimization.sub_group_size).
   int64_t sub_group_numel = 1000000000;
+  // With master_swap: the reduced gradients of host buckets live in its
+  // files too (Note [Gradients on NVMe] in host_grads.h).
+  bool grads_on_nvme = false;
   // Copy the reduced gradients of offloaded buckets to host tensors even
   // when the parameters are in host memory (CPU ranks), as an accelerator
   // needs: the same bookkeeping runs, and is tested, without one.

@@ -85,9 +85,16 @@ ShardedParams::ShardedParams(std::vector<Group> groups, std::shared_ptr<comm::Pr
     // when the parameters are elsewhere; at stages 2-3 they then skip the
     // device's partition (Note [Offload copies]).
     std::vector<bool> copied(n, false);
-    for (size_t k = 0; k < n; ++k) copied[k] = masters_.on_host(k) && (accelerator || options_.host_grad_copies);
-    host_grads_ = std::make_unique<HostGrads>(layout_, copied, options_.stage >= 2, options_.dtype,
-                                              options_.pin_memory && accelerator);
+    const bool on_nvme = options_.grads_on_nvme && masters_.nvme_store() && options_.stage >= 2;
+    for (size_t k = 0; k < n; ++k) {
+      copied[k] = masters_.on_host(k) && (on_nvme || accelerator || options_.host_grad_copies);
+    }
+    if (on_nvme) {  // Note [Gradients on NVMe] in host_grads.h
+      host_grads_ = std::make_unique<HostGrads>(layout_, copied, options_.dtype, *masters_.nvme_store());
+    } else {
+      host_grads_ = std::make_unique<HostGrads>(layout_, copied, options_.stage >= 2, options_.dtype,
+                                                options_.pin_memory && accelerator);
+    }
   }
   params_.resize(tensors.size());
   build_buckets(tensors);  // with each parameter's GradReadyHook

@@ -191,6 +191,7 @@ void ShardedParams::update_in_backward(BucketOptimizer& optimizer, double grad_s
   squares_.reset();
   optimizer.begin_step(grad_scale);  // a per-bucket optimizer only keeps the factor
   e->run->read_ahead();  // sub-group 0's states come while the backward computes
+  if (host_grads_) host_grads_->keep_for_update(true);  // Note [Gradients on NVMe]
   early_ = std::move(e);
   reducer_->on_launch([this](size_t k) { attach_through(options_.overlap_comm ? k : k + 1); });
 }
@@ -210,6 +211,7 @@ void ShardedParams::attach_through(size_t buckets) {
 
 StepResult ShardedParams::finish_early_step(const StepRequest& request, std::string& failure) {
   reducer_->on_launch(nullptr);
+  if (host_grads_) host_grads_->keep_for_update(false);
   EarlyStep& e = *early_;
   if (host_grads_) host_grads_->wait();
   for (; e.attached < num_buckets(); ++e.attached) attach_bucket(e.attached, e.widen);
@@ -224,6 +226,7 @@ StepResult ShardedParams::finish_early_step(const StepRequest& request, std::str
 void ShardedParams::abandon_update_in_backward() noexcept {
   if (!early_) return;
   reducer_->on_launch(nullptr);
+  if (host_grads_) host_grads_->keep_for_update(false);
   early_->run->settle();
   early_.reset();
   detach_master_grads();
@@ -243,6 +246,8 @@ void ShardedParams::attach_bucket(size_t k, bool widen) {
     masters_.tensors()[k].mutable_grad() = host_grads_->for_step(k);
     if (host_grads_->device_squares(k).defined()) {
       squares_.add_device_sum(host_grads_->device_squares(k), weight);
+    } else if (host_grads_->on_nvme()) {  // taken by land(), from the values the step reads
+      squares_.add_host_sum(host_grads_->host_squares(k), weight);
     } else {
       squares_.add(masters_.tensors()[k].grad(), weight);
     }

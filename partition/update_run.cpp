@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "partition/host_grads.h"
 #include "zero/error.h"
 
 namespace zero::partition {
@@ -34,12 +35,32 @@ ShardedParams::UpdateRun::UpdateRun(ShardedParams& owner, BucketOptimizer& optim
   }
 }
 
-std::vector<int> ShardedParams::UpdateRun::ids_of(size_t s) const {
+// Its master weights and states, which the update writes back.
+std::vector<int> ShardedParams::UpdateRun::states_of(size_t s) const {
   std::vector<int> ids;
   for (size_t k : sub_groups_[s]) {
     const auto& of = owner_.masters_.nvme_ids(k);
     ids.insert(ids.end(), of.begin(), of.end());
   }
+  return ids;
+}
+
+// Its gradients on NVMe (Note [Gradients on NVMe] in host_grads.h), read
+// with the states and let go unwritten.
+std::vector<int> ShardedParams::UpdateRun::grads_of(size_t s) const {
+  std::vector<int> ids;
+  const HostGrads* grads = owner_.host_grads_.get();
+  if (!grads || !grads->on_nvme()) return ids;
+  for (size_t k : sub_groups_[s]) {
+    if (grads->nvme_id(k) >= 0) ids.push_back(grads->nvme_id(k));
+  }
+  return ids;
+}
+
+std::vector<int> ShardedParams::UpdateRun::ids_of(size_t s) const {
+  std::vector<int> ids = states_of(s);
+  const std::vector<int> grads = grads_of(s);
+  ids.insert(ids.end(), grads.begin(), grads.end());
   return ids;
 }
 
@@ -77,7 +98,14 @@ void ShardedParams::UpdateRun::send_only(size_t k) {
   transfer([&] { owner_.masters_.send_updated(k); });
 }
 
+void ShardedParams::UpdateRun::fail(const std::string& failure) {
+  if (!failure_.empty() || failure.empty()) return;
+  failure_ = failure;
+  forget_all();
+}
+
 void ShardedParams::UpdateRun::advance(size_t attached, StepResult& result) {
+  if (owner_.host_grads_) fail(owner_.host_grads_->failure());  // a gradient lost in backward
   while (next_ < sub_groups_.size() && sub_groups_[next_].back() < attached) {
     const size_t s = next_;
     auto wait = Clock::now();
@@ -103,8 +131,9 @@ void ShardedParams::UpdateRun::advance(size_t attached, StepResult& result) {
     if (store_ && failure_.empty()) {
       wait = Clock::now();
       transfer([&] {
-        store_->swap_out(ids_of(s));
-        if (writing_ >= 0) store_->wait_out(ids_of(static_cast<size_t>(writing_)));
+        store_->swap_out(states_of(s));
+        store_->drop(grads_of(s));
+        if (writing_ >= 0) store_->wait_out(states_of(static_cast<size_t>(writing_)));
         writing_ = static_cast<long>(s);
       });
       result.nvme_wait_seconds += seconds_since(wait);
@@ -116,7 +145,7 @@ void ShardedParams::UpdateRun::finish(StepResult& result) {
   advance(owner_.num_buckets(), result);
   if (store_ && writing_ >= 0) {
     const auto wait = Clock::now();
-    transfer([&] { store_->wait_out(ids_of(static_cast<size_t>(writing_))); });
+    transfer([&] { store_->wait_out(states_of(static_cast<size_t>(writing_))); });
     writing_ = -1;
     result.nvme_wait_seconds += seconds_since(wait);
   }
@@ -127,10 +156,11 @@ void ShardedParams::UpdateRun::settle() noexcept {
   try {
     if (reading_) {
       store_->wait_in(ids_of(next_));
-      store_->drop(ids_of(next_));
+      store_->forget(grads_of(next_));  // unwritten: the step did not take them
+      store_->drop(states_of(next_));
       reading_ = false;
     }
-    if (writing_ >= 0) store_->wait_out(ids_of(static_cast<size_t>(writing_)));
+    if (writing_ >= 0) store_->wait_out(states_of(static_cast<size_t>(writing_)));
     writing_ = -1;
   } catch (...) {  // an error was raised already
   }

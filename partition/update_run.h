@@ -32,9 +32,14 @@ class ShardedParams::UpdateRun {
   // The first NVMe transfer that failed (Note [A failed transfer in the
   // step] in step.cpp), or "".
   const std::string& failure() const { return failure_; }
+  // A failure from elsewhere (a gradient lost in backward): from here on
+  // as after a failed transfer of the run's own.
+  void fail(const std::string& failure);
 
  private:
-  std::vector<int> ids_of(size_t s) const;
+  std::vector<int> states_of(size_t s) const;  // sub-group s's master weights and states
+  std::vector<int> grads_of(size_t s) const;   // and its gradients on NVMe
+  std::vector<int> ids_of(size_t s) const;     // both
   template <class F>
   void transfer(F&& f);  // f(); an OffloadError becomes failure_
   void send_only(size_t k);  // bucket k after a failure: its collective, nothing else

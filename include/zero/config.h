@@ -74,6 +74,12 @@ struct OffloadOptimizerConfig {
   // partition/step.cpp); with gradient_clipping or fp16 the update waits
   // for step(), as without it.
   bool super_offload = false;
+  // With device "nvme": each offloaded bucket's reduced gradients live in
+  // a file too, between the backward that reduces them and the step that
+  // reads them (ZeRO-Infinity's gradient swapping; Note [Gradients on
+  // NVMe] in partition/host_grads.h). Host memory then holds no gradient
+  // partition, only the buckets in flight.
+  bool nvme_gradients = false;
   // `device` as zero/choices.h's enum; a spelling outside the set (set in
   // code, never checked) is a ConfigError naming this key.
   OffloadDevice where() const;

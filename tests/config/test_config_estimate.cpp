@@ -332,6 +332,18 @@ TEST(ConfigEstimate, CpuRanksHoldTheDevicesBytesInHostMemory) {
   EXPECT_EQ(m.host.fp32_master, 3 * int64_t{50000000} * 4);  // sub-groups in flight
   EXPECT_EQ(m.host.optimizer_states, 3 * int64_t{50000000} * 8);
   EXPECT_EQ(m.nvme.total(), s * 16);  // fp32 parameters, master weights and two moments
+
+  // offload_optimizer.nvme_gradients: the gradient shard moves to NVMe; the
+  // host keeps the reduce buffer and the larger of the step's three
+  // sub-groups and backward's three bucket shards (landing, two written).
+  in.nvme_gradients = true;
+  const MemoryEstimate g = zero::device_as_host(zero::estimate_memory(in));
+  EXPECT_EQ(g.nvme.gradients, s * 4);
+  EXPECT_EQ(g.host.gradients, int64_t{50000000} * 4 + 3 * int64_t{50000000} * 4);
+  EXPECT_EQ(g.host.total(), m.host.total() - s * 4 + 3 * int64_t{50000000} * 4);
+  in.sub_group_size = 10000000;  // smaller sub-groups: backward's buckets bound it
+  EXPECT_EQ(zero::device_as_host(zero::estimate_memory(in)).host.gradients,
+            int64_t{50000000} * 4 + 3 * (int64_t{50000000} / n) * 4);
 }
 
 // Stage 3's gathered bound: with the unit's size known, the unit running

@@ -391,7 +391,7 @@ TEST(OffloadConfig, UnsupportedOptimizerIsAClearError) {
 // had room all along.
 void expect_a_failed_step_to_recover(const std::string& nvme, int steps_before, const std::function<void()>& fail,
                                      const std::function<void()>& unfail, const std::string& expected,
-                                     bool super_offload = false) {
+                                     bool super_offload = false, bool nvme_gradients = false) {
   const int rank = g_world->rank();
   const std::string ckpt = (std::filesystem::temp_directory_path() /
                             ("zero_test_failed_step_ckpt_" + std::to_string(::getppid()))).string();
@@ -401,7 +401,8 @@ void expect_a_failed_step_to_recover(const std::string& nvme, int steps_before, 
         std::string(super_offload ? "0" : "0.5") + R"(, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
             "zero_optimization": {"stage": 3, "reduce_bucket_size": 300, "stage3_param_persistence_threshold": 0,
               "sub_group_size": 500, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + path + R"(",
-              "super_offload": )" + (super_offload ? "true" : "false") + R"(},
+              "super_offload": )" + (super_offload ? "true" : "false") +
+        R"(, "nvme_gradients": )" + (nvme_gradients ? "true" : "false") + R"(},
               "offload_param": {"device": "nvme", "nvme_path": ")" + path + R"("}},
             "aio": {"block_size": 8192, "queue_depth": 4}})");
   };
@@ -508,6 +509,8 @@ TEST(OffloadErrors, ADiskThatFillsMidStepFailsTheStepOnEveryRank) {
     if (rank == 0) std::filesystem::remove(filler);
   };
   expect_a_failed_step_to_recover(path, 0, fill_the_disk, free_space, "no space left on ");
+  // With the gradients on NVMe the backward's writes meet the full disk first.
+  expect_a_failed_step_to_recover(path, 0, fill_the_disk, free_space, "no space left on ", false, /*nvme_gradients=*/true);
   g_world->barrier();
   if (rank == 0) {
     ::umount2(path.c_str(), MNT_DETACH);
@@ -534,6 +537,9 @@ TEST(OffloadErrors, AWriteThatFailsOnOneRankFailsTheStepOnEveryRank) {
   // Again with the update inside the backward (Note [Updates in backward]),
   // whose reductions go on beside the failed writes.
   expect_a_failed_step_to_recover(nvme_dir(), 1, limit, unlimit, "file too large: ", /*super_offload=*/true);
+  // Again with the gradients on NVMe (Note [Gradients on NVMe]): their
+  // writes in backward fail first, and the step fails with them.
+  expect_a_failed_step_to_recover(nvme_dir(), 1, limit, unlimit, "file too large: ", false, /*nvme_gradients=*/true);
   std::signal(SIGXFSZ, previous);
 }
 

@@ -58,6 +58,7 @@ EstimateSetup estimate_setup(const zero::Config& c, int64_t params, int world_si
   in.stage3_param_persistence_threshold = z.stage3_param_persistence_threshold;
   in.hpz_partition_size = z.zero_hpz_partition_size;
   in.sub_group_size = z.sub_group_size;
+  in.nvme_gradients = z.offload_optimizer.nvme_gradients;
   in.offload_optimizer_buffer_count = z.offload_optimizer.buffer_count;
   in.offload_param_buffer_count = z.offload_param.buffer_count;
   in.offload_param_buffer_size = z.offload_param.buffer_size;
