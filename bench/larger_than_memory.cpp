@@ -184,9 +184,11 @@ int main(int argc, char** argv) {
     // bytes a parameter); the parts of construction (4) are gone by the time
     // the optimizer's files are written. With --checkpoint, a checkpoint's
     // master weights and moments (12) too. A tenth spare.
-    // With --nvme-gradients, the fp32 gradients (4).
+    // With --nvme-gradients, the fp32 gradients (4), unless the update in
+    // backward takes them all from memory (super_offload, nothing clips).
     const bool nvme_gradients = flags.num("nvme-gradients") != 0;
-    const double per_param = (flags.str("checkpoint").empty() ? 16.0 : 28.0) + (nvme_gradients ? 4.0 : 0.0);
+    const bool gradients_written = nvme_gradients && !(flags.num("super-offload") != 0 && flags.real("clip") == 0.0);
+    const double per_param = (flags.str("checkpoint").empty() ? 16.0 : 28.0) + (gradients_written ? 4.0 : 0.0);
     const int64_t needed = static_cast<int64_t>(1.1 * per_param * static_cast<double>(params));
     struct statvfs disk {};
     if (statvfs(nvme.c_str(), &disk) != 0) throw std::invalid_argument("--nvme " + nvme + ": no such folder");

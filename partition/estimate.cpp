@@ -201,7 +201,7 @@ void optimizer_offloaded(const EstimateInput& in, MemoryEstimate& m) {
       // On NVMe instead of the host copies (accelerator) or the partition
       // (CPU ranks). In memory: the step's sub-groups in flight, or in
       // backward the bucket being landed and the two written behind it.
-      m.nvme.gradients = off * b;
+      if (in.nvme_gradients_written) m.nvme.gradients = off * b;
       if (!in.accelerator) d.gradients -= off * b;  // an accelerator's left above
       const int64_t bucket_shard = (largest_bucket(in, p).first + owners - 1) / owners;
       m.host.gradients = std::min(off, std::max(in_flight, 3 * bucket_shard)) * b;

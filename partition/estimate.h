@@ -129,6 +129,10 @@ struct EstimateInput {
   // buckets being written and the step's sub-groups' (Note [Gradients on
   // NVMe] in partition/host_grads.h).
   bool nvme_gradients = false;
+  // ...and they reach the files (not with super_offload's update in
+  // backward, no clipping, no fp16 and no accumulation: it takes them from
+  // memory), so they take disk space.
+  bool nvme_gradients_written = true;
   int64_t offload_optimizer_buffer_count = 4;
   int64_t offload_param_buffer_count = 5;
   int64_t offload_param_buffer_size = 100000000;   // elements

@@ -341,6 +341,10 @@ TEST(ConfigEstimate, CpuRanksHoldTheDevicesBytesInHostMemory) {
   EXPECT_EQ(g.nvme.gradients, s * 4);
   EXPECT_EQ(g.host.gradients, int64_t{50000000} * 4 + 3 * int64_t{50000000} * 4);
   EXPECT_EQ(g.host.total(), m.host.total() - s * 4 + 3 * int64_t{50000000} * 4);
+  in.nvme_gradients_written = false;  // super_offload takes them from memory: no file
+  EXPECT_EQ(zero::estimate_memory(in).nvme.gradients, 0);
+  EXPECT_EQ(zero::device_as_host(zero::estimate_memory(in)).host.gradients, g.host.gradients);
+  in.nvme_gradients_written = true;
   in.sub_group_size = 10000000;  // smaller sub-groups: backward's buckets bound it
   EXPECT_EQ(zero::device_as_host(zero::estimate_memory(in)).host.gradients,
             int64_t{50000000} * 4 + 3 * (int64_t{50000000} / n) * 4);

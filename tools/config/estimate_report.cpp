@@ -62,11 +62,17 @@ EstimateSetup estimate_setup(const zero::Config& c, int64_t params, int world_si
   in.offload_optimizer_buffer_count = z.offload_optimizer.buffer_count;
   in.offload_param_buffer_count = z.offload_param.buffer_count;
   in.offload_param_buffer_size = z.offload_param.buffer_size;
+  int64_t accumulation = 1;
   try {  // the batch may not resolve for this world size; offload's figures then assume no accumulation
     zero::Config resolved = c;
     resolved.resolve(world_size);
+    accumulation = resolved.batch.gradient_accumulation_steps.value_or(1);
   } catch (const zero::Error&) {
   }
+  // An update in backward that needs no global norm takes the boundary's
+  // gradients from memory: without accumulation none is ever written.
+  const bool update_in_backward = z.offload_optimizer.super_offload && c.gradient_clipping == 0.0 && !c.fp16.enabled;
+  in.nvme_gradients_written = !(update_in_backward && accumulation == 1);
   return e;
 }
 
