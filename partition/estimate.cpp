@@ -199,12 +199,16 @@ void optimizer_offloaded(const EstimateInput& in, MemoryEstimate& m) {
     m.host.optimizer_states = in_flight * k;
     if (in.nvme_gradients && in.stage >= 2) {
       // On NVMe instead of the host copies (accelerator) or the partition
-      // (CPU ranks). In memory: the step's sub-groups in flight, or in
-      // backward the bucket being landed and the two written behind it.
+      // (CPU ranks). In memory: the step's two sub-groups read (ahead and
+      // current), or in backward the bucket being landed and the two
+      // written behind it; with the update in backward, the sub-group
+      // being filled and the bucket landing.
       if (in.nvme_gradients_written) m.nvme.gradients = off * b;
       if (!in.accelerator) d.gradients -= off * b;  // an accelerator's left above
       const int64_t bucket_shard = (largest_bucket(in, p).first + owners - 1) / owners;
-      m.host.gradients = std::min(off, std::max(in_flight, 3 * bucket_shard)) * b;
+      const int64_t read = std::min(2 * sub, off);
+      const int64_t held = in.update_in_backward ? sub + bucket_shard : std::max(read, 3 * bucket_shard);
+      m.host.gradients = std::min(off, held) * b;
     }
   }
 }
@@ -216,6 +220,10 @@ void params_offloaded(const EstimateInput& in, MemoryEstimate& m) {
   MemoryBytes& to = in.offload_param == OffloadDevice::cpu ? m.host : m.nvme;
   to.params += s * b;
   d.params -= s * b;  // what stays is the parameters outside every unit, gathered
+  // NVMe: the next unit's shards read ahead of its gather (partition/units.cpp).
+  if (in.offload_param == OffloadDevice::nvme && in.unit_params > 0) {
+    m.host.params += (std::min(in.unit_params, in.params) + in.world_size - 1) / in.world_size * b;
+  }
 }
 
 

@@ -85,8 +85,9 @@
 //   offload_param "nvme" (stage 3): the shard on NVMe. Each bucket's shard
 //     is read into its own memory just before the unit's all-gather and let
 //     go after it, so what the host holds for it is part of the gathered
-//     units; offload_param_buffer_count and buffer_size (DeepSpeed's pinned
-//     read buffers) are not used.
+//     units, but for the shards of one unit more, read ahead (1/N of a
+//     unit, when the unit's size is known); offload_param_buffer_count and
+//     buffer_size (DeepSpeed's pinned read buffers) are not used.
 
 #include <cstdint>
 #include <string>
@@ -133,6 +134,9 @@ struct EstimateInput {
   // backward, no clipping, no fp16 and no accumulation: it takes them from
   // memory), so they take disk space.
   bool nvme_gradients_written = true;
+  // super_offload's update runs in backward (no clipping, no fp16): the
+  // boundary's gradients wait in memory for their sub-group's update only.
+  bool update_in_backward = false;
   int64_t offload_optimizer_buffer_count = 4;
   int64_t offload_param_buffer_count = 5;
   int64_t offload_param_buffer_size = 100000000;   // elements

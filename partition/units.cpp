@@ -49,7 +49,14 @@ void UnitScheduler::prefetch_after(int position, bool backward) {
   for (size_t b = 0; b < storage_.size(); ++b) {
     if (!storage_.persistent(b) && storage_.gathered(b)) live += layout_.buckets()[b].numel;
   }
-  if (numel > options_.prefetch_numel || live + numel > options_.max_live_numel) return;
+  if (numel > options_.prefetch_numel || live + numel > options_.max_live_numel) {
+    // Not gathered ahead; with offload_param "nvme" its shards are still
+    // read ahead (Note [NVMe read-ahead] in param_storage.cpp): a shard is
+    // 1/world of the unit, and a unit larger than the prefetch budget would
+    // otherwise wait for its read and its all-gather in series.
+    for (int b : buckets_of_[unit]) storage_.read_ahead(b);
+    return;
+  }
   gather_unit(unit, /*async=*/true);
   // offload_param "nvme" (Note [NVMe read-ahead] in param_storage.cpp): the
   // unit after it starts reading its shards, so that its all-gather can

@@ -334,20 +334,27 @@ TEST(ConfigEstimate, CpuRanksHoldTheDevicesBytesInHostMemory) {
   EXPECT_EQ(m.nvme.total(), s * 16);  // fp32 parameters, master weights and two moments
 
   // offload_optimizer.nvme_gradients: the gradient shard moves to NVMe; the
-  // host keeps the reduce buffer and the larger of the step's three
-  // sub-groups and backward's three bucket shards (landing, two written).
+  // host keeps the reduce buffer and the larger of the step's two sub-groups
+  // read (ahead, current) and backward's three bucket shards (landing, two
+  // written).
+  const int64_t sub = 50000000, bucket_shard = 50000000 / n;
   in.nvme_gradients = true;
   const MemoryEstimate g = zero::device_as_host(zero::estimate_memory(in));
   EXPECT_EQ(g.nvme.gradients, s * 4);
-  EXPECT_EQ(g.host.gradients, int64_t{50000000} * 4 + 3 * int64_t{50000000} * 4);
-  EXPECT_EQ(g.host.total(), m.host.total() - s * 4 + 3 * int64_t{50000000} * 4);
-  in.nvme_gradients_written = false;  // super_offload takes them from memory: no file
+  EXPECT_EQ(g.host.gradients, int64_t{50000000} * 4 + 2 * sub * 4);
+  EXPECT_EQ(g.host.total(), m.host.total() - s * 4 + 2 * sub * 4);
+  // super_offload's update in backward: the sub-group being filled and the
+  // bucket landing; without accumulation no gradient reaches a file.
+  in.update_in_backward = true;
+  in.nvme_gradients_written = false;
   EXPECT_EQ(zero::estimate_memory(in).nvme.gradients, 0);
-  EXPECT_EQ(zero::device_as_host(zero::estimate_memory(in)).host.gradients, g.host.gradients);
+  EXPECT_EQ(zero::device_as_host(zero::estimate_memory(in)).host.gradients,
+            int64_t{50000000} * 4 + (sub + bucket_shard) * 4);
+  in.update_in_backward = false;
   in.nvme_gradients_written = true;
   in.sub_group_size = 10000000;  // smaller sub-groups: backward's buckets bound it
   EXPECT_EQ(zero::device_as_host(zero::estimate_memory(in)).host.gradients,
-            int64_t{50000000} * 4 + 3 * (int64_t{50000000} / n) * 4);
+            int64_t{50000000} * 4 + 3 * bucket_shard * 4);
 }
 
 // Stage 3's gathered bound: with the unit's size known, the unit running

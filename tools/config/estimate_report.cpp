@@ -73,6 +73,7 @@ EstimateSetup estimate_setup(const zero::Config& c, int64_t params, int world_si
   // gradients from memory: without accumulation none is ever written.
   const bool update_in_backward = z.offload_optimizer.super_offload && c.gradient_clipping == 0.0 && !c.fp16.enabled;
   in.nvme_gradients_written = !(update_in_backward && accumulation == 1);
+  in.update_in_backward = update_in_backward;
   return e;
 }
 
