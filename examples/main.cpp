@@ -3,6 +3,13 @@
 //
 //   zero-run --nproc 2 zero-main [--config configs/main.json] [--stage S] [--steps 600]
 //            [--depth 4] [--width 128] [--heads 4] [--context 64] [--expect-learning 1]
+//            [--checkpoint DIR --save-every K] [--final-weights FILE] [--step-log FILE]
+//
+// With --checkpoint it resumes from DIR's newest checkpoint when there is
+// one (as it would after `zero-run --max-restarts` started it again) and
+// saves one every K steps; --final-weights writes the trained parameters'
+// bytes (rank 0, by name), --step-log a line per completed step with its
+// wall-clock time (bench/run_chaos.sh reads both).
 //
 // Exits 0 when the validation loss fell below 0.6 of its start (with
 // --expect-learning 0: when the run completed), 1 otherwise, 2 on a config
@@ -13,9 +20,11 @@
 // a greedy sample, which should read like the corpus' sentences.
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include "gpt/corpus.h"
@@ -75,10 +84,13 @@ int main(int argc, char** argv) {
   int64_t steps = 600;
   int stage = -1;  // -1: the config's
   bool expect_learning = true;
+  std::string checkpoint, final_weights, step_log;
+  int64_t save_every = 0;
   GPTOptions options;
   const char* usage =
       "usage: zero-run --nproc 2 zero-main [--config configs/main.json] [--stage S] [--steps 600]\n"
-      "                [--depth 4] [--width 128] [--heads 4] [--context 64] [--expect-learning 1]\n";
+      "                [--depth 4] [--width 128] [--heads 4] [--context 64] [--expect-learning 1]\n"
+      "                [--checkpoint DIR --save-every K] [--final-weights FILE] [--step-log FILE]\n";
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "-h") == 0 || std::strcmp(argv[i], "--help") == 0) {
       std::fputs(usage, stdout);
@@ -116,6 +128,10 @@ int main(int argc, char** argv) {
     else if (key == "--heads") options.heads = number(1);
     else if (key == "--context") options.context = number(1);
     else if (key == "--expect-learning") expect_learning = value != "0";
+    else if (key == "--checkpoint") checkpoint = value;
+    else if (key == "--save-every") save_every = number(1);
+    else if (key == "--final-weights") final_weights = value;
+    else if (key == "--step-log") step_log = value;
     else {
       std::fprintf(stderr, "zero-main: unknown option %s\n\n%s", key.c_str(), usage);
       return 2;
@@ -159,11 +175,30 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     const double initial = validation_loss(model, engine, val, micro, options.context);
-    for (int64_t step = 0; step < steps; ++step) {
+    if (!checkpoint.empty()) engine.load_checkpoint_if_present(checkpoint);  // a restart resumes here
+    std::FILE* log = rank == 0 && !step_log.empty() ? std::fopen(step_log.c_str(), "a") : nullptr;
+    for (int64_t step = engine.global_steps(); step < steps; ++step) {
       for (int64_t m = 0; m < gas; ++m) {
         Batch batch = train.next_batch(micro, options.context, data_rank, data_ranks, step, static_cast<int>(m));
         engine.backward(model->loss(batch.inputs, batch.targets));
         engine.step();
+      }
+      if (!checkpoint.empty() && save_every > 0 && (step + 1) % save_every == 0) engine.save_checkpoint(checkpoint);
+      if (log) {
+        const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+        std::fprintf(log, "step %lld %.3f\n", static_cast<long long>(step + 1), now);
+        std::fflush(log);
+      }
+    }
+    if (log) std::fclose(log);
+    if (!final_weights.empty()) {
+      const auto state = engine.gathered_state_dict();  // every rank: stage 3 gathers collectively
+      if (rank == 0) {
+        std::ofstream out(final_weights, std::ios::binary | std::ios::trunc);
+        for (const auto& [name, t] : state) {
+          const at::Tensor c = t.contiguous();
+          out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+        }
       }
     }
     const double final_loss = validation_loss(model, engine, val, micro, options.context);
