@@ -22,6 +22,7 @@
 #include <sstream>
 
 #include "partition/estimate.h"
+#include "tests/offload/two_unit_mlp.h"
 #include "zero/zero.h"
 
 namespace {
@@ -40,19 +41,10 @@ std::string partial_mode(double ratio) {
   mode << "ratio " << ratio;
   return mode.str();
 }
-constexpr int64_t kIn = 24, kHidden = 40, kOut = 10;
-
-struct MlpImpl : torch::nn::Module {
-  MlpImpl() {
-    fc1 = register_module("fc1", zero::Unit<torch::nn::Linear>(torch::nn::Linear(kIn, kHidden)));
-    fc2 = register_module("fc2", zero::Unit<torch::nn::Linear>(torch::nn::Linear(kHidden, kHidden)));
-    out = register_module("out", torch::nn::Linear(kHidden, kOut));
-  }
-  torch::Tensor forward(torch::Tensor x) { return out(torch::gelu(fc2(torch::gelu(fc1(x))))); }
-  zero::Unit<torch::nn::Linear> fc1{nullptr}, fc2{nullptr};
-  torch::nn::Linear out{nullptr};
-};
-TORCH_MODULE(Mlp);
+using zero_test::kHidden;
+using zero_test::kIn;
+using zero_test::kOut;
+using Mlp = zero_test::TwoUnitMlp;
 
 struct Case {
   int stage;
