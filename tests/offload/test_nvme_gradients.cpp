@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "world_main.h"
+#include "tests/engine/elementwise_model.h"
 #include "tests/offload/two_unit_mlp.h"
 #include "zero/zero.h"
 
@@ -132,17 +133,8 @@ TEST(NvmeGradients, ParametersOnNvmeToo) { expect_bitwise_equal({"fp32", 2, fals
 // are forgotten, not written), and the next backward starts afresh. Two
 // steps overflow on the last rank; the runs stay equal bit for bit.
 TEST(NvmeGradients, Fp16SkippedStepsForgetTheGradients) {
-  constexpr int64_t kWidth = 37;
   auto run = [&](bool nvme_gradients) {
-    torch::manual_seed(3);
-    struct Elementwise : torch::nn::Module {
-      Elementwise() {
-        w = register_parameter("w", torch::randn({kWidth}) * 0.1);
-        v = register_parameter("v", torch::randn({kWidth}) * 0.1);
-      }
-      torch::Tensor w, v;
-    };
-    auto model = std::make_shared<Elementwise>();
+    zero_test::Elementwise model;  // fp16 on CPU ranks: element-wise only
     const std::string json = R"({"train_micro_batch_size_per_gpu": 4, "steps_per_print": 1000000,
       "gradient_accumulation_steps": 2, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
       "fp16": {"enabled": true, "initial_scale_power": 8},
@@ -155,16 +147,14 @@ TEST(NvmeGradients, Fp16SkippedStepsForgetTheGradients) {
     auto engine = zero::initialize(zero::Config::from_json(json), model, options);
     for (int micro = 0; micro < 14; ++micro) {
       auto gen = at::detail::createCPUGenerator(500 + micro * 7 + g_world->rank());
-      auto x = torch::randn({4, 2 * kWidth}, gen).to(at::kHalf);
+      auto x = torch::randn({4, zero_test::kN}, gen).to(at::kHalf);
       const bool last = g_world->rank() == g_world->size() - 1;
-      if (micro == 4 && last) x[0][0] = INFINITY;       // step 2: w's gradient
-      if (micro == 9 && last) x[1][kWidth] = INFINITY;  // step 4: v's gradient
-      auto y = (x.slice(1, 0, kWidth) * model->w).sum(1) + (x.slice(1, kWidth) * model->v).sum(1);
-      engine.backward((y.to(at::kFloat) - 1.0).pow(2).mean());
+      if ((micro == 4 || micro == 9) && last) x[micro % 4][micro] = INFINITY;  // steps 2 and 4 overflow
+      engine.backward((model->forward(x).to(at::kFloat) - 1.0).pow(2).mean());
       engine.step();
     }
     EXPECT_EQ(engine.skipped_steps(), 2);
-    return torch::cat({model->w.detach().to(at::kFloat), model->v.detach().to(at::kFloat)});
+    return torch::cat({model->w.detach().to(at::kFloat), model->b.detach().to(at::kFloat)});
   };
   const at::Tensor memory = run(false), files = run(true);
   EXPECT_TRUE(torch::equal(memory, files)) << "differs by " << (memory - files).abs().max().item<double>();
