@@ -4,7 +4,11 @@ the batches zero-llama train uses: the comparison of
 tests/llama/same_curve.sh and bench/run_llama.sh.
 
   zero-run --nproc N python bench/llama_peer.py --hf-dir DIR --config DS_CONFIG --tokens FILE \\
-      --ctx T --steps S --out OUT.json [--ddp]
+      --ctx T --steps S --out OUT.json [--ddp | --engine zero] [--save DIR] [--load DIR]
+
+--engine zero: zero's Python package (python/zero, on PYTHONPATH) in place of
+DeepSpeed, through the same calls (zero.initialize, engine.backward, ...):
+the comparison of tests/python/same_curve.sh.
 
 --ddp: torch.nn.parallel.DistributedDataParallel and torch.optim.AdamW with
 the ds_config's micro-batch, lr, betas, eps and weight decay, instead of
@@ -23,7 +27,8 @@ tokens at their global positions, and the loss is ALST's: the sp group's
 summed cross-entropy over its valid tokens, on every rank of the group;
 dp rank = rank // P picks the sequences. OUT:
 {"losses", "grad_norms", "lr", "step_s"}, one entry per step (losses averaged
-over the ranks; step_s: rank 0's wall time of the step). One thread per rank, eager attention (transformers' reference).
+over the ranks; step_s: rank 0's wall time of the step), and peak_rss_bytes
+(the largest peak resident set of the ranks). One thread per rank, eager attention (transformers' reference).
 If deepspeed cannot be imported, it says why in one line and exits 2.
 """
 import argparse
@@ -86,18 +91,31 @@ def main():
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--ddp", action="store_true")
+    p.add_argument("--engine", choices=["deepspeed", "zero"], default="deepspeed")
+    p.add_argument("--save", default="", help="engine.save_checkpoint into this folder after the steps")
+    p.add_argument("--load", default="", help="engine.load_checkpoint from this folder first; the steps go on "
+                   "from its step count to --steps, as zero-llama train --load does")
     args = p.parse_args()
     try:
-        import deepspeed
+        if args.engine == "zero":
+            import zero as deepspeed  # the same calls, zero's engine
+        else:
+            import deepspeed
         from transformers import AutoModelForCausalLM
     except Exception as e:
-        print(f"llama_peer.py: cannot import deepspeed or transformers ({type(e).__name__}: {e})", file=sys.stderr)
+        print(f"llama_peer.py: cannot import {args.engine} or transformers ({type(e).__name__}: {e})", file=sys.stderr)
         sys.exit(2)
     torch.set_num_threads(1)
-    import deepspeed.ops
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # as bench/deepspeed_peer.py
-    deepspeed.init_distributed(dist_backend="gloo")
-    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    if args.engine == "zero":
+        dist = deepspeed.comm
+        dist.init_distributed()
+        deepspeed.__version__ = "zero"
+    else:
+        import deepspeed.ops
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # as bench/deepspeed_peer.py
+        deepspeed.init_distributed(dist_backend="gloo")
+        dist = torch.distributed
+    rank, world = dist.get_rank(), dist.get_world_size()
     config = json.load(open(args.config))
     micro, gas = config["train_micro_batch_size_per_gpu"], config.get("gradient_accumulation_steps", 1)
     sp = config.get("sequence_parallel_size", 1)
@@ -136,12 +154,17 @@ def main():
                 return [optimizer.param_groups[0]["lr"]]
         engine = Engine()
     else:
-        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config, mpu=mpu)
+        extra = {"mpu": mpu} if mpu is not None else {}
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config, **extra)
     tokens = torch.from_numpy(np.fromfile(args.tokens, dtype="<u2").astype(np.int64))
     sequences = len(tokens) // args.ctx
+    first = 0
+    if args.load:
+        engine.load_checkpoint(args.load)
+        first = engine.global_steps
     losses, norms, lrs, times = [], [], [], []
     import time
-    for step in range(args.steps):
+    for step in range(first, args.steps):
         started = time.perf_counter()
         total = 0.0
         for k in range(gas):
@@ -154,16 +177,22 @@ def main():
             total += loss.item()
         times.append(time.perf_counter() - started)
         mean = torch.tensor([total / gas], dtype=torch.float64)
-        torch.distributed.all_reduce(mean)
+        dist.all_reduce(mean)
         losses.append(mean.item() / world)
         norm = engine.get_global_grad_norm()
         norms.append(float(norm) if norm is not None else float("nan"))
         lrs.append(engine.get_lr()[0])
+    if args.save:
+        engine.save_checkpoint(args.save)
+    import resource
+    peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0], dtype=torch.float64)
+    dist.all_reduce(peak, op="max" if args.engine == "zero" else torch.distributed.ReduceOp.MAX)
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump({"losses": losses, "grad_norms": norms, "lr": lrs, "step_s": times, "deepspeed": deepspeed.__version__,
-                       "transformers": __import__("transformers").__version__, "world": world}, f)
-    torch.distributed.barrier()
+                       "transformers": __import__("transformers").__version__, "world": world,
+                       "peak_rss_bytes": peak.item()}, f)
+    dist.barrier()
     sys.stdout.flush()
     os._exit(0)  # as bench/deepspeed_peer.py: no interpreter teardown after the results are out
 

@@ -56,7 +56,20 @@ fi
 requirements=tools/python-requirements.txt
 stamp="$zero_venv/.zero-requirements"
 want=$(sha256sum "$requirements" | cut -d' ' -f1)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
+# zero's own Python package: the build makes it in <build>/python (python/
+# CMakeLists.txt); this line puts that folder on the .venv's path, so that
+# `import zero` finds it once built (pip install ./python makes a copy of
+# its own instead).
+put_package_on_path() {
+  local site
+  site=$("$zero_python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  case "$zero_build_dir" in /*) echo "$zero_build_dir/python" ;; *) echo "$PWD/$zero_build_dir/python" ;; esac \
+    >"$site/zero-build.pth"
+}
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  put_package_on_path
+  exit 0
+fi
 
 # Measured on a fresh install (README): .venv takes 5.7 GiB; pip unpacks
 # beside it.
@@ -91,5 +104,6 @@ for top in torch numpy deepspeed accelerate transformers safetensors tensorboard
   "$zero_venv/bin/pip" install --disable-pip-version-check -q -c "$requirements" "$installing"
 done
 "$zero_python" -c 'import torch' >/dev/null
+put_package_on_path
 echo "$want" >"$stamp"
 echo "zero: $zero_venv ready: torch $("$zero_python" -c 'import torch; print(torch.__version__)'), $(du -sh "$zero_venv" | cut -f1)"

@@ -87,10 +87,18 @@ class UnitBase : public torch::nn::Module {
   template <typename F>
   at::Tensor run(F&& body) {
     if (!hooks_) return body();
-    hooks_->pre_forward(id_);
+    enter_forward();
     at::Tensor output = body();
-    hooks_->post_forward(id_, output);
+    leave_forward(output);
     return output;
+  }
+  // The two halves of run(), for a unit whose forward runs elsewhere (a
+  // Python module's forward hooks: python/csrc/python_model.h).
+  void enter_forward() {
+    if (hooks_) hooks_->pre_forward(id_);
+  }
+  void leave_forward(const at::Tensor& output) {
+    if (hooks_) hooks_->post_forward(id_, output);
   }
 
  private:
