@@ -122,13 +122,14 @@ class Engine:
         self._engine = _C.Engine(config_text, specs, _param_groups(model, model_parameters), group)
         self._dtype = {"Half": torch.float16, "BFloat16": torch.bfloat16}.get(self._engine.dtype(), torch.float32)
         self._auto_cast = bool(self.config.get("fp16", {}).get("auto_cast", False)) and self._dtype == torch.float16
-        # What the C++ engine did to the mirrored buffers, the buffers kept
-        # out of it get too (DeepSpeed's module.half() / bfloat16()).
+        # Buffers kept out of the mirror (a rotary inv_freq) stay in fp32, as
+        # DeepSpeed 0.19 keeps buffers, and become dp rank 0's, as initialize
+        # makes the mirrored ones (DeepSpeed broadcasts every buffer).
         for module in model.modules():
             for name in getattr(module, "_non_persistent_buffers_set", ()):
                 b = module._buffers.get(name)
-                if b is not None and b.is_floating_point():
-                    module._buffers[name] = b.to(self._dtype)
+                if b is not None:
+                    self.dp_group.broadcast(b, 0)
         self._hooks = []
         if self._engine.stage() == 3:
             for k, unit in enumerate(self._units):

@@ -4,13 +4,16 @@
 # DeepSpeed, and against zero-llama train (zero's C++ Llama): one ds_config,
 # the same Hugging Face weights and batches, 2 CPU ranks. Every step's loss
 # within TOLERANCE (relative, 1e-5) of DeepSpeed's and CPP_TOLERANCE (1e-6)
-# of the C++ path's; gradient norms within NORM_TOLERANCE (1e-4) of both.
+# of the C++ path's; gradient norms within NORM_TOLERANCE (1e-4) of
+# DeepSpeed's and CPP_NORM_TOLERANCE (1e-4) of the C++ path's. bf16 widens
+# the DeepSpeed bars (tests/peers/same_curve.sh says why), not the C++ ones.
 # Usage: same_curve.sh ZERO_RUN ZERO_LLAMA PYTHON PACKAGE_DIR FIXTURE TOKENS CONFIG STEPS WORK
 # PACKAGE_DIR: the folder holding the built zero package (<build>/python).
 # Exits 77 (skipped) with the reason when PYTHON cannot import deepspeed and transformers.
 set -euo pipefail
 zero_run="$1" llama="$2" python="$3" package="$4" fixture="$5" tokens="$6" config="$7" steps="$8" work="$9"
 tolerance="${TOLERANCE:-1e-5}" cpp_tolerance="${CPP_TOLERANCE:-1e-6}" norm_tolerance="${NORM_TOLERANCE:-1e-4}"
+cpp_norm_tolerance="${CPP_NORM_TOLERANCE:-1e-4}"
 here="$(cd "$(dirname "$0")" && pwd)"
 peer="$here/../../bench/llama_peer.py"
 export DS_ACCELERATOR=cpu
@@ -25,9 +28,9 @@ PYTHONPATH="$package${PYTHONPATH:+:$PYTHONPATH}" "$zero_run" --nproc 2 "$python"
   --config "$config" --tokens "$tokens" --ctx 16 --steps "$steps" --out "$work/python.json"
 "$zero_run" --nproc 2 "$python" "$peer" --hf-dir "$fixture" --config "$config" --tokens "$tokens" --ctx 16 \
   --steps "$steps" --out "$work/deepspeed.json"
-"$python" - "$work" "$tolerance" "$cpp_tolerance" "$norm_tolerance" << 'EOF_PY'
+"$python" - "$work" "$tolerance" "$cpp_tolerance" "$norm_tolerance" "$cpp_norm_tolerance" << 'EOF_PY'
 import json, math, sys
-work, tol, cpp_tol, norm_tol = sys.argv[1], *map(float, sys.argv[2:5])
+work, tol, cpp_tol, norm_tol, cpp_norm_tol = sys.argv[1], *map(float, sys.argv[2:6])
 py, ds = json.load(open(f"{work}/python.json")), json.load(open(f"{work}/deepspeed.json"))
 cpp = [dict(zip(l.split()[0::2], l.split()[1::2])) for l in open(f"{work}/cpp.txt") if l.strip()]
 cpp = {"losses": [float(z["loss"]) for z in cpp], "grad_norms": [float(z["grad_norm"]) for z in cpp]}
@@ -48,10 +51,10 @@ for i, (l, n) in enumerate(zip(py["losses"], py["grad_norms"])):
 steps = {len(py["losses"]), len(ds["losses"]), len(cpp["losses"])}
 if not ds_norms:
     print("DeepSpeed reports no gradient norm with this config (stage 0): norms compared with zero-llama's only")
-if len(steps) != 1 or any(math.isnan(w) for w in worst.values()) or worst["ds"] > tol or worst["cpp"] > cpp_tol or max(worst["ds_norm"], worst["cpp_norm"]) > norm_tol:
+if len(steps) != 1 or any(math.isnan(w) for w in worst.values()) or worst["ds"] > tol or worst["cpp"] > cpp_tol or worst["ds_norm"] > norm_tol or worst["cpp_norm"] > cpp_norm_tol:
     sys.exit(f"FAIL: steps {sorted(steps)}; largest relative differences: losses {worst['ds']:.2e} against DeepSpeed "
              f"(tolerance {tol:g}), {worst['cpp']:.2e} against zero-llama (tolerance {cpp_tol:g}); norms "
-             f"{worst['ds_norm']:.2e} and {worst['cpp_norm']:.2e} (tolerance {norm_tol:g})")
+             f"{worst['ds_norm']:.2e} (tolerance {norm_tol:g}) and {worst['cpp_norm']:.2e} (tolerance {cpp_norm_tol:g})")
 print(f"the same curve: losses {worst['ds']:.2e} (DeepSpeed), {worst['cpp']:.2e} (zero-llama); "
       f"norms {worst['ds_norm']:.2e}, {worst['cpp_norm']:.2e}")
 EOF_PY

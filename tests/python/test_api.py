@@ -150,6 +150,15 @@ class SameAsTorch(unittest.TestCase):
         self.check_stage(3, zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0,
                                                "offload_optimizer": {"device": "cpu"}})
 
+    def test_stage3_offload_nvme(self):
+        nvme = shared_dir("nvme")  # every rank's config names the same folder
+        self.check_stage(3, zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0,
+                                               "offload_optimizer": {"device": "nvme", "nvme_path": nvme},
+                                               "offload_param": {"device": "nvme", "nvme_path": nvme}})
+        zero.comm.barrier()
+        if rank() == 0:
+            shutil.rmtree(nvme, ignore_errors=True)
+
 
 class Checkpoints(unittest.TestCase):
     def test_resume_continues_the_same_losses(self):
