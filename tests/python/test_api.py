@@ -181,6 +181,25 @@ class Checkpoints(unittest.TestCase):
             shutil.rmtree(folder)
         self.assertEqual(engine2.load_checkpoint(shared_dir("none")), (None, None))
 
+    def test_save_16bit_model_writes_the_gathered_weights(self):
+        from safetensors.torch import load_file
+        folder = shared_dir("16bit")
+        model = toy()
+        c = config(3)
+        c["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+        engine, *_ = zero.initialize(model=model, config=c, units=[Block])
+        train(engine, model, 2)
+        self.assertTrue(engine.save_16bit_model(folder))
+        saved = load_file(os.path.join(folder, "model.safetensors"))
+        with zero.GatheredParameters(list(model.parameters())):
+            want = {n: p.detach().clone() for n, p in model.named_parameters()}
+        self.assertEqual(sorted(saved), sorted(want))
+        for name, tensor in want.items():
+            self.assertTrue(torch.equal(saved[name], tensor), name)
+        zero.comm.barrier()
+        if rank() == 0:
+            shutil.rmtree(folder)
+
 
 class Gathered(unittest.TestCase):
     def test_modifier_rank_changes_every_rank(self):
