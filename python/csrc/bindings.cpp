@@ -5,6 +5,7 @@
 // release the GIL: autograd takes it back for any Python node or hook.
 #include <torch/extension.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -15,6 +16,7 @@
 #include "zero/config.h"
 #include "zero/engine.h"
 #include "zero/error.h"
+#include "zero/init.h"
 
 namespace py = pybind11;
 
@@ -106,6 +108,31 @@ class PyEngine {
   Engine engine_;
 };
 
+// zero.Init: partitioned construction (include/zero/init.h) for Python
+// models. While it is open, each unit the Python side reports as just
+// built is mirrored and handed to the parts, as a zero::Unit's constructor
+// hands itself over (unit_built_hook, set on this thread by zero::Init).
+class PyInit {
+ public:
+  PyInit(const std::string& config_json, const std::string& remote_device, const Group& group) {
+    PartitionedInitOptions options;
+    options.remote_device = remote_device;
+    options.group = group.pg;
+    init_ = std::make_unique<Init>(Config::from_json(config_json), options);
+  }
+  void take(const std::vector<ModuleSpec>& specs) {
+    if (!init_) throw EngineError("zero.Init: a unit was built after the zero.Init closed");
+    PythonModel unit = mirror(specs, /*root_is_unit=*/true);
+    if (UnitBuiltHook hook = unit_built_hook()) hook(*unit.units.front());
+  }
+  void close() { init_.reset(); }  // the parts wait for initialize
+  int64_t part_bytes() const { return init_ ? init_->part_bytes() : 0; }
+  int64_t partitioned_params() const { return init_ ? init_->partitioned_params() : 0; }
+
+ private:
+  std::unique_ptr<Init> init_;
+};
+
 py::dict memory_report(const MemoryReport& r) {
   py::dict d;
   d["params"] = r.params;
@@ -159,6 +186,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("init_process_group", [] { return Group{comm::init_process_group()}; }, Release());
 
   py::class_<Gathered>(m, "Gathered").def("release", &Gathered::release, Release());
+
+  py::class_<PyInit>(m, "Init")
+      .def(py::init<std::string, std::string, Group>(), py::arg("config_json"), py::arg("remote_device"), py::arg("group"),
+           Release())
+      .def("take", &PyInit::take, py::arg("modules"), Release())
+      .def("close", &PyInit::close)
+      .def("part_bytes", &PyInit::part_bytes)
+      .def("partitioned_params", &PyInit::partitioned_params);
 
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<std::string, std::vector<ModuleSpec>, std::vector<ParamGroupSpec>, std::optional<Group>>(),

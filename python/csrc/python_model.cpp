@@ -11,11 +11,15 @@ std::shared_ptr<torch::nn::Module> PythonModel::find(const std::string& path) co
   throw PartitionError("no module " + (path.empty() ? std::string("(the model)") : path) + " in the model given to zero.initialize");
 }
 
-PythonModel mirror(const std::vector<ModuleSpec>& specs) {
+PythonModel mirror(const std::vector<ModuleSpec>& specs, bool root_is_unit) {
   PythonModel model;
   for (const auto& spec : specs) {
     std::shared_ptr<torch::nn::Module> module;
-    if (spec.unit) {
+    if (spec.path.empty() && root_is_unit) {
+      auto unit = std::make_shared<PythonUnit>();
+      model.units.push_back(unit);
+      module = unit;
+    } else if (spec.unit) {
       if (spec.path.empty()) throw PartitionError("the model itself cannot be a unit: name its blocks (units=...)");
       auto unit = std::make_shared<PythonUnit>();
       model.units.push_back(unit);

@@ -48,7 +48,8 @@ struct PythonModel {
 
 // The specs in the order of Python's named_modules() (a parent before its
 // children). A PartitionError for a spec whose parent comes later or is
-// missing, or a unit at the model itself.
-PythonModel mirror(const std::vector<ModuleSpec>& specs);
+// missing, or a unit at the model itself. root_is_unit: the first spec is
+// one unit just built (zero.Init hands it to the parts), whatever it says.
+PythonModel mirror(const std::vector<ModuleSpec>& specs, bool root_is_unit = false);
 
 }  // namespace zero::python

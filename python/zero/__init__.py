@@ -29,15 +29,7 @@ from . import _C  # noqa: E402
 from . import comm  # noqa: E402
 from ._C import CheckpointError, CommError, ConfigError, EngineError, Error, OffloadError, PartitionError  # noqa: E402
 from .engine import Engine, GatheredParameters, initialize  # noqa: E402
+from .init import Init  # noqa: E402
 
 __all__ = ["initialize", "Engine", "GatheredParameters", "Init", "comm", "Error", "ConfigError", "CommError",
            "PartitionError", "OffloadError", "CheckpointError", "EngineError"]
-
-
-class Init:
-    """deepspeed.zero.Init: not supported from Python yet. Raises, so that a
-    model built under it is never silently built whole."""
-
-    def __init__(self, *args, **kwargs):
-        raise NotImplementedError("zero.Init (partitioned construction) is not supported for Python models yet: "
-                                  "build the model without it; zero.initialize partitions its parameters at stage 3")

@@ -264,6 +264,58 @@ class Inputs(unittest.TestCase):
             plain(my_rows(x))
 
 
+def transformers_or_none():
+    try:
+        import transformers
+        return transformers
+    except ImportError:
+        return None
+
+
+LLAMA_FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "llama", "gqa_untied")
+
+
+class PartitionedConstruction(unittest.TestCase):
+    def test_units_partitioned_as_built_train_as_the_model_built_whole(self):
+        with zero.Init(config_dict_or_path=config(3), units=[Block]):
+            model = toy()
+        # A unit's parameter keeps its shape over one value; the rest is whole.
+        self.assertEqual(model.blocks[0].fc1.weight.stride(), (0, 0))
+        self.assertEqual(model.head.weight.stride(), (16, 1))
+        engine, *_ = zero.initialize(model=model, config=config(3), units=[Block])
+        got = train(engine, model, STEPS)
+        whole = toy()
+        engine2, *_ = zero.initialize(model=whole, config=config(3), units=[Block])
+        self.assertEqual(got, train(engine2, whole, STEPS))  # bit for bit
+
+    @unittest.skipUnless(transformers_or_none(), "transformers is not installed (tools/setup-deps.sh with ZERO_TORCH=wheel)")
+    def test_transformers_model_built_partitioned_then_loaded_equals_from_pretrained(self):
+        import transformers
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+        c = config(3)
+        hf = transformers.AutoConfig.from_pretrained(LLAMA_FIXTURE, attn_implementation="eager")
+        # Its post_init writes every weight again after the layers were
+        # partitioned: named, not silently lost.
+        with self.assertRaisesRegex(zero.EngineError, "no_init_weights"):
+            with zero.Init(config_dict_or_path=c, units=[LlamaDecoderLayer]):
+                transformers.LlamaForCausalLM(hf)
+        with zero.Init(config_dict_or_path=c, units=[LlamaDecoderLayer]), transformers.initialization.no_init_weights():
+            model = transformers.LlamaForCausalLM(hf)
+        engine, *_ = zero.initialize(model=model, config=c)
+        engine.load_weights(LLAMA_FIXTURE)
+        reference = transformers.AutoModelForCausalLM.from_pretrained(LLAMA_FIXTURE, attn_implementation="eager")
+        ids = (torch.arange(32).reshape(2, 16) * 7) % hf.vocab_size
+        with torch.no_grad():
+            self.assertEqual(engine(input_ids=ids, labels=ids).loss.item(),
+                             reference(input_ids=ids, labels=ids).loss.item())
+
+    def test_init_needs_its_units(self):
+        with self.assertRaisesRegex(ValueError, "units="):
+            zero.Init(config_dict_or_path=config(3))
+        with self.assertRaisesRegex(NotImplementedError, "module"):
+            zero.Init(module=toy(), config_dict_or_path=config(3), units=[Block])
+
+
 class Refusals(unittest.TestCase):
     def test_client_optimizer_is_named(self):
         model = toy()
