@@ -26,11 +26,16 @@ def run(*command):
     subprocess.run(command, check=True)
 
 
+BUILD = os.environ.get("ZERO_BUILD_DIR") or os.path.join(ROOT, "build-wheel")
+if not os.path.isabs(BUILD):  # pip runs this file in its own folder, not the caller's
+    sys.exit(f"zero: ZERO_BUILD_DIR={BUILD} is relative; give it as an absolute path")
+SETUPTOOLS_DIR = os.path.join(BUILD, "python-setuptools")  # setuptools' own folders, out of the source tree
+os.makedirs(SETUPTOOLS_DIR, exist_ok=True)
+
+
 class BuildWithCMake(build_py):
     def run(self):
-        build = os.environ.get("ZERO_BUILD_DIR") or os.path.join(ROOT, "build-wheel")
-        if not os.path.isabs(build):  # pip runs this file in its own folder, not the caller's
-            sys.exit(f"zero: ZERO_BUILD_DIR={build} is relative; give it as an absolute path")
+        build = BUILD
         python = os.path.abspath(sys.executable)
         cache = os.path.join(build, "CMakeCache.txt")
         if os.path.exists(cache):
@@ -68,4 +73,5 @@ class BinaryDistribution(Distribution):
 
 
 setup(name="zero", version="0.1.0", description="DeepSpeed's ZeRO in C++, from Python", python_requires=">=3.9",
-      cmdclass={"build_py": BuildWithCMake}, distclass=BinaryDistribution, packages=["zero"], zip_safe=False)
+      cmdclass={"build_py": BuildWithCMake}, distclass=BinaryDistribution, packages=["zero"], zip_safe=False,
+      options={"build": {"build_base": SETUPTOOLS_DIR}, "egg_info": {"egg_base": SETUPTOOLS_DIR}})
