@@ -42,7 +42,7 @@ for p in *; do
   tops+=("$p")
 done
 # Text files only (-I); grep -r stands in for find.
-grep -rlI --exclude-dir='.*' '' -- "${tops[@]}" | sort > "$tmp/files"
+grep -rlI --exclude-dir='.*' --exclude-dir='build*' --exclude-dir=__pycache__ '' -- "${tops[@]}" | sort > "$tmp/files"
 grep -E '\.(h|hpp|c|cc|cpp|cu)$' "$tmp/files" > "$tmp/sources" || true
 mapfile -t sources < "$tmp/sources"
 
@@ -276,7 +276,7 @@ bash tools/layer_rules.sh --tables > "$tmp/section.rules"
 # the definition is the one outside tests/, then at the start of its line
 # rather than indented, then in a header rather than a source, then first
 # by path; the others are listed with the files that rely on it.
-grep -rlI --exclude-dir='.*' 'Note' -- "${tops[@]}" | grep -v '^tools/architecture\.sh$' | sort > "$tmp/note_files" || true
+grep -rlI --exclude-dir='.*' --exclude-dir='build*' --exclude-dir=__pycache__ 'Note' -- "${tops[@]}" | grep -v '^tools/architecture\.sh$' | sort > "$tmp/note_files" || true
 while IFS= read -r f; do
   awk -v file="$f" '
     {
