@@ -216,6 +216,8 @@ PYBIND11_MODULE(_C, m) {
       .def("dtype", [](PyEngine& e) { return std::string(c10::toString(e.engine().dtype())); })
       .def("memory_report", [](PyEngine& e) { return memory_report(e.engine().memory_report()); })
       .def("stage", [](PyEngine& e) { return e.engine().config().zero_optimization.stage; })
+      .def("fp16_auto_cast", [](PyEngine& e) { return e.engine().config().fp16.auto_cast; })
+      .def("has_scheduler", [](PyEngine& e) { return !e.engine().config().scheduler.type.empty(); })
       .def("dp_group", &PyEngine::group)
       .def("unit_enter", &PyEngine::unit_enter, Release())
       .def("unit_leave", &PyEngine::unit_leave, py::arg("unit"), py::arg("output"), Release())

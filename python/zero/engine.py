@@ -112,16 +112,18 @@ class Engine:
     def __init__(self, model, config, model_parameters=None, units=None, training_data=None, collate_fn=None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"zero.initialize: model is a {type(model).__name__}, not a torch.nn.Module")
+        # The text as it is: zero's reader takes DeepSpeed's hjson
+        # liberties (comments, trailing commas), which json.loads would not.
         config_text = _read_config(config, None)
         self.module = model
+        self.config = config
         shapes = {id(p): (p.shape, p.numel()) for p in model.parameters()}
-        self.config = json.loads(config_text)
         group = comm.init_distributed()
         chosen = _default_units(model) if units is None else units
         specs, self._units = _module_specs(model, chosen)
         self._engine = _C.Engine(config_text, specs, _param_groups(model, model_parameters), group)
         self._dtype = {"Half": torch.float16, "BFloat16": torch.bfloat16}.get(self._engine.dtype(), torch.float32)
-        self._auto_cast = bool(self.config.get("fp16", {}).get("auto_cast", False)) and self._dtype == torch.float16
+        self._auto_cast = self._engine.fp16_auto_cast() and self._dtype == torch.float16
         # Buffers kept out of the mirror (a rotary inv_freq) stay in fp32, as
         # DeepSpeed 0.19 keeps buffers, and become dp rank 0's, as initialize
         # makes the mirrored ones (DeepSpeed broadcasts every buffer).
@@ -375,9 +377,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                                   "scheduler come from the ds_config's sections, the config from config=")
     if model is None:
         raise ValueError("zero.initialize: model= is required")
-    text = _read_config(config, config_params)
-    engine = Engine(model, json.loads(text), model_parameters, units, training_data, collate_fn)
-    scheduler = _Scheduler(engine) if "scheduler" in engine.config else None
+    engine = Engine(model, config if config is not None else config_params, model_parameters, units, training_data,
+                    collate_fn)
+    scheduler = _Scheduler(engine) if engine._engine.has_scheduler() else None
     return engine, _Optimizer(engine), engine.training_dataloader, scheduler
 
 

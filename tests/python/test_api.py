@@ -329,6 +329,17 @@ class Refusals(unittest.TestCase):
         with self.assertRaisesRegex(zero.ConfigError, "activation_checkpointing.checkpoint_every"):
             zero.initialize(model=model, config=c)
 
+    def test_config_file_read_as_deepspeed_reads_it(self):
+        # hjson's liberties, as DeepSpeed reads its file: comments, a trailing comma.
+        path = os.path.join(tempfile.mkdtemp(), "ds.json")
+        text = json.dumps(config(2), indent=1)
+        with open(path, "w") as f:
+            f.write("// a ds_config with a comment\n" + text[:-1].rstrip() + ",\n}\n")
+        engine, _, _, scheduler = zero.initialize(model=toy(), config=path, units=[Block])
+        self.assertEqual(engine.train_micro_batch_size_per_gpu(), BATCH // world())
+        self.assertIsNone(scheduler)
+        shutil.rmtree(os.path.dirname(path))
+
     def test_bad_config_is_a_config_error(self):
         with self.assertRaisesRegex(zero.ConfigError, "stage"):
             zero.initialize(model=toy(), config=config(7))
