@@ -55,22 +55,20 @@ struct ParamGroupSpec {
 };
 
 // The ds_config keys whose C++ meaning needs zero's own modules (its
-// tensor-parallel layers, pipeline stages, Ulysses attention) or a C++
-// forward (activation checkpointing recomputes zero::Unit's forward): a
-// Python model has neither yet, so they are refused by name.
+// tensor-parallel layers, pipeline stages, Ulysses attention): a Python
+// model has none, so they are refused by name.
 void refuse_what_python_cannot_honour(const Config& config) {
   std::vector<std::string> refused;
   const auto& p = config.parallelism;
   if (p.tensor_parallel() > 1) refused.push_back("tensor_parallel (" + std::to_string(p.tensor_parallel()) + " ranks)");
   if (p.pipeline_parallel() > 1) refused.push_back("pipeline.stages (" + std::to_string(p.pipeline_parallel()) + ")");
   if (p.sequence_parallel() > 1) refused.push_back("sequence_parallel_size (" + std::to_string(p.sequence_parallel()) + ")");
-  if (config.activation_checkpointing.checkpoint_every) refused.push_back("activation_checkpointing.checkpoint_every");
   if (refused.empty()) return;
   std::string names;
   for (const auto& r : refused) names += (names.empty() ? "" : ", ") + r;
   throw ConfigError("zero.initialize from Python cannot honour " + names +
-                    " yet: leave them out of the ds_config (torch.utils.checkpoint in your model's forward recomputes "
-                    "activations)");
+                    " yet: they need zero's C++ layers (include/zero/tensor_parallel.h, pipeline.h, "
+                    "sequence_parallel.h); leave them out of the ds_config");
 }
 
 class PyEngine {
@@ -82,8 +80,7 @@ class PyEngine {
   Engine& engine() { return engine_; }
   void unit_enter(int k) { unit(k).enter_forward(); }
   void unit_leave(int k, const std::optional<at::Tensor>& output) { unit(k).leave_forward(output.value_or(at::Tensor())); }
-  // Whether the config's activation checkpointing chose unit k (the Python
-  // path cannot recompute a Python forward yet).
+  // Whether the config's activation checkpointing (checkpoint_every) chose unit k.
   bool unit_checkpoints(int k) { return unit(k).checkpoints_activations(); }
   Gathered gather(const std::string& path, std::optional<int> modifier_rank) {
     return Gathered{engine_.gather_parameters(*model_.find(path), modifier_rank)};

@@ -1,6 +1,7 @@
 """zero.initialize and the Engine: DeepSpeed's calls, zero's C++ engine."""
 import json
 import os
+import functools
 import weakref
 from functools import partial
 
@@ -105,6 +106,19 @@ def _first_tensor(output):
     return None
 
 
+def _recomputed_in_backward(forward):
+    """The config's activation_checkpointing.checkpoint_every for a Python
+    unit: its forward under torch.utils.checkpoint (non-reentrant), keeping
+    only its inputs. At stage 3 the recompute runs on the parameters the
+    unit's backward gathered (the gradient of its output arrives first)."""
+    @functools.wraps(forward)
+    def run(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    return run
+
+
 class Engine:
     """DeepSpeed's engine over a Python model: engine(*inputs) runs the
     model's forward; backward, step, checkpoints and the rest run in C++."""
@@ -132,6 +146,9 @@ class Engine:
                 b = module._buffers.get(name)
                 if b is not None:
                     self.dp_group.broadcast(b, 0)
+        for k, unit in enumerate(self._units):
+            if self._engine.unit_checkpoints(k):
+                unit.forward = _recomputed_in_backward(unit.forward)
         self._hooks = []
         if self._engine.stage() == 3:
             for k, unit in enumerate(self._units):
