@@ -150,6 +150,28 @@ class SameAsTorch(unittest.TestCase):
         self.check_stage(3, zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0,
                                                "offload_optimizer": {"device": "cpu"}})
 
+    def test_stage3_parameter_shared_by_two_units(self):
+        # A weight tied between units that do not nest belongs to neither:
+        # it stays gathered (as C++'s zero::Unit), and trains as torch does.
+        def tied():
+            model = toy()
+            model.blocks[2].fc1.weight = model.blocks[0].fc1.weight
+            return model
+        model = tied()
+        engine, *_ = zero.initialize(model=model, config=config(3), units=[Block])
+        got = train(engine, model, STEPS)
+        ref = tied()
+        opt = torch.optim.AdamW(ref.parameters(), lr=ADAM["lr"], betas=tuple(ADAM["betas"]), eps=ADAM["eps"],
+                                weight_decay=ADAM["weight_decay"])
+        for s in range(STEPS):
+            x, y = batch(s)
+            loss = torch.nn.functional.mse_loss(ref(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            self.assertAlmostEqual(got[s], loss.item(), delta=1e-5 * abs(loss.item()), msg=f"step {s + 1}")
+        self.assertEqual(model.blocks[0].fc1.weight.numel(), 512)  # gathered between steps
+
     def test_stage3_offload_nvme(self):
         nvme = shared_dir("nvme")  # every rank's config names the same folder
         self.check_stage(3, zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0,
