@@ -1,9 +1,8 @@
 """zero.initialize and the Engine: DeepSpeed's calls, zero's C++ engine."""
+import functools
 import json
 import os
-import functools
 import weakref
-from functools import partial
 
 import torch
 
@@ -17,9 +16,8 @@ def _engine_of(param):
     return ref() if ref is not None else None
 
 
-def _read_config(config, config_params):
-    if config is None:
-        config = config_params
+def _read_config(config):
+    """A ds_config path or dict as text for zero's reader."""
     if config is None:
         raise ValueError("zero.initialize: no config; pass config= a ds_config path or dict")
     if isinstance(config, (str, os.PathLike)):
@@ -128,7 +126,7 @@ class Engine:
             raise TypeError(f"zero.initialize: model is a {type(model).__name__}, not a torch.nn.Module")
         # The text as it is: zero's reader takes DeepSpeed's hjson
         # liberties (comments, trailing commas), which json.loads would not.
-        config_text = _read_config(config, None)
+        config_text = _read_config(config)
         self.module = model
         self.config = config
         shapes = {id(p): (p.shape, p.numel()) for p in model.parameters()}
@@ -152,8 +150,8 @@ class Engine:
         self._hooks = []
         if self._engine.stage() == 3:
             for k, unit in enumerate(self._units):
-                self._hooks.append(unit.register_forward_pre_hook(partial(self._enter, k)))
-                self._hooks.append(unit.register_forward_hook(partial(self._leave, k)))
+                self._hooks.append(unit.register_forward_pre_hook(functools.partial(self._enter, k)))
+                self._hooks.append(unit.register_forward_hook(functools.partial(self._leave, k)))
             self._guard_released(model)
         for p in model.parameters():
             p._zero_engine = weakref.ref(self)

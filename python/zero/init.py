@@ -46,7 +46,7 @@ class Init:
         if not units or not all(isinstance(u, type) for u in units):
             raise ValueError("zero.Init needs units=[the block classes] (e.g. transformers' LlamaDecoderLayer): each "
                              "instance is partitioned as its __init__ returns; zero.initialize takes the same units")
-        self._config = _read_config(config_dict_or_path if config_dict_or_path is not None else config, None)
+        self._config = _read_config(config_dict_or_path if config_dict_or_path is not None else config)
         self._remote_device = remote_device or ""
         self._units = list(units)
         self._parts = None
