@@ -1,5 +1,7 @@
 #include "comm/internal.h"
 
+#include <memory>
+
 namespace zero::comm {
 
 CommThread::CommThread() : thread_([this] { run(); }) {}
@@ -13,8 +15,22 @@ CommThread::~CommThread() {
   thread_.join();
 }
 
+// Note [Captures released before completion]
+// A task's captures (the tensors of a collective) die inside the call,
+// before its future is ready. Otherwise the comm thread dropped them just
+// after the waiting caller woke, and the caller, having dropped its own
+// references meanwhile, could leave the last one to this thread. For a
+// tensor that Python owns the last release needs the GIL, which a Python
+// interpreter that is shutting down never hands out: it ends the asking
+// thread, and the process with it (std::terminate). Released inside the
+// call, while the caller still waits and holds its references, a capture
+// is never the last.
 std::future<void> CommThread::submit(std::function<void()> task) {
-  std::packaged_task<void()> packaged(std::move(task));
+  auto holder = std::make_shared<std::function<void()>>(std::move(task));
+  std::packaged_task<void()> packaged([holder] {
+    const std::function<void()> run = std::move(*holder);  // dies at the end of this call
+    run();
+  });
   auto future = packaged.get_future();
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -6,17 +6,26 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <mutex>
 #include <sstream>
 
+#include "comm/exit_on_error.h"
 #include "comm/internal.h"
 #include "core/env.h"
 #include "zero/error.h"
 #include "zero/log.h"
 
 namespace zero::comm {
+namespace {
+std::atomic<bool> g_exiting_on_error{false};
+}  // namespace
+
+void exiting_on_error() { g_exiting_on_error.store(true); }
+bool is_exiting_on_error() { return g_exiting_on_error.load(); }
+
 namespace {
 
 // What the whole job shares: the store and the heartbeats. Its destructor
@@ -28,7 +37,7 @@ struct World {
   std::chrono::milliseconds timeout;
   std::vector<int> node_of;  // by world rank (Group::find_nodes)
   ~World() {
-    if (health) health->shutdown(timeout);
+    if (health) health->shutdown(is_exiting_on_error() ? std::chrono::milliseconds(0) : timeout);
   }
 };
 

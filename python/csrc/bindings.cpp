@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/exit_on_error.h"
 #include "python_model.h"
 #include "zero/comm.h"
 #include "zero/config.h"
@@ -181,6 +182,7 @@ PYBIND11_MODULE(_C, m) {
       .def("all_gather", &Group::all_gather, py::arg("output"), py::arg("input"), Release())
       .def("barrier", &Group::barrier, Release());
   m.def("init_process_group", [] { return Group{comm::init_process_group()}; }, Release());
+  m.def("exiting_on_error", &comm::exiting_on_error);  // Note [Exiting on an error]
 
   py::class_<Gathered>(m, "Gathered").def("release", &Gathered::release, Release());
 

@@ -18,6 +18,8 @@ import torch
 
 from . import _build
 
+__version__ = _build.zero_version  # the project's (CMakeLists.txt), as deepspeed.__version__
+
 # zero._C links the LibTorch of one torch version: beside any other, its
 # tensors would not be torch's (or it would not load at all).
 if torch.__version__ != _build.torch_version:

@@ -2,9 +2,23 @@
 trains over): init_distributed, get_rank, get_world_size, all_reduce,
 broadcast, all_gather_into_tensor, barrier. Host (CPU) tensors on CPU ranks.
 The launch environment is torchrun's (zero-run and torchrun both set it)."""
+import sys
+
 from . import _C
 
 _group = None
+
+
+def _exiting_on_error(kind, value, traceback, previous=sys.excepthook):
+    """An uncaught exception ends the program: the interpreter still tears
+    the process group down, and rank 0 need not keep the rendezvous store
+    up for ranks that wait in a collective it will never join (Note
+    [Exiting on an error], comm/exit_on_error.h)."""
+    _C.exiting_on_error()
+    previous(kind, value, traceback)
+
+
+sys.excepthook = _exiting_on_error
 
 
 def init_distributed(dist_backend=None, **kwargs):

@@ -20,4 +20,4 @@ lib = [l for l in open(f"/proc/{os.getpid()}/maps") if "libzero.so" in l]
 assert lib and lib[0].split()[-1].startswith(os.environ["PYTHONPATH"]), f"libzero loaded from {lib}"
 print("installed zero", zero.__file__, "with", lib[0].split()[-1])
 EOF_PY
-PYTHONPATH="$work/site" OMP_NUM_THREADS=1 "$python" -m unittest test_api.SameAsTorch.test_stage3_units_released_between_steps
+PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$work/site" OMP_NUM_THREADS=1 "$python" -m unittest test_api.SameAsTorch.test_stage3_units_released_between_steps
