@@ -109,7 +109,6 @@ def main():
     if args.engine == "zero":
         dist = deepspeed.comm
         dist.init_distributed()
-        deepspeed.__version__ = "zero"
     else:
         import deepspeed.ops
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # as bench/deepspeed_peer.py
