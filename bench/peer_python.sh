@@ -10,6 +10,10 @@
 #                       installs python3-torch for Debian's python when root)
 #                       and `fsdp2` (1: its torch has fully_shard), with one
 #                       line on stderr for each row left out.
+#   peer_require SCRIPT MODULE...
+#                       exits 1 naming SCRIPT, $python and the first import
+#                       error unless $python imports every MODULE (on CPU
+#                       ranks: DS_ACCELERATOR=cpu for deepspeed).
 
 peer_python() {
   local cache="$1/CMakeCache.txt" configured=""
@@ -32,4 +36,14 @@ peer_check() {
   fi
   # ddp_peer.py says in one line why it cannot run FSDP2 (torch < 2.6).
   "$python" "$(dirname "${BASH_SOURCE[0]}")/ddp_peer.py" --mode fsdp2 --check && fsdp2=1 || true
+}
+
+peer_require() {
+  local script="$1" why
+  shift
+  if ! why="$("$python" -c "import importlib, os, sys; os.environ['DS_ACCELERATOR'] = 'cpu'
+for m in sys.argv[1:]: importlib.import_module(m)" "$@" 2>&1)"; then
+    echo "$script: $python cannot import $* (${why##*$'\n'}); run ZERO_TORCH=wheel bash tools/setup-deps.sh, or set PYTHON" >&2
+    exit 1
+  fi
 }

@@ -20,10 +20,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 results="${RESULTS:-$here/results}" steps="${STEPS:-4}" warmup="${WARMUP:-2}"
 source "$here/peer_python.sh"
 peer_python "$build"
-if ! why="$("$python" -c "import os; os.environ['DS_ACCELERATOR'] = 'cpu'; import deepspeed, transformers" 2>&1)"; then
-  echo "run_llama.sh: $python cannot import deepspeed and transformers (${why##*$'\n'}); run ZERO_TORCH=wheel bash tools/setup-deps.sh" >&2
-  exit 1
-fi
+peer_require run_llama.sh deepspeed transformers
 run="$build/tools/launcher/zero-run" llama="$build/tools/llama/zero-llama"
 [ -x "$llama" ] || { echo "run_llama.sh: $llama is missing; build it (ZERO_TORCH=wheel bash tools/build.sh)" >&2; exit 1; }
 work="$(mktemp -d "${TMPDIR:-/tmp}/run_llama.XXXXXX")"

@@ -21,10 +21,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 results="${RESULTS:-$here/results}" steps="${STEPS:-4}" warmup="${WARMUP:-2}"
 source "$here/peer_python.sh"
 peer_python "$build"
-if ! why="$("$python" -c "import os; os.environ['DS_ACCELERATOR'] = 'cpu'; import deepspeed, transformers" 2>&1)"; then
-  echo "run_python_vs_deepspeed.sh: $python cannot import deepspeed and transformers (${why##*$'\n'}); run ZERO_TORCH=wheel bash tools/setup-deps.sh" >&2
-  exit 1
-fi
+peer_require run_python_vs_deepspeed.sh deepspeed transformers
 run="$build/tools/launcher/zero-run" llama="$build/tools/llama/zero-llama" package="$build/python"
 for need in "$llama" "$package/zero/_C.so"; do
   [ -e "$need" ] || { echo "run_python_vs_deepspeed.sh: $need is missing; build it (ZERO_TORCH=wheel bash tools/build.sh)" >&2; exit 1; }

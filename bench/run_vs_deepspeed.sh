@@ -26,10 +26,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 results="${RESULTS:-$here/results}"
 source "$here/peer_python.sh"
 peer_python "$build"
-if ! why="$("$python" -c "import os; os.environ['DS_ACCELERATOR'] = 'cpu'; import deepspeed" 2>&1)"; then
-  echo "run_vs_deepspeed.sh: $python cannot import deepspeed (${why##*$'\n'}); run ZERO_TORCH=wheel bash tools/setup-deps.sh, or set PYTHON" >&2
-  exit 1
-fi
+peer_require run_vs_deepspeed.sh deepspeed
 bin="$build/bench/bench_step_time"
 run="$build/tools/launcher/zero-run"
 [ -x "$bin" ] || { echo "run_vs_deepspeed.sh: $bin is missing; build it (ZERO_TORCH=wheel bash tools/build.sh)" >&2; exit 1; }
