@@ -67,6 +67,8 @@ struct TrainSetup {
   // Stage 3: how far forward's gathered units stay gathered for backward
   // (elements); negative leaves the key out, DeepSpeed's default 1e9.
   int64_t stage3_max_reuse_distance = -1;
+  // checkpoint.in_memory.interval (0: the key left out).
+  int64_t in_memory_interval = 0;
 };
 
 // The ds_config both benchmarks train with: AdamW, clipping 1.0, no
@@ -84,7 +86,9 @@ inline std::string ds_config(const TrainSetup& s) {
     << ", \"contiguous_gradients\": true, \"reduce_bucket_size\": " << s.reduce_bucket_size
     << ", \"offload_optimizer\": {\"device\": \"" << s.offload_optimizer << "\"}";
   if (s.stage3_max_reuse_distance >= 0) j << ", \"stage3_max_reuse_distance\": " << s.stage3_max_reuse_distance;
-  j << "}}";
+  j << "}";
+  if (s.in_memory_interval > 0) j << ", \"checkpoint\": {\"in_memory\": {\"interval\": " << s.in_memory_interval << "}}";
+  j << "}";
   return j.str();
 }
 

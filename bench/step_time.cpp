@@ -2,7 +2,8 @@
 // against a plain single-process LibTorch loop (torch::optim::AdamW) of the
 // same model and per-rank micro batch, and against PyTorch DDP, measured in the same script run.
 //
-//   zero-run --nproc N bench_step_time --mode engine --stage S --out st.jsonl   (one stage; --overlap 0: reductions in series)
+//   zero-run --nproc N bench_step_time --mode engine --stage S --out st.jsonl   (one stage; --overlap 0: reductions in series;
+//       --in-memory K: checkpoint.in_memory.interval K, bench/run_in_memory_copies.sh)
 //   zero-run --nproc N bench_step_time --mode engine --config ds.json --label L  (the ds_config file instead of
 //       the generated one: bench/run_vs_deepspeed.sh gives DeepSpeed the same file; [--checkpoint DIR] then also
 //       times save_checkpoint and load_checkpoint of the trained state into DIR)
@@ -206,6 +207,7 @@ int run_engine(const zero_bench::Flags& flags) {
   setup.reduce_bucket_size = flags.num("bucket");
   setup.offload_optimizer = flags.str("offload");
   setup.overlap_comm = flags.num("overlap") != 0;
+  setup.in_memory_interval = flags.num("in-memory");
   const std::string config_file = flags.str("config");
   const zero::Config config =
       config_file.empty() ? zero::Config::from_json(zero_bench::ds_config(setup)) : zero::Config::from_file(config_file);
@@ -277,6 +279,7 @@ int run_engine(const zero_bench::Flags& flags) {
     j["side"] = "zero";
     j["label"] = flags.str("label");
     j["offload_optimizer"] = setup.offload_optimizer;
+    j["in_memory_interval"] = config.checkpoint.in_memory_interval;
     j["stage"] = setup.stage;
     j["world"] = N;
     j["step_s"] = zero_bench::median(slowest);
@@ -487,6 +490,7 @@ int main(int argc, char** argv) {
                              {"checkpoint", ""},
                              {"label", ""},
                              {"overlap", "1"},
+                             {"in-memory", "0"},
                              {"threads", "0"}});
     const std::string mode = flags.str("mode");
     if (mode == "plain") return run_plain(flags);

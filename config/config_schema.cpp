@@ -180,6 +180,7 @@ void visit_checkpoint(Fields& f, CheckpointConfig& c) {
     if (g.reading() && c.parallel_write_pipeline_stage)
       g.warn(unimplemented_warning(g.path("pipeline_stage")));
   });
+  f.object("in_memory", [&](Fields& g) { g.integer("interval", c.in_memory_interval, Opt().min(0).max(1000000000)); });
 }
 
 void visit_monitor(Fields& f, MonitorConfig& m) {

@@ -114,9 +114,11 @@ ckpt::Manifest agreed_manifest(comm::ProcessGroup& pg, const std::string& dir, c
   if (!error.empty()) throw CheckpointError(error);
   // Checkpoints written before save ids: the manifest's own digest.
   const std::string save = !m.save_id.empty() ? m.save_id : "digest " + std::to_string(std::hash<std::string>{}(m.to_json().dump()));
-  const std::string differs = comm::disagreement(pg, {{"the save that wrote " + where + "/manifest.json", save}});
+  // The key names the tag, not the folder: with in-memory copies each node
+  // reads its own folder (Note [In-memory copies] in engine/memory_copies.h).
+  const std::string differs = comm::disagreement(pg, {{"the save that wrote tag " + tag + "'s manifest.json", save}});
   if (!differs.empty()) {
-    throw CheckpointError("load_checkpoint: " + differs +
+    throw CheckpointError("load_checkpoint: " + where + ": " + differs +
                           "; the tag was saved again while the ranks read it: is another job saving into the same "
                           "folder? Load again, or load a tag that nothing is saving");
   }

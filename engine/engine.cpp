@@ -96,6 +96,9 @@ Engine::Engine(const Config& config, std::shared_ptr<torch::nn::Module> module, 
                                                        s.pipeline && s.pipeline->has_links(), [&s] { return s.memory(); },
                                                        engine::open_monitors(s.config, *s.pg));
   s.boundary = std::make_unique<engine::StepBoundary>(s.pg, *s.telemetry);
+  if (const int64_t k = s.config.checkpoint.in_memory_interval; k > 0) {
+    s.memory_copies = std::make_unique<engine::MemoryCopies>(s.pg, k);  // a collective across nodes
+  }
 
   const auto& opt = s.config.optimizer;
   s.schedule = std::make_unique<LrSchedule>(LrSchedule::from_config(s.config.scheduler, opt));
@@ -295,6 +298,7 @@ void Engine::Impl::optimizer_step(std::optional<double> agreed_loss) {
   sync_buffers();
   telemetry->step_done(record);
   boundary->after_step(record, agreed_loss);
+  if (memory_copies) memory_copies->after_step(*this);
   telemetry->forward_starts(steps.global_steps, sharded->gathered_param_bytes());
 }
 

@@ -39,6 +39,10 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
 
 std::optional<std::string> Engine::load_checkpoint_if_present(const std::string& dir, const std::string& tag,
                                                                const LoadOptions& options) {
+  // Note [In-memory copies]: a copy in memory at least as new as the disk's is read instead.
+  if (impl_->memory_copies && tag.empty()) {
+    if (auto copy = impl_->memory_copies->newest(dir)) return load_checkpoint(copy->first, copy->second, options);
+  }
   // DeepSpeed's load_checkpoint returns (None, None) when there is no `latest`.
   const bool present = tag.empty() ? std::filesystem::exists(std::filesystem::path(dir) / "latest")
                                    : std::filesystem::exists(std::filesystem::path(dir) / tag);

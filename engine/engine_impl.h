@@ -17,6 +17,7 @@
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
+#include "engine/memory_copies.h"
 #include "engine/pipeline_driver.h"
 #include "engine/step_boundary.h"
 #include "engine/training_parts.h"
@@ -35,6 +36,7 @@ struct Engine::Impl : engine::TrainingParts {
   double last_norm = 0.0;
   std::unique_ptr<telemetry::Telemetry> telemetry;
   std::unique_ptr<engine::StepBoundary> boundary;  // over `telemetry`
+  std::unique_ptr<engine::MemoryCopies> memory_copies;  // checkpoint.in_memory (Note [In-memory copies])
   // Note [Call order]: a backward() whose step() has not come yet; the
   // thread that trains (the first to call backward, step or train_batch).
   bool backward_pending = false;

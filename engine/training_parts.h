@@ -91,8 +91,10 @@ void check_position(const DataLoader::State& loader, const SavedLoaderPosition& 
 void restore_loader(TrainingParts& s, size_t index);
 
 // Engine::save_checkpoint and Engine::load_checkpoint (include/zero/engine.h).
+struct FolderPerNode;  // engine/memory_copies.h
 void save_checkpoint(TrainingParts& parts, const std::string& dir, const std::string& tag,
-                     const std::string& client_state, const SaveOptions& options = {});
+                     const std::string& client_state, const SaveOptions& options = {},
+                     const FolderPerNode* per_node = nullptr);
 std::string load_checkpoint(TrainingParts& parts, const std::string& dir, const std::string& tag,
                             const LoadOptions& options);
 // Engine::load_weights (engine/weights_load.cpp).

@@ -281,6 +281,12 @@ struct CheckpointConfig {
   bool load_universal = false;
   bool use_node_local_storage = false;
   bool parallel_write_pipeline_stage = false;   // "parallel_write": {"pipeline_stage": ...}
+  // "in_memory": {"interval": K} (zero's own): after every K-th optimizer
+  // step a copy of each rank's shard of the training state stays in host
+  // memory, its own node's and the next node's, and
+  // engine.load_checkpoint_if_present resumes from it after a restart
+  // (Note [In-memory copies] in engine/memory_copies.h). 0: off.
+  int64_t in_memory_interval = 0;
 };
 
 // DeepSpeed's "csv_monitor" and "tensorboard": rank 0 writes each

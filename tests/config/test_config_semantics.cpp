@@ -53,6 +53,7 @@ TEST(ConfigDefaults, TopLevelAndPrecisionAreDeepSpeeds) {
       {"activation_checkpointing.profile", false},
       {"checkpoint.tag_validation", "Warn"}, {"checkpoint.load_universal", false},
       {"checkpoint.use_node_local_storage", false}, {"checkpoint.parallel_write.pipeline_stage", false},
+      {"checkpoint.in_memory.interval", 0},
       {"tensor_parallel.autotp_size", 0}, {"tensor_parallel.tp.tp_size", 1}, {"pipeline.stages", 1},
       {"zero.comm_timeout_s", 300}, {"zero.cuda_comm_backend", "nccl"},
   });

@@ -1,12 +1,13 @@
 // A training run that can be killed anywhere and resumed: `train DIR STEPS
-// SAVE_EVERY [STAGE]` loads DIR's newest complete checkpoint if there is
+// SAVE_EVERY [STAGE [IN_MEMORY]]` loads DIR's newest complete checkpoint if there is
 // one, trains to STEPS global steps saving every SAVE_EVERY, and rank 0
 // writes the final parameters' bytes to DIR/final.bin. fp16 with dynamic
 // loss scaling and AdamW: inputs get an inf on one rank at steps chosen by
 // a hash of the step, so overflows (skipped steps, scale changes) happen
 // throughout and must resume exactly too. fault_injection.sh kills ranks
 // with ZERO_FAULT and checks that the resumed run's final.bin equals an
-// uninterrupted run's, byte for byte.
+// uninterrupted run's, byte for byte. IN_MEMORY > 0 sets
+// checkpoint.in_memory.interval (Note [In-memory copies]).
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -30,18 +31,20 @@ bool overflows_at(int64_t step) { return (static_cast<uint64_t>(step) * 26544357
 
 int main(int argc, char** argv) {
   if (argc < 5 || std::string(argv[1]) != "train") {
-    std::cerr << "usage: fault_injection train DIR STEPS SAVE_EVERY [STAGE]\n";
+    std::cerr << "usage: fault_injection train DIR STEPS SAVE_EVERY [STAGE [IN_MEMORY]]\n";
     return 2;
   }
   const std::string dir = argv[2];
   const int64_t steps = std::stoll(argv[3]), save_every = std::stoll(argv[4]);
   const std::string stage = argc > 5 ? argv[5] : "2";
+  const std::string in_memory = argc > 6 ? argv[6] : "0";
   Elementwise model;
   auto engine = zero::initialize(zero::Config::from_json(R"({"train_micro_batch_size_per_gpu": 4,
       "steps_per_print": 1000000, "gradient_clipping": 1.0,
       "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
       "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 20}},
       "fp16": {"enabled": true, "initial_scale_power": 10, "loss_scale_window": 8, "hysteresis": 2},
+      "checkpoint": {"in_memory": {"interval": )" + in_memory + R"(}},
       "zero_optimization": {"stage": )" + stage + R"(, "reduce_bucket_size": 16}})"),
                                  model);
   const int rank = engine.group().rank(), world = engine.group().size();

@@ -197,6 +197,12 @@ int64_t peak_where_params_live(const zero::MemoryEstimate& m, bool cpu_ranks) {
   return (cpu_ranks ? m.host.total() : m.device.total()) + m.gathered_params_max + m.secondary_params_max;
 }
 
+// checkpoint.in_memory: a copy of a rank's shard is its fp32 master weights
+// and optimizer states (Note [In-memory copies] in engine/memory_copies.h).
+int64_t in_memory_copy_bytes(const zero::MemoryEstimate& m, int64_t state_bytes_per_element) {
+  return m.shard_params * (4 + state_bytes_per_element);
+}
+
 int run_estimate(const Options& o) {
   zero::Config config = zero::Config::from_file(o.file);
   const auto& z = config.zero_optimization;
@@ -266,6 +272,7 @@ int run_estimate(const Options& o) {
       r["secondary_params_max"] = m.secondary_params_max;
       r["peak_where_params_live"] = peak_where_params_live(m, o.cpu_ranks);
       if (stage == 3) r["peak_where_params_live_reuse_0"] = peak_where_params_live(stage3_releasing, o.cpu_ranks);
+      if (config.checkpoint.in_memory_interval > 0) r["in_memory_copy"] = in_memory_copy_bytes(m, setup.base.state_bytes_per_element);
       doc["stages"].push_back(r);
     }
     if (o.shape) doc["activations"] = activations_json(o, config, setup);
@@ -313,6 +320,13 @@ int run_estimate(const Options& o) {
       << " bytes. Each kind column counts that kind wherever it lives;\n"
          "  the totals say where.\n";
   if (o.cpu_ranks) out << "- CPU ranks (--cpu-ranks): the parameters' device is host memory; its bytes are in host total.\n";
+  if (const int64_t k = config.checkpoint.in_memory_interval; k > 0) {
+    const int64_t copy = in_memory_copy_bytes(rows[static_cast<size_t>(z.stage)], setup.base.state_bytes_per_element);
+    out << "- checkpoint.in_memory every " << k << " step(s): a copy of each rank's shard, " << human(copy)
+        << " a rank, in its node's\n  /dev/shm (tmpfs, not counted above); with more than one node each node also "
+           "keeps the previous\n  node's: " << human(2 * copy) << " a rank. While a copy is made the one before "
+           "stays: up to twice that.\n";
+  }
   const std::string where = o.cpu_ranks ? "in host memory" : "on the device";
   if (setup.base.unit_params > 0) {
     out << "- Stage 3: plus the parameters of the units being gathered: up to " << human(s3.gathered_params_max)
