@@ -119,9 +119,14 @@ bool is_staging_name_for(const std::string& file_name, const std::string& target
 // (which may then be null): asked for just before they are written, in
 // order, and used only until the next call, so that the caller can bring
 // the data in piece by piece (NVMe offload).
+// With `recycle`, an existing file no longer needed (it is moved away
+// first) is overwritten in place instead of a new file being made: on tmpfs
+// its pages are reused, which writes about 5x faster here than pages the
+// kernel must allocate and clear (Note [In-memory copies]).
 using FetchData = std::function<const void*(size_t index)>;
 FileInfo write_safetensors(const std::string& path, const std::vector<TensorData>& tensors,
-                           const std::map<std::string, std::string>& metadata = {}, const FetchData& fetch = {});
+                           const std::map<std::string, std::string>& metadata = {}, const FetchData& fetch = {},
+                           const std::string& recycle = "");
 
 // A safetensors file opened for reading tensors by byte range.
 class SafetensorsFile {

@@ -79,7 +79,7 @@ bool is_staging_name_for(const std::string& file_name, const std::string& target
 // folder can carry the write into a file outside it. The destination must
 // be a regular file or absent: the rename would replace a device node or a
 // FIFO given as an output path (as root, /dev/null itself).
-AtomicWriter::AtomicWriter(std::string path, uint64_t total)
+AtomicWriter::AtomicWriter(std::string path, uint64_t total, const std::string& recycle)
     : path_(std::move(path)), tmp_(staging_name_for(path_)), total_(total) {
   struct stat st {};
   if (::lstat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) {
@@ -90,7 +90,11 @@ AtomicWriter::AtomicWriter(std::string path, uint64_t total)
                                                                               : "a special file") +
          "); write to a file path instead; nothing was changed");
   }
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (!recycle.empty() && ::rename(recycle.c_str(), tmp_.c_str()) == 0) {
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC);  // its pages are written over
+    if (fd_ < 0) ::unlink(tmp_.c_str());
+  }
+  if (fd_ < 0) fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd_ < 0) {
     int e = errno;
     fail(errno_text(e) + " creating " + tmp_ + " to write " + path_ + hint_for(e) + "; an existing " + path_ +
@@ -126,6 +130,7 @@ void AtomicWriter::write(const void* data, size_t n, Xxh3* hasher) {
 
 void AtomicWriter::commit() {
   if (written_ != total_) error(EIO, "writing (size changed while writing)");
+  if (::ftruncate(fd_, static_cast<off_t>(total_)) != 0) error(errno, "cutting to size");  // a recycled file was longer
   if (::fsync(fd_) != 0) error(errno, "syncing");
   int fd = fd_;
   fd_ = -1;

@@ -20,7 +20,10 @@ constexpr size_t kChunk = size_t(16) << 20;
 // leaves `path` as it was.
 class AtomicWriter {
  public:
-  AtomicWriter(std::string path, uint64_t total);  // total: the bytes commit() expects
+  // total: the bytes commit() expects. recycle: a file to overwrite in
+  // place (moved to the staging name first; cut to `total` at commit), or
+  // "" (or one that is not there): a new file.
+  AtomicWriter(std::string path, uint64_t total, const std::string& recycle = "");
   ~AtomicWriter();
   AtomicWriter(const AtomicWriter&) = delete;
   AtomicWriter& operator=(const AtomicWriter&) = delete;

@@ -60,7 +60,8 @@ uint64_t le64(const unsigned char* b) {
 // ---- writing -----------------------------------------------------------------
 
 FileInfo write_safetensors(const std::string& path, const std::vector<TensorData>& tensors,
-                           const std::map<std::string, std::string>& metadata, const FetchData& fetch) {
+                           const std::map<std::string, std::string>& metadata, const FetchData& fetch,
+                           const std::string& recycle) {
   nlohmann::json header = nlohmann::json::object();
   uint64_t offset = 0;
   for (const TensorData& t : tensors) {
@@ -91,7 +92,7 @@ FileInfo write_safetensors(const std::string& path, const std::vector<TensorData
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(static_cast<uint64_t>(text.size()) >> (8 * i));
 
   const uint64_t total = 8 + text.size() + offset;
-  AtomicWriter w(path, total);
+  AtomicWriter w(path, total, recycle);
   Xxh3 h;
   w.write(len, 8, &h);
   w.write(text.data(), text.size(), &h);

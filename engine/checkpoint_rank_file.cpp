@@ -86,11 +86,13 @@ class RankFile {
   }
   // Rank 0's file records the parameter listing (ckpt::kParamsRecord), which
   // readers check the manifest against.
-  ckpt::FileInfo write(const fs::path& path, int rank, const std::string& params_record, const std::string& save_id) {
+  ckpt::FileInfo write(const fs::path& path, int rank, const std::string& params_record, const std::string& save_id,
+                       const std::string& recycle) {
     std::map<std::string, std::string> metadata{
         {"format", ckpt::kFormatName}, {"rank", std::to_string(rank)}, {ckpt::kSaveId, save_id}};
     if (rank == 0) metadata[ckpt::kParamsRecord] = params_record;
-    ckpt::FileInfo info = ckpt::write_safetensors(path.string(), tensors_, metadata, [this](size_t i) { return fetch(i); });
+    ckpt::FileInfo info = ckpt::write_safetensors(path.string(), tensors_, metadata, [this](size_t i) { return fetch(i); },
+                                                   recycle);
     window_.finish();
     return info;
   }
@@ -156,7 +158,7 @@ std::vector<std::string> saved_kinds(TrainingParts& s) {
 std::pair<ckpt::FileInfo, std::string> write_rank_file(TrainingParts& s, const fs::path& staging,
                                                        const std::vector<std::string>& kinds, const ModelTensors& model,
                                                        const std::string& params_record, const std::string& save_id,
-                                                       bool allow_non_finite) {
+                                                       bool allow_non_finite, const std::string& recycle) {
   const int rank = s.pg->rank();
   RankFile file(s, allow_non_finite);
   // At stage 0 every rank of ZeRO's group holds everything: the first writes it.
@@ -178,7 +180,7 @@ std::pair<ckpt::FileInfo, std::string> write_rank_file(TrainingParts& s, const f
     file.add_whole(name, gen.get_state());
   }
   try {
-    return {file.write(staging / ckpt::rank_file_name(rank), rank, params_record, save_id), ""};
+    return {file.write(staging / ckpt::rank_file_name(rank), rank, params_record, save_id, recycle), ""};
   } catch (const std::exception& e) {
     return {ckpt::FileInfo(), e.what()};
   }

@@ -183,7 +183,8 @@ void save_checkpoint(TrainingParts& s, const std::string& dir, const std::string
   for (const auto& [name, t] : model.buffers) listed.buffers.push_back(name);
   list_whole_model(s, listed.params, listed.buffers);  // a collective with pipeline stages
   auto [info, write_error] =
-      write_rank_file(s, staging, kinds, model, ckpt::params_record(listed.params), save_id, options.allow_non_finite);
+      write_rank_file(s, staging, kinds, model, ckpt::params_record(listed.params), save_id, options.allow_non_finite,
+                      per_node ? per_node->recycle(ckpt::rank_file_name(rank)) : "");
   fault::reached("save.written", rank);
   auto files = share_file_entries(pg, info, write_error);  // rank 0 learns every file's size and checksum
   if (!files.empty() && per_node) write_error = per_node->replicate(staging);  // a collective

@@ -41,11 +41,16 @@ at::Tensor read_bytes(const fs::path& path, std::string& error) {
   return bytes;
 }
 
-std::string write_bytes(const fs::path& path, const at::Tensor& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+// Writes `bytes` at `path`, over the file `recycle` when it is there (its
+// tmpfs pages reused: Note [In-memory copies]).
+std::string write_bytes(const fs::path& path, const at::Tensor& bytes, const fs::path& recycle = {}) {
+  std::error_code ec;
+  const bool reused = !recycle.empty() && (fs::rename(recycle, path, ec), !ec);
+  std::ofstream out(path, reused ? std::ios::binary | std::ios::in | std::ios::out : std::ios::binary | std::ios::trunc);
   out.write(static_cast<const char*>(bytes.data_ptr()), static_cast<std::streamsize>(bytes.numel()));
   out.close();
-  if (!out) return "cannot write " + path.string() + ": " + std::strerror(errno) + " (is the memory folder's tmpfs full?)";
+  if (reused && out) fs::resize_file(path, static_cast<uintmax_t>(bytes.numel()), ec);
+  if (!out || ec) return "cannot write " + path.string() + ": " + std::strerror(errno) + " (is the memory folder's tmpfs full?)";
   return "";
 }
 
@@ -164,7 +169,9 @@ std::string MemoryCopies::replicate(const fs::path& staging) {
       if (!bytes.defined()) {
         error = "rank " + std::to_string(previous_) + " could not send its copy";
       } else {
-        const std::string write_error = write_bytes(staging / ckpt::rank_file_name(previous_), bytes);
+        const std::string name = ckpt::rank_file_name(previous_);
+        const std::string write_error =
+            write_bytes(staging / name, bytes, spare_.empty() ? fs::path() : fs::path(folder_) / spare_ / name);
         if (!write_error.empty()) error = write_error;
       }
     }
@@ -212,8 +219,13 @@ void MemoryCopies::after_step(TrainingParts& s) {
   per_node.leader = leader_;
   per_node.replicate = [this](const fs::path& staging) { return replicate(staging); };
   per_node.from_rank0 = [this](const ckpt::Manifest& m) { return from_rank0(m); };
+  per_node.recycle = [this](const std::string& name) {
+    return spare_.empty() ? std::string() : (fs::path(folder_) / spare_ / name).string();
+  };
+  SaveOptions options;
+  options.allow_non_finite = true;  // the training's own state, as it is
   try {
-    save_checkpoint(s, folder_, tag, "{}", SaveOptions{}, &per_node);
+    save_checkpoint(s, folder_, tag, "{}", options, &per_node);
   } catch (const CheckpointError& e) {  // every rank raises it (the save agrees on errors)
     // Once: a full tmpfs fails every copy after it the same way.
     log::warn_once("in-memory copy failed", "ckpt", "the in-memory copy of step " + std::to_string(s.steps.global_steps) +
@@ -222,12 +234,18 @@ void MemoryCopies::after_step(TrainingParts& s) {
     log::debug("ckpt", "the in-memory copy of step " + std::to_string(s.steps.global_steps) + " was not made: " + e.what());
     return;
   }
-  // Every node holds the new copy now: the older ones go.
+  // Every node holds the new copy now: the one before it stays as the next
+  // copy's spare, older ones (and what is left of the spare) go.
+  const std::string kept = newest_ == tag ? "" : newest_;
+  spare_ = kept;
+  newest_ = tag;
   if (!leader_) return;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(folder_, ec)) {
     const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && !name.empty() && name[0] != '.' && name != tag) fs::remove_all(entry.path(), ec);
+    if (entry.is_directory() && !name.empty() && name[0] != '.' && name != tag && name != kept) {
+      fs::remove_all(entry.path(), ec);
+    }
   }
 }
 
