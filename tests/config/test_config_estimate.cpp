@@ -779,3 +779,31 @@ TEST(ConfigEstimateTool, ShapeFlagsAddActivationsWithAndWithoutCheckpointing) {
 }
 
 }  // namespace
+
+// checkpoint.in_memory: a copy of a rank's shard is its fp32 master weights
+// and optimizer states, 4 + 8 bytes per element of the shard with AdamW
+// (engine/memory_copies.h); no figure without the key.
+TEST(ConfigEstimateTool, InMemoryCopyIsTheShardsMasterAndStates) {
+  const std::string dir = ::testing::TempDir() + "/zero_estimate_in_memory_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string with = dir + "/with.json", without = dir + "/without.json";
+  const std::string common = R"("train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2},
+                                 "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}})";
+  std::ofstream(with) << "{" << common << R"(, "checkpoint": {"in_memory": {"interval": 1}}})";
+  std::ofstream(without) << "{" << common << "}";
+  ToolRun r = tool("'" + with + "' --estimate --params 1e6 --world-size 4 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  for (int stage = 0; stage <= 3; ++stage) {
+    const auto& s = j["stages"][stage];
+    EXPECT_EQ(s["in_memory_copy"].get<int64_t>(), s["shard_params"].get<int64_t>() * (4 + 8)) << stage;
+  }
+  EXPECT_EQ(j["stages"][2]["in_memory_copy"], 250000 * 12);
+  ToolRun text = tool("'" + with + "' --estimate --params 1e6 --world-size 4");
+  EXPECT_NE(text.out.find("checkpoint.in_memory every 1 step(s): a copy of each rank's shard, 3.00 MB a rank"),
+            std::string::npos) << text.out;
+  ToolRun off = tool("'" + without + "' --estimate --params 1e6 --world-size 4 --json");
+  ASSERT_EQ(off.status, 0) << off.err;
+  EXPECT_FALSE(nlohmann::json::parse(off.out)["stages"][2].contains("in_memory_copy"));
+  std::filesystem::remove_all(dir);
+}

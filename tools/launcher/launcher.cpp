@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "environment.h"
+#include "node_link.h"
 #include "relay.h"
 #include "signals.h"
 
@@ -128,8 +129,9 @@ int exit_code_of(int status) {
 // One start of the job's ranks, supervised until every one is gone.
 class Launcher {
  public:
-  Launcher(const LaunchOptions& options, int master_port, int restart)
-      : options_(options), env_(options, master_port, restart), argv_(make_argv(options.command)) {}
+  // `link`: the other nodes' zero-run, with --max-restarts across nodes (Note [Restarts across nodes]).
+  Launcher(const LaunchOptions& options, int master_port, int restart, NodeLink* link = nullptr)
+      : options_(options), env_(options, master_port, restart), argv_(make_argv(options.command)), link_(link) {}
 
   // The attempt's exit status (see run_launcher); a signal the launcher
   // received is re-raised once the ranks are gone.
@@ -155,7 +157,7 @@ class Launcher {
     return argv;
   }
 
-  bool stopping() const { return exit_code_ != 0 || received_signal_ != 0; }
+  bool stopping() const { return exit_code_ != 0 || received_signal_ != 0 || stopped_for_job_; }
 
   // ---- starting -----------------------------------------------------------
 
@@ -278,6 +280,11 @@ class Launcher {
 
       fds.assign(1, pollfd{signal_fd(), POLLIN, 0});
       streams.assign(1, nullptr);
+      const size_t link_fds = link_ ? link_->fds().size() : 0;
+      for (size_t i = 0; i < link_fds; ++i) {
+        fds.push_back(pollfd{link_->fds()[i], POLLIN, 0});
+        streams.push_back(nullptr);
+      }
       for (Rank& r : ranks_) {
         for (Stream* s : {r.out.get(), r.err.get()}) {
           if (s != nullptr && s->is_open()) {
@@ -300,7 +307,14 @@ class Launcher {
         continue;
       }
       if (fds[0].revents != 0) handle_signals();
-      for (size_t i = 1; i < fds.size(); ++i) {
+      for (size_t i = 1; i <= link_fds; ++i) {
+        if (fds[i].revents != 0 && link_->read_from(fds[i].fd) && !stopping()) {
+          stopped_for_job_ = true;  // not this node's failure
+          say(link_->why() + "; stopping the ranks of node " + std::to_string(options_.node_rank));
+          begin_stop(SIGTERM);
+        }
+      }
+      for (size_t i = 1 + link_fds; i < fds.size(); ++i) {
         if (fds[i].revents != 0) streams[i]->read_some();
       }
     }
@@ -325,6 +339,7 @@ class Launcher {
         say("rank " + std::to_string(r.rank) + " " + exit_description(status) +
             (others ? "; stopping the other ranks" : ""));
         begin_stop(SIGTERM);
+        if (link_) link_->tell_failed();
       }
     }
   }
@@ -412,6 +427,8 @@ class Launcher {
   std::optional<Clock::time_point> stop_deadline_;  // set once the stop began
   bool killed_ = false;
   bool rank_failed_ = false;
+  NodeLink* link_ = nullptr;
+  bool stopped_for_job_ = false;  // told to stop by node 0: another node failed
 };
 
 // fds 0-2 must be open, so that no pipe we create lands on them (a child's
@@ -457,9 +474,28 @@ int run_launcher(const LaunchOptions& options) {
   // launcher was told to stop (SIGINT, SIGTERM, SIGHUP), after every rank
   // succeeded, or when the ranks could not be started at all (a PROGRAM
   // that is not found would fail the same way again).
+  // Across nodes, node 0's zero-run decides for all (Note [Restarts across nodes] in node_link.h).
+  std::unique_ptr<NodeLink> link;
+  if (options.nnodes > 1 && options.max_restarts > 0) {
+    try {
+      link = std::make_unique<NodeLink>(options, port);
+    } catch (const std::exception& e) {
+      say(e.what());
+      return kExitInternal;
+    }
+  }
   for (int restart = 0;; ++restart) {
-    Launcher launcher(options, port, restart);
+    Launcher launcher(options, port, restart, link.get());
     const int code = launcher.run();
+    if (link) {
+      const NodeLink::Decision decision =
+          link->finish_attempt(code, launcher.rank_failed(), restart, options.max_restarts);
+      if (!decision.restart) return decision.code;
+      say("restart " + std::to_string(restart + 1) + " of " + std::to_string(options.max_restarts) +
+          ": starting the " + std::to_string(options.nproc) + " ranks of node " + std::to_string(options.node_rank) +
+          " again, with every other node's (TORCHELASTIC_RESTART_COUNT=" + std::to_string(restart + 1) + ")");
+      continue;
+    }
     if (code == 0 || !launcher.rank_failed()) return code;
     if (restart >= options.max_restarts) {
       if (options.max_restarts > 0) {

@@ -48,8 +48,9 @@ const char kHelp[] =
     "  --timeout-s T      seconds the ranks get to exit after SIGTERM/SIGINT\n"
     "                     before SIGKILL (default 5)\n"
     "  --max-restarts K   after a rank fails, stop the others and start all of\n"
-    "                     them again, at most K times (torchrun's option; one\n"
-    "                     node only). Each start gets TORCHELASTIC_RESTART_COUNT;\n"
+    "                     them again, at most K times (torchrun's option; with\n"
+    "                     M > 1 every node's zero-run needs it, and node 0's\n"
+    "                     listens on P + 1). Each start gets TORCHELASTIC_RESTART_COUNT;\n"
     "                     the program resumes with load_checkpoint_if_present\n"
     "  --allocator A      heap allocator preloaded into the ranks: tcmalloc (the\n"
     "                     default when installed), jemalloc, system (none) or a\n"
@@ -179,10 +180,6 @@ zero_run::LaunchOptions parse(int argc, char** argv, bool* help) {
   if (o.node_rank >= o.nnodes) {
     throw UsageError{"--node-rank must be in [0, " + std::to_string(o.nnodes) + "), got " +
                      std::to_string(o.node_rank)};
-  }
-  if (o.max_restarts > 0 && o.nnodes > 1) {
-    throw UsageError{"--max-restarts works on one node (--nnodes 1) for now: a restart of several nodes needs "
-                     "every node's zero-run to restart together; use torchrun's rendezvous for that"};
   }
   if (o.nnodes > 1 && !have_port) {
     throw UsageError{"--master-port is required when --nnodes > 1 (every node must use the same port)"};
