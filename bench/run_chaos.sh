@@ -7,7 +7,13 @@
 # program resumes by itself from its newest checkpoint (saved every K steps;
 # Note [Restarts] in tools/launcher/launcher.cpp).
 #
+# With --in-memory K the program also keeps a copy of the training state in
+# memory every K steps (checkpoint.in_memory: Note [In-memory copies] in
+# engine/memory_copies.h), which a restart resumes from when it is newer:
+# then at most K steps are lost a fault, whatever --save-every says.
+#
 # Usage: bench/run_chaos.sh [build dir] [--seed 1] [--faults 20] [--steps 1200] [--save-every 5] [--nproc 2]
+#                           [--in-memory K]
 #
 # The last line printed is JSON: faults, restarts, steps_lost (total and
 # max per fault, against the step each fault interrupted), seconds from
@@ -16,15 +22,15 @@
 # to $RESULTS/chaos.jsonl (default bench/results). Exit status 1 when the
 # weights differ, a fault cost more than K steps, or fewer faults than asked
 # could be injected before the job ended (raise --steps).
-# Faults are rank kills on one node: zero-run restarts on one node only
-# (--nnodes 1), so whole-node and link faults are not part of it yet.
+# Faults are rank kills on one node; whole-node and link faults are not
+# part of it yet.
 set -euo pipefail
 build="${1:-build}"
 shift || true
 here="$(cd "$(dirname "$0")" && pwd)"
 results="${RESULTS:-$here/results}"
 mkdir -p "$results"
-seed=1 faults=20 steps=1200 save_every=5 nproc=2
+seed=1 faults=20 steps=1200 save_every=5 nproc=2 in_memory=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --seed) seed="$2" ;;
@@ -32,6 +38,7 @@ while [ $# -gt 0 ]; do
     --steps) steps="$2" ;;
     --save-every) save_every="$2" ;;
     --nproc) nproc="$2" ;;
+    --in-memory) in_memory="$2" ;;
     *) echo "run_chaos.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift 2
@@ -44,6 +51,17 @@ done
 work="$(mktemp -d "${TMPDIR:-/tmp}/zero_chaos.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 train=(--steps "$steps" --expect-learning 0)
+if [ "$in_memory" != 0 ]; then  # configs/main.json with checkpoint.in_memory.interval
+  python3 - "$here/../configs/main.json" "$in_memory" > "$work/config.json" << 'EOF_CONFIG'
+import json, sys
+config = json.load(open(sys.argv[1]))
+config.setdefault("checkpoint", {})["in_memory"] = {"interval": int(sys.argv[2])}
+print(json.dumps(config, indent=2))
+EOF_CONFIG
+  train+=(--config "$work/config.json")
+fi
+k=$save_every
+[ "$in_memory" = 0 ] || [ "$in_memory" -ge "$k" ] || k=$in_memory  # the newest copy is at most k steps old
 now() { date +%s.%N; }
 
 start="$(now)"
@@ -80,10 +98,10 @@ wait "$launcher" || status=$?
 soak_s="$(python3 -c "print($(now) - $start)")"
 [ "$status" = 0 ] || { tail -n 30 "$log"; echo "run_chaos.sh: the soak ended with status $status" >&2; exit 1; }
 
-python3 - "$faults" "$save_every" "$steps" "$seed" "$reference_s" "$soak_s" "$faults_log" "$steps_log" "$log" \
+python3 - "$faults" "$k" "$save_every" "$in_memory" "$steps" "$seed" "$reference_s" "$soak_s" "$faults_log" "$steps_log" "$log" \
   "$work/reference.bin" "$work/soak.bin" "$results/chaos.jsonl" << 'EOF_PY'
 import json, re, statistics, sys
-(asked, k, steps, seed, reference_s, soak_s, faults_log, steps_log, log, ref_bin, soak_bin, out) = sys.argv[1:]
+(asked, k, save_every, in_memory, steps, seed, reference_s, soak_s, faults_log, steps_log, log, ref_bin, soak_bin, out) = sys.argv[1:]
 asked, k = int(asked), int(k)
 faults = [(float(t), int(s)) for t, s, _ in (line.split() for line in open(faults_log))]
 logged = [(int(s), float(t)) for _, s, t in (line.split() for line in open(steps_log))]
@@ -100,7 +118,7 @@ for i, (t, at) in enumerate(faults):
     to_step.append(after[0] - t if after else float("inf"))
 equal = open(ref_bin, "rb").read() == open(soak_bin, "rb").read()
 row = {"seed": int(seed), "faults": len(faults), "faults_asked": asked, "restarts": restarts, "steps": int(steps),
-       "save_every": k, "steps_lost_total": sum(lost), "steps_lost_max": max(lost, default=0),
+       "save_every": int(save_every), "in_memory_interval": int(in_memory), "k": k, "steps_lost_total": sum(lost), "steps_lost_max": max(lost, default=0),
        "fault_to_step_s_median": statistics.median(to_step) if to_step else 0.0,
        "fault_to_step_s_max": max(to_step, default=0.0), "soak_s": float(soak_s), "reference_s": float(reference_s),
        "final_weights_equal": equal}
