@@ -2,8 +2,7 @@
 // against a plain single-process LibTorch loop (torch::optim::AdamW) of the
 // same model and per-rank micro batch, and against PyTorch DDP, measured in the same script run.
 //
-//   zero-run --nproc N bench_step_time --mode engine --stage S --out st.jsonl   (one stage; --overlap 0: reductions in series;
-//       --in-memory K: checkpoint.in_memory.interval K, bench/run_in_memory_copies.sh)
+//   zero-run --nproc N bench_step_time --mode engine --stage S --out st.jsonl   (one stage; --overlap 0: reductions in series; --in-memory K)
 //   zero-run --nproc N bench_step_time --mode engine --config ds.json --label L  (the ds_config file instead of
 //       the generated one: bench/run_vs_deepspeed.sh gives DeepSpeed the same file; [--checkpoint DIR] then also
 //       times save_checkpoint and load_checkpoint of the trained state into DIR)
@@ -489,8 +488,7 @@ int main(int argc, char** argv) {
                              {"config", ""},
                              {"checkpoint", ""},
                              {"label", ""},
-                             {"overlap", "1"},
-                             {"in-memory", "0"},
+                             {"overlap", "1"}, {"in-memory", "0"},  // checkpoint.in_memory.interval
                              {"threads", "0"}});
     const std::string mode = flags.str("mode");
     if (mode == "plain") return run_plain(flags);

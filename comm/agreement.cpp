@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "comm/all_texts.h"
 #include "zero/comm.h"
 
 namespace zero::comm {
@@ -56,23 +57,6 @@ uint64_t fnv1a(const std::string& text) {
   return h;
 }
 
-// Every rank's text: the lengths first, then the texts padded to the longest.
-std::vector<std::string> all_texts(ProcessGroup& pg, const std::string& mine) {
-  at::Tensor length = torch::tensor({static_cast<int64_t>(mine.size())}, at::kLong);
-  at::Tensor lengths = torch::empty({pg.size()}, at::kLong);
-  pg.all_gather(lengths, length);
-  const int64_t longest = std::max<int64_t>(1, lengths.max().item<int64_t>());
-  at::Tensor padded = torch::zeros({longest}, at::kByte);
-  std::memcpy(padded.data_ptr(), mine.data(), mine.size());
-  at::Tensor all = torch::empty({pg.size() * longest}, at::kByte);
-  pg.all_gather(all, padded);
-  std::vector<std::string> texts;
-  for (int r = 0; r < pg.size(); ++r) {
-    texts.emplace_back(reinterpret_cast<const char*>(all.data_ptr<uint8_t>() + r * longest), lengths[r].item<int64_t>());
-  }
-  return texts;
-}
-
 std::string ranks_text(const std::vector<int>& ranks) {
   std::string out = ranks.size() == 1 ? "rank " : "ranks ";
   for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
@@ -113,6 +97,22 @@ std::string disagreement(ProcessGroup& pg, const Facts& facts) {
   message.pop_back();
   if (differing.size() > 1) message += " (and " + std::to_string(differing.size() - 1) + " more key(s) differ)";
   return message;
+}
+
+std::vector<std::string> all_texts(ProcessGroup& pg, const std::string& mine) {
+  at::Tensor length = torch::tensor({static_cast<int64_t>(mine.size())}, at::kLong);
+  at::Tensor lengths = torch::empty({pg.size()}, at::kLong);
+  pg.all_gather(lengths, length);
+  const int64_t longest = std::max<int64_t>(1, lengths.max().item<int64_t>());
+  at::Tensor padded = torch::zeros({longest}, at::kByte);
+  std::memcpy(padded.data_ptr(), mine.data(), mine.size());
+  at::Tensor all = torch::empty({pg.size() * longest}, at::kByte);
+  pg.all_gather(all, padded);
+  std::vector<std::string> texts;
+  for (int r = 0; r < pg.size(); ++r) {
+    texts.emplace_back(reinterpret_cast<const char*>(all.data_ptr<uint8_t>() + r * longest), lengths[r].item<int64_t>());
+  }
+  return texts;
 }
 
 }  // namespace zero::comm

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/all_texts.h"
 #include "core/env.h"
 #include "core/fault.h"
 #include "core/json_depth.h"
@@ -67,22 +68,12 @@ void list_whole_model(TrainingParts& s, std::vector<ckpt::ParamInfo>& params, st
   mine["params"] = json::array();
   for (const auto& p : params) mine["params"].push_back({p.name, p.shape, p.trainable});
   mine["buffers"] = buffers;
-  const std::string text = mine.dump();
-  at::Tensor length = torch::tensor({static_cast<int64_t>(text.size())}, at::kLong);
-  at::Tensor lengths = torch::empty({s.pg->size()}, at::kLong);
-  s.pg->all_gather(lengths, length);
-  const int64_t longest = lengths.max().item<int64_t>();
-  at::Tensor bytes = torch::zeros({longest}, at::kByte);
-  std::memcpy(bytes.data_ptr(), text.data(), text.size());
-  at::Tensor all = torch::empty({s.pg->size() * longest}, at::kByte);
-  s.pg->all_gather(all, bytes);
+  const std::vector<std::string> texts = comm::all_texts(*s.pg, mine.dump());
   params.clear();
   buffers.clear();
   std::set<std::string> seen;
   for (int stage = 0; stage < s.mesh->shape().pp; ++stage) {
-    const int r = s.mesh->rank_at({0, 0, stage});
-    const char* begin = reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + r * longest;
-    const json theirs = json::parse(std::string(begin, lengths[r].item<int64_t>()));
+    const json theirs = json::parse(texts.at(static_cast<size_t>(s.mesh->rank_at({0, 0, stage}))));
     for (const auto& p : theirs["params"]) {
       if (seen.insert(p[0].get<std::string>()).second) {
         params.push_back({p[0].get<std::string>(), p[1].get<std::vector<int64_t>>(), p[2].get<bool>()});

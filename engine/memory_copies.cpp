@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/all_texts.h"
 #include "core/env.h"
 #include "engine/training_parts.h"
 #include "zero/error.h"
@@ -179,24 +180,6 @@ std::string MemoryCopies::replicate(const fs::path& staging) {
   return error;
 }
 
-std::vector<std::string> MemoryCopies::all_gather_text(const std::string& mine) {
-  comm::ProcessGroup& pg = *world_;
-  at::Tensor length = torch::tensor({static_cast<int64_t>(mine.size())}, at::kLong);
-  at::Tensor lengths = torch::empty({pg.size()}, at::kLong);
-  pg.all_gather(lengths, length);
-  const int64_t longest = std::max<int64_t>(1, lengths.max().item<int64_t>());
-  at::Tensor bytes = torch::zeros({longest}, at::kByte);
-  std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
-  at::Tensor all = torch::empty({pg.size() * longest}, at::kByte);
-  pg.all_gather(all, bytes);
-  std::vector<std::string> out;
-  for (int r = 0; r < pg.size(); ++r) {
-    const char* begin = reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + r * longest;
-    out.emplace_back(begin, static_cast<size_t>(lengths[r].item<int64_t>()));
-  }
-  return out;
-}
-
 ckpt::Manifest MemoryCopies::from_rank0(const ckpt::Manifest& mine) {
   const std::string text = world_->rank() == 0 ? mine.to_json().dump() : "";
   at::Tensor bytes;
@@ -274,7 +257,7 @@ std::optional<std::pair<std::string, std::string>> MemoryCopies::newest(const st
   std::map<int, json> nodes;
   int64_t on_disk = -1;
   bool readable = true;
-  for (const auto& text : all_gather_text(mine.dump())) {
+  for (const auto& text : comm::all_texts(pg, mine.dump())) {
     const json record = json::parse(text);
     nodes.emplace(record["node"].get<int>(), record["copies"]);
     readable = readable && record["readable"].get<bool>();

@@ -80,7 +80,6 @@ class MemoryCopies {
  private:
   std::string replicate(const std::filesystem::path& staging);
   ckpt::Manifest from_rank0(const ckpt::Manifest& mine);
-  std::vector<std::string> all_gather_text(const std::string& mine);
   // Sends file `name` from world rank `holder` to the leaders of the nodes in `lacking`.
   void spread(const std::string& tag, const std::string& name, int holder, const std::vector<bool>& lacking);
 

@@ -33,7 +33,7 @@ namespace zero_run {
 // LD_PRELOAD gains the heap allocator of --allocator (allocator.h) with its
 // tuning variables, each only where the user has not set it.
 // ZERO_MEMORY_CHECKPOINTS names the job's folder for in-memory checkpoint
-// copies (Note [Memory folder] in launcher.cpp), unless the user set it.
+// copies (Note [Memory folder] in memory_folder.cpp), unless the user set it.
 // ZERO_LAUNCHER=zero-run marks the ranks as started by zero-run (replacing
 // an inherited value): torchrun sets the same variables, and only this one
 // tells a rank's messages to name zero-run rather than torchrun.

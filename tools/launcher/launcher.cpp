@@ -19,13 +19,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "environment.h"
+#include "memory_folder.h"
 #include "node_link.h"
 #include "relay.h"
 #include "signals.h"
@@ -34,36 +34,6 @@ extern char** environ;
 
 namespace zero_run {
 namespace {
-
-// Note [Memory folder]
-// The ranks' in-memory checkpoint copies (Note [In-memory copies] in
-// engine/memory_copies.h) live in a folder of this node's memory that must
-// outlive a rank, so that a restart finds them, but not the job. zero-run
-// makes one (/dev/shm/zero-run.XXXXXX) and passes it as
-// ZERO_MEMORY_CHECKPOINTS, and removes it when the job ends however it
-// ends (a re-raised signal too), unless the user set ZERO_MEMORY_CHECKPOINTS:
-// then the folder is theirs. Only a launcher killed by SIGKILL leaves it.
-std::string memory_folder;
-
-void make_memory_folder() {
-  if (std::getenv("ZERO_MEMORY_CHECKPOINTS") != nullptr) return;
-  std::string templ = "/dev/shm/zero-run.XXXXXX";
-  if (::mkdtemp(templ.data()) == nullptr) return;  // no /dev/shm: the engine's default folder then
-  memory_folder = templ;
-  ::setenv("ZERO_MEMORY_CHECKPOINTS", memory_folder.c_str(), 1);
-}
-
-void remove_memory_folder() {
-  if (memory_folder.empty()) return;
-  std::error_code ec;
-  std::filesystem::remove_all(memory_folder, ec);
-  memory_folder.clear();
-}
-
-struct MemoryFolder {
-  MemoryFolder() { make_memory_folder(); }
-  ~MemoryFolder() { remove_memory_folder(); }
-};
 
 using Clock = std::chrono::steady_clock;
 
