@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/file_io.h"
 #include "comm/all_texts.h"
 #include "core/env.h"
 #include "engine/training_parts.h"
@@ -42,16 +43,16 @@ at::Tensor read_bytes(const fs::path& path, std::string& error) {
   return bytes;
 }
 
-// Writes `bytes` at `path`, over the file `recycle` when it is there (its
-// tmpfs pages reused: Note [In-memory copies]).
+// Writes `bytes` at `path` through ckpt's AtomicWriter, over the file
+// `recycle` when it is there (its tmpfs pages reused: Note [In-memory copies]).
 std::string write_bytes(const fs::path& path, const at::Tensor& bytes, const fs::path& recycle = {}) {
-  std::error_code ec;
-  const bool reused = !recycle.empty() && (fs::rename(recycle, path, ec), !ec);
-  std::ofstream out(path, reused ? std::ios::binary | std::ios::in | std::ios::out : std::ios::binary | std::ios::trunc);
-  out.write(static_cast<const char*>(bytes.data_ptr()), static_cast<std::streamsize>(bytes.numel()));
-  out.close();
-  if (reused && out) fs::resize_file(path, static_cast<uintmax_t>(bytes.numel()), ec);
-  if (!out || ec) return "cannot write " + path.string() + ": " + std::strerror(errno) + " (is the memory folder's tmpfs full?)";
+  try {
+    ckpt::AtomicWriter out(path.string(), static_cast<uint64_t>(bytes.numel()), recycle.string());
+    out.write(bytes.data_ptr(), static_cast<size_t>(bytes.numel()), nullptr);
+    out.commit();
+  } catch (const std::exception& e) {
+    return std::string(e.what()) + " (is the memory folder's tmpfs full?)";
+  }
   return "";
 }
 
@@ -181,13 +182,11 @@ std::string MemoryCopies::replicate(const fs::path& staging) {
 }
 
 ckpt::Manifest MemoryCopies::from_rank0(const ckpt::Manifest& mine) {
-  const std::string text = world_->rank() == 0 ? mine.to_json().dump() : "";
-  at::Tensor bytes;
+  at::Tensor bytes;  // rank 0's text; the others learn its size from broadcast_bytes
   if (world_->rank() == 0) {
+    const std::string text = mine.to_json().dump();
     bytes = torch::empty({static_cast<int64_t>(text.size())}, at::kByte);
     std::memcpy(bytes.data_ptr(), text.data(), text.size());
-  } else {
-    bytes = torch::empty({0}, at::kByte);  // defined: its size comes from rank 0
   }
   bytes = broadcast_bytes(*world_, bytes, 0);
   return ckpt::Manifest::from_json(
